@@ -1,0 +1,1 @@
+"""``cpctl``: the operator's command line (parser in ``main``, verbs in ``commands``)."""

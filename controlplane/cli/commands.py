@@ -1,0 +1,261 @@
+"""The verbs of ``cpctl``: each opens the database, does one thing, prints the result.
+
+Every verb raises :class:`~controlplane.errors.ControlPlaneError` for anything the
+operator can fix; ``main`` turns it into one line on stderr and the documented exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+from controlplane.clock import SystemClock, new_id
+from controlplane.cli import render
+from controlplane.engine.decider import Command
+from controlplane.engine.jsonvalue import JsonObject
+from controlplane.errors import UsageError
+from controlplane.machines.registry import default_kinds
+from controlplane.machines.steps import WORK_ACTION
+from controlplane.operations import send_command, submit
+from controlplane.replay import ReplayReport, rebuild, verify
+from controlplane.store import leases, migrate, queries
+from controlplane.store.database import Database, open_database
+from controlplane.store.records import MachineRecord
+from controlplane.worker.actions import ActionRunner, RetryPolicy
+from controlplane.worker.ports import NullObserver
+from controlplane.worker.runtime import Worker, WorkerConfig
+
+clock = SystemClock()
+
+
+def _open(args: argparse.Namespace) -> Database:
+    return open_database(args.db)
+
+
+async def db_upgrade(args: argparse.Namespace) -> int:
+    db = _open(args)
+    try:
+        before, after = await migrate.upgrade(db)
+    finally:
+        await db.dispose()
+    print(f"schema at {after} (was {before or 'empty'}) on {db.display_url}")
+    return 0
+
+
+async def db_current(args: argparse.Namespace) -> int:
+    db = _open(args)
+    try:
+        current = await migrate.current_revision(db)
+    finally:
+        await db.dispose()
+    head = migrate.head_revision()
+    state = "up to date" if current == head else f"needs upgrade to {head}"
+    print(f"schema {current or 'empty'} ({state}) on {db.display_url}")
+    return 0 if current == head else 4
+
+
+def parse_spec(text: str) -> JsonObject:
+    if text.startswith("@"):
+        try:
+            with open(text[1:], encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise UsageError(f"cannot read spec file {text[1:]!r}: {exc.strerror}") from None
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--spec is not valid JSON: {exc.msg} at line {exc.lineno} "
+                         f"column {exc.colno}", hint='e.g. --spec \'{"steps": 6}\'') from None
+    if not isinstance(spec, dict):
+        raise UsageError("--spec must be a JSON object", hint='e.g. --spec \'{"steps": 6}\'')
+    return spec
+
+
+async def submit_cmd(args: argparse.Namespace) -> int:
+    spec = parse_spec(args.spec)
+    db = _open(args)
+    try:
+        await migrate.require_current(db)
+        machine_id = await submit(db, default_kinds(), kind=args.kind, spec=spec,
+                                  machine_id=args.id or new_id(), now=clock.now())
+    finally:
+        await db.dispose()
+    print(machine_id)
+    return 0
+
+
+def _record_json(r: MachineRecord) -> dict[str, Any]:
+    return {
+        "id": r.id, "kind": r.kind, "phase": r.phase, "version": r.version,
+        "terminal": r.terminal, "spec": r.spec, "state": r.state,
+        "next_wake_at": r.next_wake_at, "lease_owner": r.lease_owner,
+        "lease_expires_at": r.lease_expires_at, "created_at": r.created_at,
+        "updated_at": r.updated_at,
+    }
+
+
+async def get_cmd(args: argparse.Namespace) -> int:
+    db = _open(args)
+    try:
+        record = await queries.get_machine(db, args.id)
+    finally:
+        await db.dispose()
+    if args.output == "json":
+        render.as_json(_record_json(record))
+    else:
+        render.table(["field", "value"], list(_record_json(record).items()), max_width=120)
+    return 0
+
+
+def _since(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"--since {text!r} is not an ISO time",
+                         hint="e.g. --since 2026-11-22T10:00:00Z") from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+async def list_cmd(args: argparse.Namespace) -> int:
+    flt = queries.MachineFilter(kind=args.kind, phase=args.phase,
+                                terminal=False if args.active else None,
+                                since=_since(args.since), limit=args.limit)
+    db = _open(args)
+    try:
+        records = await queries.list_machines(db, flt)
+    finally:
+        await db.dispose()
+    if args.output == "json":
+        render.as_json([_record_json(r) for r in records])
+    else:
+        render.table(["id", "kind", "phase", "version", "next wake", "lease owner", "created"],
+                     [(r.id, r.kind, r.phase, r.version, r.next_wake_at, r.lease_owner,
+                       r.created_at) for r in records])
+    return 0
+
+
+async def history_cmd(args: argparse.Namespace) -> int:
+    db = _open(args)
+    try:
+        events = await queries.history(db, args.id)
+    finally:
+        await db.dispose()
+    if args.output == "json":
+        render.as_json(events)
+    else:
+        render.table(["seq", "time", "event", "data", "facts (why)", "by"],
+                     [(e.seq, e.recorded_at, e.type, e.data, e.facts, e.worker_id)
+                      for e in events], max_width=60)
+    return 0
+
+
+async def cancel_cmd(args: argparse.Namespace) -> int:
+    db = _open(args)
+    try:
+        version = await send_command(db, default_kinds(), machine_id=args.id,
+                                     command=Command("Cancel", {}), now=clock.now())
+    finally:
+        await db.dispose()
+    print(f"cancel recorded for {args.id} (version {version})")
+    return 0
+
+
+async def wake_cmd(args: argparse.Namespace) -> int:
+    db = _open(args)
+    try:
+        if args.key:
+            n = await leases.wake_by_key(db, key=args.key, now=clock.now())
+        else:
+            await queries.get_machine(db, args.id)
+            n = await leases.wake_machine(db, machine_id=args.id, now=clock.now())
+    finally:
+        await db.dispose()
+    print(f"woke {n} machine(s)")
+    return 0
+
+
+def _print_report(report: ReplayReport, title: str) -> None:
+    print(f"{title}: {report.machines} machines, {report.events} events, "
+          f"{report.decisions} decisions, {len(report.mismatches)} mismatches"
+          + (f", {report.rewritten} projections rewritten" if report.rewritten else ""))
+    for m in report.mismatches[:50]:
+        print(f"  {m.machine_id} seq {m.seq} {m.what}: expected {json.dumps(m.expected)} "
+              f"got {json.dumps(m.actual)}")
+
+
+async def replay_cmd(args: argparse.Namespace) -> int:
+    db = _open(args)
+    kinds = default_kinds()
+    dirty = False
+    try:
+        await migrate.require_current(db)
+        report = await rebuild(db, kinds, now=clock.now(), write=args.rebuild)
+        _print_report(report, "rebuild" if args.rebuild else "projections")
+        dirty |= not report.clean and not args.rebuild
+        if args.verify:
+            vreport = await verify(db, kinds)
+            _print_report(vreport, "verify")
+            dirty |= not vreport.clean
+    finally:
+        await db.dispose()
+    return 5 if dirty else 0
+
+
+async def worker_cmd(args: argparse.Namespace) -> int:
+    db = open_database(args.db, pool_size=max(args.concurrency + 2, 5))
+    try:
+        if args.upgrade_schema:
+            await migrate.upgrade(db)
+        else:
+            await migrate.require_current(db)
+        worker = build_worker(db, WorkerConfig(
+            worker_id=args.worker_id or f"worker-{new_id()[:8]}",
+            concurrency=args.concurrency, batch_size=args.concurrency,
+            lease_seconds=args.lease_seconds, heartbeat_seconds=args.lease_seconds / 3,
+            poll_seconds=args.poll_seconds,
+        ))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        if args.until_done:
+            await run_until_done(worker)
+        else:
+            await worker.run()
+    finally:
+        await db.dispose()
+    return 0
+
+
+async def _noop(_action: Any) -> None:
+    return None
+
+
+def build_worker(db: Database, config: WorkerConfig) -> Worker:
+    """The worker the CLI runs: this build's kinds, observer and action handlers."""
+    actions = ActionRunner({WORK_ACTION: _noop}, RetryPolicy())
+    return Worker(db, default_kinds(), NullObserver(), actions, clock, config)
+
+
+async def run_until_done(worker: Worker) -> None:
+    """Run until every machine is terminal (for demos, scripts and CI)."""
+    task = asyncio.create_task(worker.run())
+    try:
+        while not task.done():
+            await asyncio.sleep(worker.config.poll_seconds)
+            live = await queries.list_machines(worker.db, queries.MachineFilter(
+                terminal=False, limit=1))
+            if not live:
+                worker.stop()
+    finally:
+        await task
+
+
+def print_to_stderr(text: str) -> None:
+    sys.stderr.write(text + "\n")

@@ -1,0 +1,157 @@
+"""``cpctl`` entry point: the parser, and the one place errors become exit codes.
+
+Exit codes: 0 ok; 1 operation failed; 2 bad input (flags, ids, specs — the message
+names the field); 3 database unreachable or schema not ready; 4 ``db current``: schema
+behind; 5 replay found mismatches; 70 internal error (a bug: set CONTROLPLANE_DEBUG=1
+for the traceback); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+
+from controlplane import logs
+from controlplane.cli import commands, demo
+from controlplane.errors import ControlPlaneError
+from controlplane.store.database import default_url
+
+Handler = Callable[[argparse.Namespace], Awaitable[int]]
+
+EPILOG = """\
+exit codes: 0 ok, 1 failed, 2 bad input, 3 database unreachable or schema not ready,
+4 schema behind (db current), 5 replay mismatches, 70 internal error, 130 interrupted.
+The database is --db, else $CONTROLPLANE_DATABASE_URL, else sqlite:///var/controlplane.db.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, plus where to look
+        sys.stderr.write(f"cpctl: error: {message} (see `{self.prog} --help`)\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="cpctl", description="Checkpoint, restore and migrate Kubernetes "
+                "workloads, with every operation kept as a durable, replayable history.",
+                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--db", default=default_url(), metavar="URL",
+                   help="sqlite:///file.db or postgresql://user@host:5432/db")
+    p.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                   default="warning")
+    sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser, metavar="VERB")
+
+    def verb(name: str, handler: Handler, text: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=text, description=text)
+        sp.set_defaults(handler=handler)
+        return sp
+
+    db = sub.add_parser("db", help="apply or check the database schema (Alembic)")
+    dbsub = db.add_subparsers(dest="db_verb", required=True, parser_class=_Parser,
+                              metavar="VERB")
+    dbsub.add_parser("upgrade", help="apply every pending migration (safe to run twice, "
+                     "safe to run from several replicas at once)").set_defaults(
+        handler=commands.db_upgrade)
+    dbsub.add_parser("current", help="print the schema revision; exit 4 if behind").set_defaults(
+        handler=commands.db_current)
+
+    s = verb("submit", commands.submit_cmd, "create a machine of KIND from a JSON spec; "
+             "prints its id")
+    s.add_argument("kind", help="machine kind, e.g. steps")
+    s.add_argument("--spec", default="{}", help="JSON object, or @file.json")
+    s.add_argument("--id", help="machine id (default: a new UUID)")
+
+    for name, handler, text in [
+        ("get", commands.get_cmd, "show one machine's current state"),
+        ("history", commands.history_cmd, "show a machine's event timeline: time, event, "
+         "the observed facts that caused it, and who recorded it"),
+    ]:
+        g = verb(name, handler, text)
+        g.add_argument("id", help="machine id")
+        g.add_argument("-o", "--output", choices=["table", "json"], default="table")
+
+    ls = verb("list", commands.list_cmd, "list machines, newest first")
+    ls.add_argument("--kind")
+    ls.add_argument("--phase")
+    ls.add_argument("--active", action="store_true", help="only machines not yet terminal")
+    ls.add_argument("--since", help="created at or after this ISO time")
+    ls.add_argument("--limit", type=_positive_int, default=100)
+    ls.add_argument("-o", "--output", choices=["table", "json"], default="table")
+
+    c = verb("cancel", commands.cancel_cmd, "ask a machine to stop (recorded as an event)")
+    c.add_argument("id")
+
+    w = verb("wake", commands.wake_cmd, "make machines due now, by machine id or by key "
+             "(e.g. a pod UID), as a pod watch event does")
+    group = w.add_mutually_exclusive_group(required=True)
+    group.add_argument("--id")
+    group.add_argument("--key")
+
+    r = verb("replay", commands.replay_cmd, "check projections against events (default), "
+             "rebuild them (--rebuild), and/or re-run every decision to prove determinism "
+             "(--verify); exit 5 on any mismatch")
+    r.add_argument("--rebuild", action="store_true", help="rewrite projections from events")
+    r.add_argument("--verify", action="store_true", help="re-run decide on recorded inputs")
+
+    wk = verb("worker", commands.worker_cmd, "run a worker: claim due machines, decide, "
+              "commit, act; SIGTERM drains in-flight work")
+    wk.add_argument("--concurrency", type=_positive_int, default=32)
+    wk.add_argument("--lease-seconds", type=_positive_float, default=30.0)
+    wk.add_argument("--poll-seconds", type=_positive_float, default=0.5)
+    wk.add_argument("--worker-id")
+    wk.add_argument("--upgrade-schema", action="store_true",
+                    help="apply pending migrations first (guarded by a lock)")
+    wk.add_argument("--until-done", action="store_true",
+                    help="exit once every machine is terminal")
+
+    d = verb("demo", demo.demo_cmd, "run the engine end to end on the embedded default and "
+             "print a history (under a minute)")
+    d.add_argument("--machines", type=_positive_int, default=20)
+    return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 < value <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"{value} is not between 1 and 1000000")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"{value} is not between 0 and 86400")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logs.configure(args.log_format, args.log_level)
+    try:
+        return asyncio.run(args.handler(args))
+    except ControlPlaneError as exc:
+        sys.stderr.write(f"cpctl: error: {exc}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("cpctl: interrupted\n")
+        return 130
+    except Exception as exc:
+        if os.environ.get("CONTROLPLANE_DEBUG"):
+            raise
+        sys.stderr.write(f"cpctl: internal error: {type(exc).__name__}: {exc} (this is a bug; "
+                         "rerun with CONTROLPLANE_DEBUG=1 for the traceback)\n")
+        return 70
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

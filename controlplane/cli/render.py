@@ -1,0 +1,44 @@
+"""Print records as a table (for people) or JSON (for scripts)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, is_dataclass
+from datetime import datetime
+from typing import Any, TextIO
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    raise TypeError(f"cannot render {type(value).__name__}")
+
+
+def as_json(value: Any, out: TextIO = sys.stdout) -> None:
+    out.write(json.dumps(value, default=_default, indent=2, sort_keys=True) + "\n")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return str(value)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO = sys.stdout,
+          max_width: int = 80) -> None:
+    cells = [[_cell(v) for v in row] for row in rows]
+    cells = [[c if len(c) <= max_width else c[: max_width - 1] + "…" for c in row]
+             for row in cells]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    out.write("  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True))
+              .rstrip() + "\n")
+    for row in cells:
+        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")

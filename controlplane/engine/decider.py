@@ -1,0 +1,144 @@
+"""The decider contract every machine kind implements, and the engine's value types.
+
+A machine kind is a :class:`Decider`: ``initial_state`` from a spec, ``decide`` from
+(state, observation, now) to a :class:`Decision`, and ``evolve`` to fold one event into
+the state. Replay is ``fold(evolve, events)``. ``accept`` turns an operator command
+(retarget, cancel) into events under the same rules, and ``interests`` says what to
+observe. All of it is pure: no I/O, no clock, no ids, no randomness (checked by ruff's
+banned-api and import-linter). The store persists what these functions return; the
+worker runtime (the shell) observes, calls them and performs the actions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, TypeVar
+
+from controlplane.engine.jsonvalue import JsonObject
+from controlplane.engine.observation import Interests, Observation
+
+#: First event of every machine, appended by the engine: ``{"kind": ..., "spec": ...}``.
+#: Replay starts from ``initial_state(machine_id, spec)`` and folds the events after it.
+SUBMITTED = "Submitted"
+
+#: Appended by the worker when an action failed for good (or ran out of retries):
+#: ``{"action": type, "key": idempotency key, "error_class", "message", "retryable",
+#: "attempts"}``. Every decider must ``evolve`` it (usually into a condition or a phase).
+ACTION_FAILED = "ActionFailed"
+
+
+@dataclass(frozen=True)
+class Event:
+    """A fact that happened to a machine. ``type`` is past tense (``CaptureRequested``).
+
+    ``facts`` are the observation facts that justified it (pod uid/phase/node, tag digest,
+    error class), so history answers *why*.
+    """
+
+    type: str
+    data: JsonObject = field(default_factory=dict)
+    facts: JsonObject = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Action:
+    """A side effect the worker performs after the commit, idempotently.
+
+    ``key`` is the idempotency key (deterministic: derived from the machine id and the
+    step), so performing the same action twice is harmless.
+    """
+
+    type: str
+    key: str
+    params: JsonObject = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What ``decide`` returns: new events, actions to run after commit, next wake.
+
+    Engine rule: when a decision appends events or runs actions, the machine is decided
+    again at once (the world likely changed); otherwise it sleeps until ``wake_at`` or an
+    external wake (a pod watch event on one of its wake keys). A waiting phase must set
+    ``wake_at`` to its deadline (hang guard).
+    """
+
+    events: tuple[Event, ...] = ()
+    actions: tuple[Action, ...] = ()
+    wake_at: datetime | None = None
+
+    @property
+    def idle(self) -> bool:
+        return not self.events and not self.actions
+
+
+@dataclass(frozen=True)
+class Command:
+    """An operator's request to a running machine (``Retarget``, ``Cancel``)."""
+
+    type: str
+    data: JsonObject = field(default_factory=dict)
+
+
+class CommandRejected(Exception):
+    """``accept`` refuses a command; the message says why and what to do instead."""
+
+
+class InvalidSpec(ValueError):
+    """A spec failed validation; the message names the field and the fix."""
+
+
+class MachineState(Protocol):
+    """What the engine needs to know about any machine's state."""
+
+    @property
+    def phase(self) -> str: ...
+
+    @property
+    def terminal(self) -> bool: ...
+
+    @property
+    def wake_keys(self) -> frozenset[str]:
+        """Keys (e.g. pod UIDs) whose external change should wake this machine."""
+        ...
+
+    def to_json(self) -> JsonObject: ...
+
+
+S = TypeVar("S", bound=MachineState)
+
+
+class Decider(Protocol[S]):
+    """One machine kind. Every method is pure and deterministic."""
+
+    @property
+    def kind(self) -> str: ...
+
+    def validate_spec(self, spec: JsonObject) -> JsonObject:
+        """Return the normalised spec or raise :class:`InvalidSpec` naming the field."""
+        ...
+
+    def initial_state(self, machine_id: str, spec: JsonObject) -> S: ...
+
+    def interests(self, state: S) -> Interests: ...
+
+    def decide(self, state: S, observation: Observation, now: datetime) -> Decision: ...
+
+    def evolve(self, state: S, event: Event) -> S: ...
+
+    def accept(self, state: S, command: Command, now: datetime) -> Sequence[Event]:
+        """Events for an operator command, or raise :class:`CommandRejected`."""
+        ...
+
+    def load_state(self, data: JsonObject) -> S:
+        """Inverse of ``state.to_json()``."""
+        ...
+
+
+def fold(decider: Decider[S], state: S, events: Iterable[Event]) -> S:
+    """Apply ``evolve`` over ``events``: replay in one line."""
+    for event in events:
+        state = decider.evolve(state, event)
+    return state

@@ -1,0 +1,197 @@
+"""What a worker saw just before deciding: pods, registry tags and nodes that matter.
+
+A machine states its :class:`Interests` (a pure function of its state); the worker's
+observer port (implemented by drivers) answers with an :class:`Observation`. A probe that
+failed is a :class:`ProbeError`, never "absent": safety gate 3 depends on telling the two
+apart. Observations serialise to JSON so that replay can re-run ``decide`` on exactly
+what the worker saw (``to_json`` / ``from_json`` round-trip, pinned by tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from controlplane.engine.jsonvalue import JsonObject, JsonValue
+
+
+def pod_key(namespace: str, name: str) -> str:
+    """The key of a pod in :class:`Interests` and :class:`Observation`: ``namespace/name``."""
+    return f"{namespace}/{name}"
+
+
+@dataclass(frozen=True)
+class ProbeError:
+    """A probe failed: the truth is unknown. Never treat it as "absent"."""
+
+    error_class: str
+    message: str
+    retryable: bool = True
+
+    def to_json(self) -> JsonObject:
+        return {"error": {"class": self.error_class, "message": self.message,
+                          "retryable": self.retryable}}
+
+
+@dataclass(frozen=True)
+class PodView:
+    """The facts of one pod that machines decide on (a subset of the Kubernetes object)."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str | None
+    phase: str  # Pending | Running | Succeeded | Failed | Unknown
+    ready: bool = False
+    deleting: bool = False
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    resource_version: str = ""
+
+    def to_json(self) -> JsonObject:
+        return {
+            "pod": {
+                "namespace": self.namespace, "name": self.name, "uid": self.uid,
+                "node": self.node, "phase": self.phase, "ready": self.ready,
+                "deleting": self.deleting, "annotations": dict(self.annotations),
+                "labels": dict(self.labels), "resource_version": self.resource_version,
+            }
+        }
+
+
+@dataclass(frozen=True)
+class TagView:
+    """A registry tag resolved to a manifest digest, with the manifest's annotations."""
+
+    ref: str
+    digest: str
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> JsonObject:
+        return {"tag": {"ref": self.ref, "digest": self.digest,
+                        "annotations": dict(self.annotations)}}
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """The facts of one node: is it there, ready, schedulable."""
+
+    name: str
+    ready: bool
+    unschedulable: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> JsonObject:
+        return {"node": {"name": self.name, "ready": self.ready,
+                         "unschedulable": self.unschedulable, "labels": dict(self.labels)}}
+
+
+PodFact: TypeAlias = PodView | ProbeError | None
+TagFact: TypeAlias = TagView | ProbeError | None
+NodeFact: TypeAlias = NodeView | ProbeError | None
+
+
+@dataclass(frozen=True)
+class Interests:
+    """What a machine needs observed before its next decision.
+
+    ``pods`` are ``namespace/name`` keys (see :func:`pod_key`); a machine compares UIDs
+    itself, so a pod recreated under the same name is never mistaken for the source.
+    """
+
+    pods: frozenset[str] = frozenset()
+    tags: frozenset[str] = frozenset()
+    nodes: frozenset[str] = frozenset()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.pods or self.tags or self.nodes)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The answers to :class:`Interests`; a key missing from a mapping was not asked."""
+
+    pods: Mapping[str, PodFact] = field(default_factory=dict)
+    tags: Mapping[str, TagFact] = field(default_factory=dict)
+    nodes: Mapping[str, NodeFact] = field(default_factory=dict)
+
+    def to_json(self) -> JsonObject:
+        return {
+            "pods": {k: _fact_json(v) for k, v in sorted(self.pods.items())},
+            "tags": {k: _fact_json(v) for k, v in sorted(self.tags.items())},
+            "nodes": {k: _fact_json(v) for k, v in sorted(self.nodes.items())},
+        }
+
+    @staticmethod
+    def from_json(data: JsonObject) -> Observation:
+        return Observation(
+            pods={k: _pod_fact(v) for k, v in _object(data.get("pods")).items()},
+            tags={k: _tag_fact(v) for k, v in _object(data.get("tags")).items()},
+            nodes={k: _node_fact(v) for k, v in _object(data.get("nodes")).items()},
+        )
+
+
+EMPTY_OBSERVATION = Observation()
+
+
+def _fact_json(fact: PodView | TagView | NodeView | ProbeError | None) -> JsonValue:
+    return None if fact is None else fact.to_json()
+
+
+def _object(value: JsonValue) -> dict[str, JsonValue]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _str_map(value: JsonValue) -> dict[str, str]:
+    return {k: str(v) for k, v in _object(value).items()}
+
+
+def _probe_error(body: JsonValue) -> ProbeError:
+    err = _object(body)
+    return ProbeError(str(err["class"]), str(err["message"]), bool(err.get("retryable", True)))
+
+
+def _pod_fact(value: JsonValue) -> PodFact:
+    if value is None:
+        return None
+    obj = _object(value)
+    if "error" in obj:
+        return _probe_error(obj["error"])
+    p = _object(obj["pod"])
+    node = p.get("node")
+    return PodView(
+        namespace=str(p["namespace"]), name=str(p["name"]), uid=str(p["uid"]),
+        node=None if node is None else str(node), phase=str(p["phase"]),
+        ready=bool(p.get("ready", False)), deleting=bool(p.get("deleting", False)),
+        annotations=_str_map(p.get("annotations")), labels=_str_map(p.get("labels")),
+        resource_version=str(p.get("resource_version", "")),
+    )
+
+
+def _tag_fact(value: JsonValue) -> TagFact:
+    if value is None:
+        return None
+    obj = _object(value)
+    if "error" in obj:
+        return _probe_error(obj["error"])
+    t = _object(obj["tag"])
+    return TagView(ref=str(t["ref"]), digest=str(t["digest"]),
+                   annotations=_str_map(t.get("annotations")))
+
+
+def _node_fact(value: JsonValue) -> NodeFact:
+    if value is None:
+        return None
+    obj = _object(value)
+    if "error" in obj:
+        return _probe_error(obj["error"])
+    n = _object(obj["node"])
+    return NodeView(name=str(n["name"]), ready=bool(n["ready"]),
+                    unschedulable=bool(n.get("unschedulable", False)),
+                    labels=_str_map(n.get("labels")))

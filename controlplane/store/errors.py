@@ -1,0 +1,37 @@
+"""Typed storage errors. A stale writer always gets one of these, never a silent overwrite."""
+
+from __future__ import annotations
+
+from controlplane.errors import ControlPlaneError, UsageError
+
+
+class StaleWriter(ControlPlaneError):
+    """A commit lost a race; the caller must let go and decide again on fresh state."""
+
+
+class ConcurrencyConflict(StaleWriter):
+    """The machine's version moved since it was read (optimistic check failed)."""
+
+
+class LeaseLost(StaleWriter):
+    """The caller's lease expired or was taken over; its commit is fenced off."""
+
+
+class MachineNotFound(UsageError):
+    """No machine with that id."""
+
+
+class MachineExists(UsageError):
+    """A machine with that id already exists."""
+
+
+class DatabaseUnavailable(ControlPlaneError):
+    """The database cannot be reached; retryable for workers, fatal for one-shot commands."""
+
+    exit_code = 3
+
+
+class SchemaNotReady(ControlPlaneError):
+    """The schema is missing or older than this code."""
+
+    exit_code = 3

@@ -1,0 +1,159 @@
+"""Leases: workers claim due machines, keep them alive, and let them go.
+
+Claiming is one statement, as in River: pick due, unleased (or lease-expired) machines
+``ORDER BY next_wake_at LIMIT n`` — on PostgreSQL ``FOR UPDATE SKIP LOCKED`` so concurrent
+workers never block on or double-claim a row — and ``UPDATE ... RETURNING`` them with a
+fresh lease token. An expired lease is simply claimable again: there is no separate
+rescuer, and the token fences the old owner's commits (see ``event_store.commit``).
+
+Time is always the caller's ``now`` (an injectable clock), never the database's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from sqlalchemy import ColumnElement, Row, and_, case, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from controlplane.store import schema
+from controlplane.store.database import Database
+from controlplane.store.errors import LeaseLost
+from controlplane.store.records import Claimed, Lease, MachineRecord
+from controlplane.store.session import write_txn
+
+m = schema.machines
+
+
+def row_to_record(row: Row[tuple[object, ...]]) -> MachineRecord:
+    r = row._mapping
+    return MachineRecord(
+        id=r["id"], kind=r["kind"], phase=r["phase"], version=r["version"], spec=r["spec"],
+        state=r["state"], terminal=r["terminal"], next_wake_at=r["next_wake_at"],
+        wake_seq=r["wake_seq"], lease_owner=r["lease_owner"],
+        lease_expires_at=r["lease_expires_at"], attempts=r["attempts"],
+        created_at=r["created_at"], updated_at=r["updated_at"],
+    )
+
+
+def _due(now: datetime) -> list[ColumnElement[bool]]:
+    return [
+        m.c.terminal.is_(False),
+        m.c.next_wake_at <= now,
+        or_(m.c.lease_expires_at.is_(None), m.c.lease_expires_at <= now),
+    ]
+
+
+async def claim_due(
+    db: Database,
+    *,
+    owner: str,
+    token: str,
+    now: datetime,
+    limit: int,
+    lease_seconds: float,
+    kinds: Sequence[str] | None = None,
+) -> list[Claimed]:
+    """Lease up to ``limit`` due machines to ``owner`` under ``token``; oldest wake first."""
+    expires = now + timedelta(seconds=lease_seconds)
+    pick = select(m.c.id).where(*_due(now)).order_by(m.c.next_wake_at).limit(limit)
+    if kinds is not None:
+        pick = pick.where(m.c.kind.in_(list(kinds)))
+    if db.backend == "postgresql":
+        pick = pick.with_for_update(skip_locked=True)
+    stmt = (
+        update(m)
+        .where(m.c.id.in_(pick.scalar_subquery()))
+        .values(lease_owner=owner, lease_token=token, lease_expires_at=expires,
+                attempts=m.c.attempts + 1)
+        .returning(*m.c)
+    )
+    async with write_txn(db) as conn:
+        rows = (await conn.execute(stmt)).all()
+    claimed = []
+    for row in rows:
+        record = row_to_record(row)
+        lease = Lease(record.id, owner, token, expires, record.wake_seq)
+        claimed.append(Claimed(record, lease))
+    claimed.sort(key=lambda c: (c.record.next_wake_at, c.record.id))
+    return claimed
+
+
+async def heartbeat(
+    db: Database, *, owner: str, token: str, now: datetime, lease_seconds: float
+) -> int:
+    """Extend every live lease of one claim batch; return how many are still held."""
+    stmt = (
+        update(m)
+        .where(m.c.lease_token == token, m.c.lease_owner == owner, m.c.lease_expires_at > now)
+        .values(lease_expires_at=now + timedelta(seconds=lease_seconds))
+    )
+    async with write_txn(db) as conn:
+        result = await conn.execute(stmt)
+    return int(result.rowcount)
+
+
+async def release(
+    db: Database, *, lease: Lease, now: datetime, wake_at: datetime | None, reset_attempts: bool
+) -> None:
+    """Give the machine back, due at ``wake_at`` (None: only an external wake).
+
+    If a wake arrived while we held it (``wake_seq`` moved), it is due now instead: a pod
+    event seen mid-decision must not be slept through.
+    """
+    async with write_txn(db) as conn:
+        await release_txn(conn, lease=lease, now=now, wake_at=wake_at,
+                          reset_attempts=reset_attempts)
+
+
+async def release_txn(
+    conn: AsyncConnection,
+    *,
+    lease: Lease,
+    now: datetime,
+    wake_at: datetime | None,
+    reset_attempts: bool,
+) -> None:
+    next_wake = case(
+        (m.c.terminal.is_(True), None),
+        (m.c.wake_seq != lease.wake_seq, now),
+        else_=wake_at,
+    )
+    values: dict[str, object] = {
+        "lease_owner": None, "lease_token": None, "lease_expires_at": None,
+        "next_wake_at": next_wake,
+    }
+    if reset_attempts:
+        values["attempts"] = 0
+    result = await conn.execute(
+        update(m).where(m.c.id == lease.machine_id, m.c.lease_token == lease.token).values(**values)
+    )
+    if result.rowcount != 1:
+        raise LeaseLost(f"lease on machine {lease.machine_id} was taken over before release")
+
+
+async def wake_by_key(db: Database, *, key: str, now: datetime) -> int:
+    """Make every live machine that indexed ``key`` (e.g. a pod UID) due now."""
+    k = schema.machine_keys
+    interested = select(k.c.machine_id).where(k.c.key == key).scalar_subquery()
+    return await _wake(db, m.c.id.in_(interested), now)
+
+
+async def wake_machine(db: Database, *, machine_id: str, now: datetime) -> int:
+    """Make one machine due now (e.g. after an operator command)."""
+    return await _wake(db, m.c.id == machine_id, now)
+
+
+async def _wake(db: Database, which: ColumnElement[bool], now: datetime) -> int:
+    sooner = case(
+        (or_(m.c.next_wake_at.is_(None), m.c.next_wake_at > now), now), else_=m.c.next_wake_at
+    )
+    stmt = (
+        update(m)
+        .where(and_(which, m.c.terminal.is_(False)))
+        .values(next_wake_at=sooner, wake_seq=m.c.wake_seq + 1)
+    )
+    async with write_txn(db) as conn:
+        result = await conn.execute(stmt)
+    return int(result.rowcount)

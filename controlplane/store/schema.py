@@ -1,0 +1,135 @@
+"""The tables, in SQLAlchemy Core. Alembic migrations create them; a test checks the two agree.
+
+- ``events``: append-only history, ordered per machine (``machine_id, seq`` unique) and
+  globally (``position``). Each row carries the observation facts that caused it.
+- ``decisions``: one row per committed decision (or accepted command): its input (the
+  observation, or the command) and the time it was decided at, so ``replay --verify`` can
+  re-run ``decide`` on exactly what the worker saw.
+- ``machines``: the current-state projection, lease columns and the wake schedule.
+- ``machine_keys``: the wake index (pod UID -> machines that care).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.types import TypeDecorator
+
+metadata = MetaData()
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on both backends.
+
+    PostgreSQL stores ``timestamptz``; SQLite stores naive UTC text in one fixed format, so
+    SQL comparisons (``next_wake_at <= :now``) order correctly as strings.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; pass timezone-aware UTC")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, datetime)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+Json = JSON().with_variant(JSONB(), "postgresql")
+# SQLite only autoincrements INTEGER PRIMARY KEY, not BIGINT.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+machines = Table(
+    "machines",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("kind", String(64), nullable=False),
+    Column("phase", String(64), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("spec", Json, nullable=False),
+    Column("state", Json, nullable=False),
+    Column("terminal", Boolean, nullable=False, server_default=text("false")),
+    Column("next_wake_at", UtcDateTime, nullable=True),
+    # Bumped by every external wake; a worker that claimed at wake_seq N and releases
+    # at N+k knows a wake arrived while it worked and must not sleep past it.
+    Column("wake_seq", Integer, nullable=False, server_default=text("0")),
+    Column("lease_owner", String(128), nullable=True),
+    Column("lease_token", String(64), nullable=True),
+    Column("lease_expires_at", UtcDateTime, nullable=True),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+)
+Index(
+    "ix_machines_due",
+    machines.c.next_wake_at,
+    postgresql_where=machines.c.terminal.is_(False),
+    sqlite_where=machines.c.terminal.is_(False),
+)
+Index("ix_machines_kind_phase", machines.c.kind, machines.c.phase)
+
+events = Table(
+    "events",
+    metadata,
+    Column("position", BigId, primary_key=True, autoincrement=True),
+    Column("machine_id", String(64), ForeignKey("machines.id"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("type", String(128), nullable=False),
+    Column("data", Json, nullable=False),
+    Column("facts", Json, nullable=False),
+    Column("recorded_at", UtcDateTime, nullable=False),
+    Column("worker_id", String(128), nullable=False),
+    UniqueConstraint("machine_id", "seq", name="uq_events_machine_seq"),
+)
+Index("ix_events_recorded_at", events.c.recorded_at)
+Index("ix_events_type", events.c.type)
+
+decisions = Table(
+    "decisions",
+    metadata,
+    Column("machine_id", String(64), ForeignKey("machines.id"), primary_key=True),
+    # The seq of the first event this decision appended; its events run to the next row's.
+    Column("first_seq", Integer, primary_key=True),
+    # observation | command | engine (engine rows, e.g. Submitted or ActionFailed, are
+    # inputs to the machine, not decisions, and are applied but not re-decided by verify).
+    Column("cause", String(16), nullable=False),
+    Column("input", Json, nullable=False),
+    Column("decided_at", UtcDateTime, nullable=False),
+)
+
+machine_keys = Table(
+    "machine_keys",
+    metadata,
+    Column("key", String(255), primary_key=True),
+    Column("machine_id", String(64), ForeignKey("machines.id"), primary_key=True),
+)
+Index("ix_machine_keys_machine", machine_keys.c.machine_id)
+
+__all__ = ["decisions", "events", "machine_keys", "machines", "metadata"]

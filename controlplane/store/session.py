@@ -1,0 +1,73 @@
+"""Transactions and the translation of driver errors into the store's typed errors.
+
+Every public store call opens its transaction here, so a refused connection, a missing
+table or a unique-key race comes out as :mod:`controlplane.store.errors`, chained from
+the driver's exception, never as a raw traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from controlplane.store.database import Database
+from controlplane.store.errors import ConcurrencyConflict, DatabaseUnavailable, SchemaNotReady
+
+
+
+def _is_missing_table(text: str) -> bool:
+    return "no such table" in text or "undefinedtable" in text or (
+        "relation" in text and "does not exist" in text
+    )
+
+
+@asynccontextmanager
+async def write_txn(db: Database) -> AsyncIterator[AsyncConnection]:
+    """A write transaction (SQLite: ``BEGIN IMMEDIATE`` on the single writer)."""
+    async with translate_errors(db), db.writer.begin() as conn:
+        yield conn
+
+
+@asynccontextmanager
+async def read_txn(db: Database) -> AsyncIterator[AsyncConnection]:
+    """A read-only transaction."""
+    async with translate_errors(db), db.reader.connect() as conn:
+        yield conn
+
+
+@asynccontextmanager
+async def translate_errors(db: Database) -> AsyncIterator[None]:
+    try:
+        yield
+    except IntegrityError as exc:
+        raise ConcurrencyConflict(
+            "another writer appended to this machine first",
+            hint="decide again on fresh state",
+        ) from exc
+    except (OperationalError, InterfaceError, DBAPIError) as exc:
+        text = str(exc).lower()
+        if _is_missing_table(text):
+            raise SchemaNotReady(
+                f"the database at {db.display_url} has no control plane schema",
+                hint="run `cpctl db upgrade` first",
+            ) from exc
+        if isinstance(exc, DBAPIError) and not isinstance(exc, (OperationalError, InterfaceError)):
+            if not exc.connection_invalidated:
+                raise
+        raise DatabaseUnavailable(
+            f"cannot use the database at {db.display_url}: {_first_line(exc)}",
+            hint="check that it is running and that CONTROLPLANE_DATABASE_URL / --db is right",
+        ) from exc
+    except (OSError, TimeoutError) as exc:
+        raise DatabaseUnavailable(
+            f"cannot reach the database at {db.display_url}: {exc or type(exc).__name__}",
+            hint="check that it is running and that CONTROLPLANE_DATABASE_URL / --db is right",
+        ) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    return (str(orig).strip().splitlines() or [type(orig).__name__])[0]

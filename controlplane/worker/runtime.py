@@ -1,0 +1,280 @@
+"""The worker: lease due machines, observe, decide, commit, act, release — forever.
+
+One loop claims batches of due machines (``store.leases.claim_due``) up to the
+configured concurrency and drives each in its own task; one heartbeat task keeps every
+held lease alive while deciding and acting. Driving a machine:
+
+1. observe what its state says matters (``decider.interests`` -> ``Observer``);
+2. ``decide(state, observation, now)``; fold the events with ``evolve``;
+3. commit events + projection in one transaction, fenced by the lease token;
+4. run the actions (idempotent, retried); a failure is committed as ``ActionFailed``;
+5. if the decision changed something, go to 1 while holding the lease (a chain of
+   transitions costs one commit each, not a claim + commit + release); otherwise release,
+   due at ``wake_at``. The same action-only decision twice in a row means the world has
+   not caught up yet: sleep until ``wake_at`` or ``settle_seconds``, whichever is sooner.
+
+Crash safety: whatever was committed is durable; a worker killed between commit and
+action loses only its lease, and the next owner decides again on the same state, which
+re-issues the same (idempotent) actions. A stale worker's commit is refused by the lease
+fence (``LeaseLost``) or the version check (``ConcurrencyConflict``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from controlplane.clock import Clock, new_id
+from controlplane.engine.decider import ACTION_FAILED, Decider, Decision, Event, fold
+from controlplane.engine.kinds import KindRegistry
+from controlplane.engine.observation import EMPTY_OBSERVATION
+from controlplane.logs import get_logger
+from controlplane.store import event_store, leases
+from controlplane.store.database import Database
+from controlplane.store.errors import DatabaseUnavailable, StaleWriter
+from controlplane.store.records import Claimed, Lease, Projection
+from controlplane.worker.actions import ActionFailure, ActionRunner
+from controlplane.worker.ports import Observer
+
+log = get_logger("controlplane.worker")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    worker_id: str = field(default_factory=lambda: f"worker-{new_id()[:8]}")
+    concurrency: int = 32
+    batch_size: int = 32
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float = 10.0
+    poll_seconds: float = 0.5
+    max_steps_per_lease: int = 50
+    settle_seconds: float = 1.0
+    error_backoff_seconds: float = 1.0
+    error_backoff_max_seconds: float = 300.0
+    drain_seconds: float = 30.0
+    kinds: tuple[str, ...] | None = None
+
+
+class Worker:
+    """Drives machines of the registered kinds until ``stop()``."""
+
+    def __init__(
+        self,
+        db: Database,
+        kinds: KindRegistry,
+        observer: Observer,
+        actions: ActionRunner,
+        clock: Clock,
+        config: WorkerConfig | None = None,
+    ) -> None:
+        self.db = db
+        self.kinds = kinds
+        self.observer = observer
+        self.actions = actions
+        self.clock = clock
+        self.config = config or WorkerConfig()
+        self._stopping = asyncio.Event()
+        self._nudged = asyncio.Event()
+        self._tokens: dict[str, int] = {}  # lease token -> machines still held under it
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self.transitions = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; in-flight machines finish their step and are released."""
+        self._stopping.set()
+        self._nudged.set()
+
+    def nudge(self) -> None:
+        """Look for due machines now instead of at the next poll."""
+        self._nudged.set()
+
+    async def run(self) -> None:
+        """Claim and drive machines until :meth:`stop`; then drain in-flight work."""
+        cfg = self.config
+        log.info("worker started", worker_id=cfg.worker_id, db=self.db.display_url,
+                 concurrency=cfg.concurrency, lease_seconds=cfg.lease_seconds)
+        heartbeat = asyncio.create_task(self._heartbeat_loop())
+        backoff = cfg.poll_seconds
+        try:
+            while not self._stopping.is_set():
+                try:
+                    claimed = await self.claim_batch()
+                    backoff = cfg.poll_seconds
+                except DatabaseUnavailable as exc:
+                    backoff = min(max(backoff * 2, 0.5), 30.0)
+                    log.warning("database unavailable, backing off", error=str(exc),
+                                retry_in=backoff)
+                    await self._pause(backoff)
+                    continue
+                if not claimed:
+                    await self._pause(cfg.poll_seconds)
+                elif len(self._in_flight) >= cfg.concurrency:
+                    await asyncio.wait(self._in_flight, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await self._drain()
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+            log.info("worker stopped", worker_id=cfg.worker_id, transitions=self.transitions)
+
+    async def _pause(self, seconds: float) -> None:
+        self._nudged.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._nudged.wait()
+
+    async def _drain(self) -> None:
+        if not self._in_flight:
+            return
+        log.info("draining in-flight machines", count=len(self._in_flight))
+        _done, pending = await asyncio.wait(self._in_flight, timeout=self.config.drain_seconds)
+        for task in pending:  # their leases simply expire; another worker takes over
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+
+    async def claim_batch(self) -> list[Claimed]:
+        """Claim what fits in the free slots and start driving it (returns the claims)."""
+        cfg = self.config
+        free = min(cfg.batch_size, cfg.concurrency - len(self._in_flight))
+        if free <= 0:
+            return []
+        token = new_id()
+        claimed = await leases.claim_due(
+            self.db, owner=cfg.worker_id, token=token, now=self.clock.now(), limit=free,
+            lease_seconds=cfg.lease_seconds, kinds=cfg.kinds,
+        )
+        if claimed:
+            self._tokens[token] = len(claimed)
+        for c in claimed:
+            task = asyncio.create_task(self._drive_and_account(c))
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+        return claimed
+
+    async def _drive_and_account(self, claimed: Claimed) -> None:
+        try:
+            await self.drive(claimed)
+        finally:
+            token = claimed.lease.token
+            self._tokens[token] -= 1
+            if self._tokens[token] <= 0:
+                del self._tokens[token]
+
+    async def _heartbeat_loop(self) -> None:
+        cfg = self.config
+        while True:
+            await asyncio.sleep(cfg.heartbeat_seconds)
+            for token in list(self._tokens):
+                try:
+                    await leases.heartbeat(self.db, owner=cfg.worker_id, token=token,
+                                           now=self.clock.now(), lease_seconds=cfg.lease_seconds)
+                except DatabaseUnavailable as exc:
+                    log.warning("heartbeat failed", error=str(exc))
+
+    # -- driving one machine -----------------------------------------------------------
+
+    async def drive(self, claimed: Claimed) -> None:
+        """Observe -> decide -> commit -> act, while the machine keeps changing."""
+        record, lease = claimed.record, claimed.lease
+        decider = self.kinds.get(record.kind)
+        state: Any = decider.load_state(record.state)
+        version = record.version
+        bound = log.bind(machine_id=record.id, kind=record.kind)
+        previous_actions: tuple[object, ...] | None = None
+        try:
+            for _ in range(self.config.max_steps_per_lease):
+                interests = decider.interests(state)
+                observation = (EMPTY_OBSERVATION if interests.empty
+                               else await self.observer.observe(interests))
+                now = self.clock.now()
+                decision = decider.decide(state, observation, now)
+                if decision.events:
+                    state, version = await self._commit(
+                        decider, state, version, lease, decision.events, now,
+                        "observation", {"observation": observation.to_json()},
+                    )
+                    bound.info("transition", phase=state.phase, seq=version,
+                               events=[e.type for e in decision.events])
+                failure = await self.actions.run_all(decision.actions)
+                if failure is not None:
+                    state, version = await self._record_failure(decider, state, version,
+                                                                lease, failure)
+                    bound.warning("action failed", phase=state.phase, seq=version,
+                                  action=failure.action.type, error=failure.message)
+                if state.terminal:
+                    await self._release(lease, None)
+                    bound.info("terminal", phase=state.phase, seq=version)
+                    return
+                if decision.events or failure is not None:
+                    continue
+                if decision.actions and decision.actions != previous_actions:
+                    previous_actions = decision.actions
+                    continue
+                await self._release(lease, self._sleep_until(decision, now))
+                return
+            await self._release(lease, self.clock.now())  # fairness: let others have a turn
+        except StaleWriter as exc:
+            bound.info("lost the race, letting go", reason=str(exc))
+            with contextlib.suppress(StaleWriter, DatabaseUnavailable):
+                await self._release(lease, self.clock.now())
+        except DatabaseUnavailable as exc:
+            bound.warning("database unavailable mid-decision; the lease will expire",
+                          error=str(exc))
+        except Exception as exc:  # a bug in a decider/observer/handler must not stop the worker
+            delay = min(self.config.error_backoff_seconds * 2 ** max(record.attempts - 1, 0),
+                        self.config.error_backoff_max_seconds)
+            bound.exception("machine step crashed; retrying later", error=repr(exc),
+                            retry_in=delay)
+            with contextlib.suppress(StaleWriter, DatabaseUnavailable):
+                await leases.release(self.db, lease=lease, now=self.clock.now(),
+                                     wake_at=self.clock.now() + timedelta(seconds=delay),
+                                     reset_attempts=False)
+
+    def _sleep_until(self, decision: Decision, now: datetime) -> datetime | None:
+        if not decision.actions:
+            return decision.wake_at
+        settle = now + timedelta(seconds=self.config.settle_seconds)
+        return settle if decision.wake_at is None else min(settle, decision.wake_at)
+
+    async def _commit(
+        self,
+        decider: Decider[Any],
+        state: Any,
+        version: int,
+        lease: Lease,
+        events: tuple[Event, ...],
+        now: datetime,
+        cause: str,
+        decision_input: dict[str, Any],
+    ) -> tuple[Any, int]:
+        new_state = fold(decider, state, events)
+        keys = new_state.wake_keys
+        version = await event_store.commit(
+            self.db, machine_id=lease.machine_id, expected_version=version, events=events,
+            projection=Projection(new_state.phase, new_state.to_json(), new_state.terminal,
+                                  keys if keys != state.wake_keys else None),
+            cause=cause, decision_input=decision_input, now=now,
+            worker_id=self.config.worker_id, lease=lease,
+        )
+        self.transitions += len(events)
+        return new_state, version
+
+    async def _record_failure(
+        self, decider: Decider[Any], state: Any, version: int, lease: Lease,
+        failure: ActionFailure,
+    ) -> tuple[Any, int]:
+        event = Event(ACTION_FAILED, failure.to_event_data(),
+                      {"error_class": failure.error_class})
+        return await self._commit(decider, state, version, lease, (event,), self.clock.now(),
+                                  "engine", {"action_failure": failure.to_event_data()})
+
+    async def _release(self, lease: Lease, wake_at: datetime | None) -> None:
+        await leases.release(self.db, lease=lease, now=self.clock.now(), wake_at=wake_at,
+                             reset_attempts=True)
+
