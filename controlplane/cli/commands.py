@@ -14,8 +14,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from controlplane.clock import SystemClock, new_id
 from controlplane.cli import render
+from controlplane.clock import SystemClock, new_id
 from controlplane.engine.decider import Command
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError

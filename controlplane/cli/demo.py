@@ -33,7 +33,7 @@ async def demo_cmd(args: argparse.Namespace) -> int:
         before, after = await migrate.upgrade(db)
         print(f"[demo] database {db.display_url}: schema {after} (was {before or 'empty'})")
         ids = []
-        for n in range(args.machines):
+        for _n in range(args.machines):
             ids.append(await submit(db, kinds, kind="steps", spec={"steps": 6,
                                     "payload_bytes": 200}, machine_id=new_id(), now=clock.now()))
         gated = await submit(db, kinds, kind="steps", machine_id=new_id(), now=clock.now(),

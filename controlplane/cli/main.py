@@ -13,6 +13,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from typing import NoReturn
 
 from controlplane import logs
 from controlplane.cli import commands, demo
@@ -29,7 +30,7 @@ The database is --db, else $CONTROLPLANE_DATABASE_URL, else sqlite:///var/contro
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, plus where to look
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, plus where to look
         sys.stderr.write(f"cpctl: error: {message} (see `{self.prog} --help`)\n")
         raise SystemExit(2)
 
@@ -138,7 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(args.log_format, args.log_level)
     try:
-        return asyncio.run(args.handler(args))
+        code: int = asyncio.run(args.handler(args))
+        return code
     except ControlPlaneError as exc:
         sys.stderr.write(f"cpctl: error: {exc}\n")
         return exc.exit_code

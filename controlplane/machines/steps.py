@@ -140,7 +140,8 @@ class StepsDecider:
         steps = spec.get("steps", 6)
         payload = spec.get("payload_bytes", 0)
         deadline_seconds = spec.get("deadline_seconds", 3600)
-        assert isinstance(steps, int) and isinstance(payload, int)
+        assert isinstance(steps, int)
+        assert isinstance(payload, int)
         assert isinstance(deadline_seconds, int)
         return StepsState(
             machine_id=machine_id, steps=steps, done=0,
@@ -219,12 +220,15 @@ class StepsDecider:
 
         steps, done, payload = data["steps"], data["done"], data["payload_bytes"]
         deadline_seconds = data["deadline_seconds"]
-        assert isinstance(steps, int) and isinstance(done, int) and isinstance(payload, int)
+        assert isinstance(steps, int)
+        assert isinstance(done, int)
+        assert isinstance(payload, int)
         assert isinstance(deadline_seconds, int)
         return StepsState(
             machine_id=str(data["machine_id"]), steps=steps, done=done,
             status=StepsPhase(str(data["status"])), payload_bytes=payload,
             gate_pod=opt("gate_pod"), gate_pod_uid=opt("gate_pod_uid"),
-            deadline_seconds=deadline_seconds, deadline=opt("deadline"), fail_on_action_error=bool(data["fail_on_action_error"]),
+            deadline_seconds=deadline_seconds, deadline=opt("deadline"),
+            fail_on_action_error=bool(data["fail_on_action_error"]),
             reason=str(data.get("reason", "")),
         )

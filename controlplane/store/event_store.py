@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from controlplane.engine.decider import SUBMITTED, Event
+from controlplane.engine.decider import SUBMITTED, Action, Event
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.store import schema
 from controlplane.store.database import Database
@@ -54,7 +54,7 @@ async def create_machine(
         await conn.execute(
             insert(m).values(
                 id=machine_id, kind=kind, phase=initial.phase, version=1, spec=spec,
-                state=initial.state, terminal=initial.terminal,
+                state=initial.state, terminal=initial.terminal, pending_actions=[],
                 next_wake_at=None if initial.terminal else now, wake_seq=0, attempts=0,
                 created_at=now, updated_at=now,
             )
@@ -77,8 +77,12 @@ async def commit(
     now: datetime,
     worker_id: str,
     lease: Lease | None = None,
+    outbox: Sequence[Action] = (),
 ) -> int:
     """Append ``events`` and write ``projection``; return the new version.
+
+    ``outbox`` are the decision's actions, kept on the row until the lease is released
+    (see ``schema.machines.pending_actions``).
 
     Without a lease (operator commands), the machine is also woken so a worker decides on
     the new state promptly, even if another worker holds it right now.
@@ -87,7 +91,7 @@ async def commit(
         return await commit_txn(
             conn, machine_id=machine_id, expected_version=expected_version, events=events,
             projection=projection, cause=cause, decision_input=decision_input, now=now,
-            worker_id=worker_id, lease=lease,
+            worker_id=worker_id, lease=lease, outbox=outbox,
         )
 
 
@@ -103,6 +107,7 @@ async def commit_txn(
     now: datetime,
     worker_id: str,
     lease: Lease | None,
+    outbox: Sequence[Action] = (),
 ) -> int:
     """:func:`commit` inside the caller's transaction."""
     if not events:
@@ -111,6 +116,7 @@ async def commit_txn(
     values: dict[str, Any] = {
         "version": new_version, "phase": projection.phase, "state": projection.state,
         "terminal": projection.terminal, "updated_at": now,
+        "pending_actions": [action_to_json(a) for a in outbox],
     }
     guard = [m.c.id == machine_id, m.c.version == expected_version]
     if lease is not None:
@@ -128,6 +134,16 @@ async def commit_txn(
     if projection.wake_keys is not None:
         await _replace_keys_txn(conn, machine_id, projection.wake_keys)
     return new_version
+
+
+def action_to_json(action: Action) -> JsonObject:
+    return {"type": action.type, "key": action.key, "params": action.params}
+
+
+def action_from_json(data: JsonObject) -> Action:
+    params = data.get("params", {})
+    assert isinstance(params, dict)
+    return Action(str(data["type"]), str(data["key"]), params)
 
 
 async def _explain_refusal_txn(
@@ -188,7 +204,8 @@ async def _replace_keys_txn(conn: AsyncConnection, machine_id: str, keys: frozen
     k = schema.machine_keys
     await conn.execute(delete(k).where(k.c.machine_id == machine_id))
     if keys:
-        await conn.execute(insert(k), [{"key": key, "machine_id": machine_id} for key in sorted(keys)])
+        rows = [{"key": key, "machine_id": machine_id} for key in sorted(keys)]
+        await conn.execute(insert(k), rows)
 
 
 async def rewrite_projection_txn(

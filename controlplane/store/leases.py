@@ -30,7 +30,8 @@ def row_to_record(row: Row[tuple[object, ...]]) -> MachineRecord:
     r = row._mapping
     return MachineRecord(
         id=r["id"], kind=r["kind"], phase=r["phase"], version=r["version"], spec=r["spec"],
-        state=r["state"], terminal=r["terminal"], next_wake_at=r["next_wake_at"],
+        state=r["state"], terminal=r["terminal"], pending_actions=r["pending_actions"],
+        next_wake_at=r["next_wake_at"],
         wake_seq=r["wake_seq"], lease_owner=r["lease_owner"],
         lease_expires_at=r["lease_expires_at"], attempts=r["attempts"],
         created_at=r["created_at"], updated_at=r["updated_at"],
@@ -122,7 +123,7 @@ async def release_txn(
     )
     values: dict[str, object] = {
         "lease_owner": None, "lease_token": None, "lease_expires_at": None,
-        "next_wake_at": next_wake,
+        "next_wake_at": next_wake, "pending_actions": [],
     }
     if reset_attempts:
         values["attempts"] = 0

@@ -19,6 +19,7 @@ class MachineRecord:
     spec: JsonObject
     state: JsonObject
     terminal: bool
+    pending_actions: list[JsonObject]
     next_wake_at: datetime | None
     wake_seq: int
     lease_owner: str | None

@@ -27,7 +27,6 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
-
     UniqueConstraint,
     text,
 )
@@ -76,6 +75,10 @@ machines = Table(
     Column("spec", Json, nullable=False),
     Column("state", Json, nullable=False),
     Column("terminal", Boolean, nullable=False, server_default=text("false")),
+    # The transactional outbox: the actions of the last committed decision, written in the
+    # same UPDATE as its events and cleared when the lease is released. A worker that dies
+    # between commit and action leaves them here; the next owner performs them first.
+    Column("pending_actions", Json, nullable=False, server_default=text("'[]'")),
     Column("next_wake_at", UtcDateTime, nullable=True),
     # Bumped by every external wake; a worker that claimed at wake_seq N and releases
     # at N+k knows a wake arrived while it worked and must not sleep past it.

@@ -17,7 +17,6 @@ from controlplane.store.database import Database
 from controlplane.store.errors import ConcurrencyConflict, DatabaseUnavailable, SchemaNotReady
 
 
-
 def _is_missing_table(text: str) -> bool:
     return "no such table" in text or "undefinedtable" in text or (
         "relation" in text and "does not exist" in text
@@ -54,9 +53,10 @@ async def translate_errors(db: Database) -> AsyncIterator[None]:
                 f"the database at {db.display_url} has no control plane schema",
                 hint="run `cpctl db upgrade` first",
             ) from exc
-        if isinstance(exc, DBAPIError) and not isinstance(exc, (OperationalError, InterfaceError)):
-            if not exc.connection_invalidated:
-                raise
+        # Any other driver error on a live connection is a bug (bad data, bad SQL): surface it.
+        transient = isinstance(exc, (OperationalError, InterfaceError))
+        if not transient and not exc.connection_invalidated:
+            raise
         raise DatabaseUnavailable(
             f"cannot use the database at {db.display_url}: {_first_line(exc)}",
             hint="check that it is running and that CONTROLPLANE_DATABASE_URL / --db is right",

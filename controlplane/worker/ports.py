@@ -21,7 +21,7 @@ class Observer(Protocol):
 
 
 class ActionHandler(Protocol):
-    async def __call__(self, action: Action) -> None: ...
+    async def __call__(self, action: Action, /) -> None: ...
 
 
 class NullObserver:

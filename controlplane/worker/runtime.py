@@ -13,10 +13,11 @@ held lease alive while deciding and acting. Driving a machine:
    due at ``wake_at``. The same action-only decision twice in a row means the world has
    not caught up yet: sleep until ``wake_at`` or ``settle_seconds``, whichever is sooner.
 
-Crash safety: whatever was committed is durable; a worker killed between commit and
-action loses only its lease, and the next owner decides again on the same state, which
-re-issues the same (idempotent) actions. A stale worker's commit is refused by the lease
-fence (``LeaseLost``) or the version check (``ConcurrencyConflict``).
+Crash safety: whatever was committed is durable, including the decision's actions (the
+outbox column ``pending_actions``, written by the same commit). A worker killed between
+commit and action, or mid-action, loses only its lease: the next owner first performs the
+pending actions (idempotent by key), then decides again. A stale worker's commit is
+refused by the lease fence (``LeaseLost``) or the version check (``ConcurrencyConflict``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from controlplane.clock import Clock, new_id
-from controlplane.engine.decider import ACTION_FAILED, Decider, Decision, Event, fold
+from controlplane.engine.decider import ACTION_FAILED, Action, Decider, Decision, Event, fold
 from controlplane.engine.kinds import KindRegistry
 from controlplane.engine.observation import EMPTY_OBSERVATION
 from controlplane.logs import get_logger
@@ -188,6 +189,15 @@ class Worker:
         bound = log.bind(machine_id=record.id, kind=record.kind)
         previous_actions: tuple[object, ...] | None = None
         try:
+            if record.pending_actions:
+                # A previous owner committed a decision but may not have acted on it.
+                outbox = tuple(map(event_store.action_from_json, record.pending_actions))
+                bound.info("performing actions left by a previous owner",
+                           actions=[a.key for a in outbox])
+                failure = await self.actions.run_all(outbox)
+                if failure is not None:
+                    state, version = await self._record_failure(decider, state, version,
+                                                                lease, failure)
             for _ in range(self.config.max_steps_per_lease):
                 interests = decider.interests(state)
                 observation = (EMPTY_OBSERVATION if interests.empty
@@ -198,6 +208,7 @@ class Worker:
                     state, version = await self._commit(
                         decider, state, version, lease, decision.events, now,
                         "observation", {"observation": observation.to_json()},
+                        outbox=decision.actions,
                     )
                     bound.info("transition", phase=state.phase, seq=version,
                                events=[e.type for e in decision.events])
@@ -252,6 +263,7 @@ class Worker:
         now: datetime,
         cause: str,
         decision_input: dict[str, Any],
+        outbox: tuple[Action, ...] = (),
     ) -> tuple[Any, int]:
         new_state = fold(decider, state, events)
         keys = new_state.wake_keys
@@ -260,7 +272,7 @@ class Worker:
             projection=Projection(new_state.phase, new_state.to_json(), new_state.terminal,
                                   keys if keys != state.wake_keys else None),
             cause=cause, decision_input=decision_input, now=now,
-            worker_id=self.config.worker_id, lease=lease,
+            worker_id=self.config.worker_id, lease=lease, outbox=outbox,
         )
         self.transitions += len(events)
         return new_state, version

@@ -31,6 +31,7 @@ def upgrade() -> None:
         sa.Column("spec", JSON, nullable=False),
         sa.Column("state", JSON, nullable=False),
         sa.Column("terminal", sa.Boolean, nullable=False, server_default=sa.text("false")),
+        sa.Column("pending_actions", JSON, nullable=False, server_default=sa.text("'[]'")),
         sa.Column("next_wake_at", TS, nullable=True),
         sa.Column("wake_seq", sa.Integer, nullable=False, server_default=sa.text("0")),
         sa.Column("lease_owner", sa.String(128), nullable=True),

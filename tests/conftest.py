@@ -1,0 +1,80 @@
+"""Shared fixtures: a fresh, migrated database on each backend, and a fake clock.
+
+Storage tests take the ``db`` fixture and so run twice: on a SQLite file and on the
+local PostgreSQL (``$CONTROLPLANE_TEST_PG_URL``, default the machine's server). A missing
+PostgreSQL FAILS the run: it is never skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from controlplane.clock import FakeClock
+from controlplane.store import migrate
+from controlplane.store.database import Database, open_database
+
+PG_ADMIN_URL = os.environ.get("CONTROLPLANE_TEST_PG_ADMIN_URL",
+                              "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_TEST_DB = os.environ.get("CONTROLPLANE_TEST_PG_DB", f"cp_test_{os.getpid()}")
+PG_TEST_URL = f"postgresql://postgres@127.0.0.1:5432/{PG_TEST_DB}"
+
+
+async def _pg_admin(sql: str) -> None:
+    try:
+        conn = await asyncpg.connect(PG_ADMIN_URL.replace("postgresql+asyncpg", "postgresql"),
+                                     timeout=10)
+    except (OSError, asyncpg.PostgresError) as exc:
+        pytest.fail(f"PostgreSQL is required for the storage tests and is not reachable at "
+                    f"{PG_ADMIN_URL}: {exc}. Start it: pg_ctlcluster --skip-systemctl-redirect "
+                    "$(ls /etc/postgresql) main start", pytrace=False)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A PostgreSQL database of this test session's own, dropped at the end."""
+    asyncio.run(_pg_admin(f'DROP DATABASE IF EXISTS "{PG_TEST_DB}" WITH (FORCE)'))
+    asyncio.run(_pg_admin(f'CREATE DATABASE "{PG_TEST_DB}"'))
+    yield PG_TEST_URL
+    asyncio.run(_pg_admin(f'DROP DATABASE IF EXISTS "{PG_TEST_DB}" WITH (FORCE)'))
+
+
+async def _reset_pg(url: str) -> None:
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An EMPTY database URL on each backend (no schema)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'controlplane.db'}"
+    url: str = request.getfixturevalue("pg_database")
+    asyncio.run(_reset_pg(url))
+    return url
+
+
+@pytest.fixture
+async def db(db_url: str) -> AsyncIterator[Database]:
+    """A migrated database on each backend."""
+    database = open_database(db_url, pool_size=40)
+    await migrate.upgrade(database)
+    yield database
+    await database.dispose()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()

@@ -1,0 +1,200 @@
+"""The storage contract: runs on SQLite and PostgreSQL (the ``db`` fixture).
+
+Events and projection move together or not at all; a stale writer is refused with a
+typed error; leases are exclusive, expire, and fence their former owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+
+from controlplane.clock import FakeClock
+from controlplane.engine.decider import Event
+from controlplane.store import event_store, leases, queries
+from controlplane.store.database import Database
+from controlplane.store.errors import ConcurrencyConflict, LeaseLost, MachineExists, MachineNotFound
+from controlplane.store.records import Lease, Projection
+from tests.support.machines import submit_steps
+
+PROJ = Projection("Running", {"x": 1}, False)
+
+
+async def _claim_one(db: Database, clock: FakeClock, owner: str, token: str) -> Lease:
+    claimed = await leases.claim_due(db, owner=owner, token=token, now=clock.now(), limit=10,
+                                     lease_seconds=30)
+    assert len(claimed) == 1
+    return claimed[0].lease
+
+
+async def test_submit_records_a_submitted_event_and_a_due_projection(
+    db: Database, clock: FakeClock
+) -> None:
+    await submit_steps(db, clock, "m1")
+    record = await queries.get_machine(db, "m1")
+    assert (record.kind, record.phase, record.version, record.terminal) == (
+        "steps", "Running", 1, False)
+    assert record.next_wake_at == clock.now()
+    history = await queries.history(db, "m1")
+    assert [(e.seq, e.type) for e in history] == [(1, "Submitted")]
+    assert history[0].data["spec"] == record.spec
+
+
+async def test_submitting_the_same_id_twice_is_refused(db: Database, clock: FakeClock) -> None:
+    await submit_steps(db, clock, "m1")
+    with pytest.raises(MachineExists):
+        await submit_steps(db, clock, "m1")
+
+
+async def test_commit_appends_contiguous_seqs_and_updates_the_projection_together(
+    db: Database, clock: FakeClock
+) -> None:
+    await submit_steps(db, clock, "m1")
+    lease = await _claim_one(db, clock, "w1", "t1")
+    events = [Event("A", {"n": 1}, {"pod_uid": "u1"}), Event("B", {"n": 2})]
+    version = await event_store.commit(
+        db, machine_id="m1", expected_version=1, events=events, projection=PROJ,
+        cause="observation", decision_input={"observation": {}}, now=clock.now(),
+        worker_id="w1", lease=lease)
+    assert version == 3
+    record = await queries.get_machine(db, "m1")
+    assert (record.version, record.state) == (3, {"x": 1})
+    history = await queries.history(db, "m1")
+    assert [(e.seq, e.type, e.facts, e.worker_id) for e in history[1:]] == [
+        (2, "A", {"pod_uid": "u1"}, "w1"), (3, "B", {}, "w1")]
+    assert [d.first_seq for d in await queries.decisions(db, "m1")] == [1, 2]
+
+
+async def test_a_stale_version_gets_a_conflict_and_writes_nothing(
+    db: Database, clock: FakeClock
+) -> None:
+    await submit_steps(db, clock, "m1")
+    await event_store.commit(db, machine_id="m1", expected_version=1, events=[Event("A")],
+                             projection=PROJ, cause="command", decision_input={},
+                             now=clock.now(), worker_id="op")
+    with pytest.raises(ConcurrencyConflict):
+        await event_store.commit(db, machine_id="m1", expected_version=1, events=[Event("B")],
+                                 projection=Projection("Other", {}, True), cause="command",
+                                 decision_input={}, now=clock.now(), worker_id="op")
+    record = await queries.get_machine(db, "m1")
+    assert (record.version, record.phase) == (2, "Running")
+    assert [e.type for e in await queries.history(db, "m1")] == ["Submitted", "A"]
+
+
+async def test_an_expired_lease_cannot_commit(db: Database, clock: FakeClock) -> None:
+    await submit_steps(db, clock, "m1")
+    lease = await _claim_one(db, clock, "w1", "t1")
+    clock.advance(31)
+    with pytest.raises(LeaseLost):
+        await event_store.commit(db, machine_id="m1", expected_version=1, events=[Event("A")],
+                                 projection=PROJ, cause="observation", decision_input={},
+                                 now=clock.now(), worker_id="w1", lease=lease)
+    assert (await queries.get_machine(db, "m1")).version == 1
+
+
+async def test_a_lease_taken_over_fences_the_old_owner(db: Database, clock: FakeClock) -> None:
+    """After expiry another worker claims; the first one's late commit is refused."""
+    await submit_steps(db, clock, "m1")
+    old = await _claim_one(db, clock, "w1", "t1")
+    clock.advance(31)
+    new = await _claim_one(db, clock, "w2", "t2")
+    await event_store.commit(db, machine_id="m1", expected_version=1, events=[Event("ByNew")],
+                             projection=PROJ, cause="observation", decision_input={},
+                             now=clock.now(), worker_id="w2", lease=new)
+    with pytest.raises(LeaseLost):
+        await event_store.commit(db, machine_id="m1", expected_version=1,
+                                 events=[Event("ByOld")], projection=PROJ, cause="observation",
+                                 decision_input={}, now=clock.now(), worker_id="w1", lease=old)
+    with pytest.raises(LeaseLost):
+        await leases.release(db, lease=old, now=clock.now(), wake_at=None, reset_attempts=True)
+    assert [e.type for e in await queries.history(db, "m1")] == ["Submitted", "ByNew"]
+
+
+async def test_a_leased_machine_is_not_claimed_again_until_expiry(
+    db: Database, clock: FakeClock
+) -> None:
+    await submit_steps(db, clock, "m1")
+    await _claim_one(db, clock, "w1", "t1")
+    assert await leases.claim_due(db, owner="w2", token="t2", now=clock.now(), limit=10,
+                                  lease_seconds=30) == []
+    clock.advance(29)
+    assert await leases.heartbeat(db, owner="w1", token="t1", now=clock.now(),
+                                  lease_seconds=30) == 1
+    clock.advance(29)  # alive thanks to the heartbeat
+    assert await leases.claim_due(db, owner="w2", token="t2", now=clock.now(), limit=10,
+                                  lease_seconds=30) == []
+    clock.advance(2)
+    assert len(await leases.claim_due(db, owner="w2", token="t2", now=clock.now(), limit=10,
+                                      lease_seconds=30)) == 1
+
+
+async def test_concurrent_claims_never_hand_out_the_same_machine(
+    db: Database, clock: FakeClock
+) -> None:
+    for i in range(60):
+        await submit_steps(db, clock, f"m{i:02d}")
+    batches = await asyncio.gather(*[
+        leases.claim_due(db, owner=f"w{i}", token=f"t{i}", now=clock.now(), limit=7,
+                         lease_seconds=30) for i in range(10)])
+    ids = [c.record.id for batch in batches for c in batch]
+    assert len(ids) == len(set(ids)) == 60
+
+
+async def test_machines_are_not_due_before_their_wake_time(
+    db: Database, clock: FakeClock
+) -> None:
+    await submit_steps(db, clock, "m1")
+    lease = await _claim_one(db, clock, "w1", "t1")
+    await leases.release(db, lease=lease, now=clock.now(),
+                         wake_at=clock.now() + timedelta(seconds=60), reset_attempts=True)
+    assert await leases.claim_due(db, owner="w1", token="t2", now=clock.now(), limit=10,
+                                  lease_seconds=30) == []
+    clock.advance(60)
+    assert len(await leases.claim_due(db, owner="w1", token="t3", now=clock.now(), limit=10,
+                                      lease_seconds=30)) == 1
+
+
+async def test_wake_by_key_makes_only_the_interested_machines_due(
+    db: Database, clock: FakeClock
+) -> None:
+    await submit_steps(db, clock, "gated", gate_pod="ns/p", gate_pod_uid="uid-1")
+    await submit_steps(db, clock, "other", gate_pod="ns/q", gate_pod_uid="uid-2")
+    for c in await leases.claim_due(db, owner="w", token="t", now=clock.now(), limit=10,
+                                    lease_seconds=30):
+        await leases.release(db, lease=c.lease, now=clock.now(), wake_at=None,
+                             reset_attempts=True)
+    assert await leases.wake_by_key(db, key="uid-1", now=clock.now()) == 1
+    due = await leases.claim_due(db, owner="w", token="t2", now=clock.now(), limit=10,
+                                 lease_seconds=30)
+    assert [c.record.id for c in due] == ["gated"]
+
+
+async def test_a_wake_during_a_lease_is_not_slept_through(
+    db: Database, clock: FakeClock
+) -> None:
+    """A pod event seen while a worker decides makes the machine due right after release."""
+    await submit_steps(db, clock, "gated", gate_pod="ns/p", gate_pod_uid="uid-1")
+    lease = await _claim_one(db, clock, "w", "t")
+    await leases.wake_by_key(db, key="uid-1", now=clock.now())
+    await leases.release(db, lease=lease, now=clock.now(), wake_at=None, reset_attempts=True)
+    assert (await queries.get_machine(db, "gated")).next_wake_at == clock.now()
+
+
+async def test_terminal_machines_are_never_due(db: Database, clock: FakeClock) -> None:
+    await submit_steps(db, clock, "m1")
+    await event_store.commit(db, machine_id="m1", expected_version=1, events=[Event("Done")],
+                             projection=Projection("Succeeded", {}, True), cause="command",
+                             decision_input={}, now=clock.now(), worker_id="op")
+    assert (await queries.get_machine(db, "m1")).next_wake_at is None
+    await leases.wake_machine(db, machine_id="m1", now=clock.now())
+    assert await leases.claim_due(db, owner="w", token="t", now=clock.now(), limit=10,
+                                  lease_seconds=30) == []
+
+
+async def test_unknown_machine_ids_are_reported_as_such(db: Database) -> None:
+    with pytest.raises(MachineNotFound, match="no machine with id 'nope'"):
+        await queries.get_machine(db, "nope")
+    with pytest.raises(MachineNotFound):
+        await queries.history(db, "nope")

@@ -1,0 +1,74 @@
+"""Build workers for tests with recording action handlers and a scripted observer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from controlplane.clock import Clock
+from controlplane.engine.decider import Action
+from controlplane.engine.observation import Interests, Observation, PodView
+from controlplane.machines.steps import WORK_ACTION
+from controlplane.store import queries
+from controlplane.store.database import Database
+from controlplane.worker.actions import ActionRunner, RetryPolicy
+from controlplane.worker.runtime import Worker, WorkerConfig
+from tests.support.machines import KINDS
+
+FAST_RETRIES = RetryPolicy(attempts=3, timeout_seconds=5, backoff_base_seconds=0.001,
+                           backoff_max_seconds=0.002)
+
+
+@dataclass
+class RecordingHandler:
+    """Records every action it performs; ``hook`` may raise or block to script failures."""
+
+    performed: list[str] = field(default_factory=list)
+    hook: Callable[[Action], Awaitable[None]] | None = None
+
+    async def __call__(self, action: Action) -> None:
+        if self.hook is not None:
+            await self.hook(action)
+        self.performed.append(action.key)
+
+
+@dataclass
+class ScriptedObserver:
+    """Answers pod interests from a dict the test edits."""
+
+    pods: dict[str, PodView] = field(default_factory=dict)
+
+    async def observe(self, interests: Interests) -> Observation:
+        return Observation(pods={k: self.pods.get(k) for k in interests.pods})
+
+
+def make_worker(db: Database, clock: Clock, handler: RecordingHandler,
+                observer: ScriptedObserver | None = None, worker_id: str = "w1",
+                **config: object) -> Worker:
+    cfg = WorkerConfig(worker_id=worker_id, poll_seconds=0.01, **config)  # type: ignore[arg-type]
+    return Worker(db, KINDS, observer or ScriptedObserver(),
+                  ActionRunner({WORK_ACTION: handler}, FAST_RETRIES), clock, cfg)
+
+
+async def run_until(worker: Worker, done: Callable[[], Awaitable[bool]],
+                    limit_seconds: float = 30.0) -> None:
+    """Run ``worker`` until ``done()`` holds (checked every 10 ms), then stop it."""
+    task = asyncio.create_task(worker.run())
+    try:
+        async with asyncio.timeout(limit_seconds):
+            while not await done():
+                if task.done():
+                    task.result()
+                    raise AssertionError("worker stopped before the condition held")
+                await asyncio.sleep(0.01)
+    finally:
+        worker.stop()
+        await task
+
+
+def all_terminal(db: Database) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        live = await queries.list_machines(db, queries.MachineFilter(terminal=False, limit=1))
+        return not live
+    return check
