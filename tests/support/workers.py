@@ -15,6 +15,7 @@ from controlplane.store.database import Database
 from controlplane.worker.actions import ActionRunner, RetryPolicy
 from controlplane.worker.runtime import Worker, WorkerConfig
 from tests.support.machines import KINDS
+from tests.support.waiting import eventually
 
 FAST_RETRIES = RetryPolicy(attempts=3, timeout_seconds=5, backoff_base_seconds=0.001,
                            backoff_max_seconds=0.002)
@@ -55,13 +56,15 @@ async def run_until(worker: Worker, done: Callable[[], Awaitable[bool]],
                     limit_seconds: float = 30.0) -> None:
     """Run ``worker`` until ``done()`` holds (checked every 10 ms), then stop it."""
     task = asyncio.create_task(worker.run())
+
+    async def reached() -> bool:
+        if task.done():
+            task.result()
+            raise AssertionError("worker stopped before the condition held")
+        return await done()
+
     try:
-        async with asyncio.timeout(limit_seconds):
-            while not await done():
-                if task.done():
-                    task.result()
-                    raise AssertionError("worker stopped before the condition held")
-                await asyncio.sleep(0.01)
+        await eventually(reached, limit_seconds=limit_seconds, every=0.01)
     finally:
         worker.stop()
         await task
