@@ -17,10 +17,13 @@ from controlplane.store.database import Database
 from controlplane.store.errors import ConcurrencyConflict, DatabaseUnavailable, SchemaNotReady
 
 
-def _is_missing_table(text: str) -> bool:
-    return "no such table" in text or "undefinedtable" in text or (
-        "relation" in text and "does not exist" in text
-    )
+def _is_schema_behind(text: str) -> bool:
+    """A missing table or column: the schema is absent or older than this code."""
+    if "no such table" in text or "no such column" in text:  # SQLite
+        return True
+    if "undefinedtable" in text or "undefinedcolumn" in text:  # asyncpg class names
+        return True
+    return ("relation" in text or "column" in text) and "does not exist" in text
 
 
 @asynccontextmanager
@@ -48,9 +51,10 @@ async def translate_errors(db: Database) -> AsyncIterator[None]:
         ) from exc
     except (OperationalError, InterfaceError, DBAPIError) as exc:
         text = str(exc).lower()
-        if _is_missing_table(text):
+        if _is_schema_behind(text):
             raise SchemaNotReady(
-                f"the database at {db.display_url} has no control plane schema",
+                f"the database at {db.display_url} lacks this version's schema "
+                f"({_first_line(exc)})",
                 hint="run `cpctl db upgrade` first",
             ) from exc
         # Any other driver error on a live connection is a bug (bad data, bad SQL): surface it.

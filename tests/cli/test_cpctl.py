@@ -1,0 +1,135 @@
+"""``cpctl`` as operators run it (a real subprocess): outcomes, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cpctl(db: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "controlplane.cli.main", "--db", db, *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int,
+                          *fragments: str) -> None:
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("cpctl: error: ")
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.fixture
+def ready_db(db_url: str) -> str:
+    result = cpctl(db_url, "db", "upgrade")
+    assert result.returncode == 0, result.stderr
+    return db_url
+
+
+def test_submit_run_inspect_and_replay_a_machine_end_to_end(ready_db: str) -> None:
+    submitted = cpctl(ready_db, "submit", "steps", "--spec", '{"steps": 3}', "--id", "job-1")
+    assert (submitted.returncode, submitted.stdout.strip()) == (0, "job-1")
+    ran = cpctl(ready_db, "worker", "--until-done", "--poll-seconds", "0.05")
+    assert ran.returncode == 0, ran.stderr
+    got = json.loads(cpctl(ready_db, "get", "job-1", "-o", "json").stdout)
+    assert (got["phase"], got["version"], got["terminal"]) == ("Succeeded", 4, True)
+    history = json.loads(cpctl(ready_db, "history", "job-1", "-o", "json").stdout)
+    assert [e["type"] for e in history] == ["Submitted"] + ["StepCompleted"] * 3
+    table = cpctl(ready_db, "history", "job-1").stdout
+    assert "StepCompleted" in table
+    assert "SEQ" in table
+    listed = json.loads(cpctl(ready_db, "list", "--kind", "steps", "-o", "json").stdout)
+    assert [m["id"] for m in listed] == ["job-1"]
+    replay = cpctl(ready_db, "replay", "--verify")
+    assert replay.returncode == 0, replay.stdout
+    assert "0 mismatches" in replay.stdout
+
+
+def test_unknown_machine_id_is_one_line_exit_2(ready_db: str) -> None:
+    for verb in ("get", "history", "cancel"):
+        assert_one_line_error(cpctl(ready_db, verb, "no-such-id"), 2, "no-such-id",
+                              "cpctl list")
+
+
+def test_cancelling_a_finished_machine_is_refused_with_its_phase(ready_db: str) -> None:
+    cpctl(ready_db, "submit", "steps", "--spec", '{"steps": 1}', "--id", "j")
+    cpctl(ready_db, "worker", "--until-done", "--poll-seconds", "0.05")
+    assert_one_line_error(cpctl(ready_db, "cancel", "j"), 2, "already Succeeded")
+
+
+@pytest.mark.parametrize(("spec", "fragment"), [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "must be a JSON object"),
+    ('{"steps": 0}', "spec.steps must be from 1 to 1000"),
+    ('{"steps": "six"}', "spec.steps must be an integer"),
+    ('{"stepz": 3}', "unknown field(s) stepz"),
+    ('{"steps": 99999999999999999999}', "spec.steps must be from 1 to 1000"),
+    ('{"gate_pod": "no-slash", "gate_pod_uid": "u"}', "spec.gate_pod must be 'namespace/name'"),
+    ('{"gate_pod": "a/b"}', "must be given together"),
+    ("@/nonexistent/spec.json", "cannot read spec file"),
+])
+def test_a_malformed_spec_names_the_field_and_writes_nothing(
+    ready_db: str, spec: str, fragment: str
+) -> None:
+    assert_one_line_error(cpctl(ready_db, "submit", "steps", "--spec", spec), 2, fragment)
+    assert json.loads(cpctl(ready_db, "list", "-o", "json").stdout) == []
+
+
+def test_an_unknown_kind_lists_the_known_ones(ready_db: str) -> None:
+    assert_one_line_error(cpctl(ready_db, "submit", "teleport"), 2, "unknown machine kind",
+                          "steps")
+
+
+def test_an_unreachable_database_is_one_line_exit_3() -> None:
+    result = cpctl("postgresql://postgres@127.0.0.1:1/nowhere", "list")
+    assert_one_line_error(result, 3, "cannot reach the database", "127.0.0.1:1",
+                          "CONTROLPLANE_DATABASE_URL")
+
+
+@pytest.mark.parametrize(("url", "fragment"), [
+    ("mysql://root@localhost/db", "unsupported backend 'mysql'"),
+    ("not a url", "is not a URL"),
+    ("sqlite://", "names no file"),
+])
+def test_a_bad_database_url_says_what_form_to_use(url: str, fragment: str) -> None:
+    assert_one_line_error(cpctl(url, "list"), 2, fragment, "sqlite:///")
+
+
+def test_a_database_without_schema_points_to_db_upgrade(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    assert_one_line_error(cpctl(url, "list"), 3, "cpctl db upgrade")
+    current = cpctl(url, "db", "current")
+    assert current.returncode == 4
+    assert "needs upgrade" in current.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ["list", "--limit", "-5"],
+    ["list", "--limit", "lots"],
+    ["worker", "--lease-seconds", "0"],
+    ["list", "--since", "yesterday"],
+    ["frobnicate"],
+])
+def test_bad_flags_are_refused_with_exit_2(ready_db: str, args: list[str]) -> None:
+    result = cpctl(ready_db, *args)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0
+
+
+def test_help_explains_verbs_and_exit_codes() -> None:
+    result = subprocess.run([sys.executable, "-m", "controlplane.cli.main", "--help"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    for word in ("submit", "history", "replay", "worker", "demo", "exit codes"):
+        assert word in result.stdout
