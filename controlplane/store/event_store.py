@@ -14,10 +14,11 @@ commands), replay (``rewrite_projection_txn``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import ColumnElement, delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.engine.decider import SUBMITTED, Action, Event
@@ -29,6 +30,7 @@ from controlplane.store.errors import (
     LeaseLost,
     MachineExists,
     MachineNotFound,
+    StaleWriter,
 )
 from controlplane.store.records import Lease, Projection
 from controlplane.store.session import write_txn
@@ -65,75 +67,105 @@ async def create_machine(
         await _replace_keys_txn(conn, machine_id, initial.wake_keys or frozenset())
 
 
-async def commit(
-    db: Database,
-    *,
-    machine_id: str,
-    expected_version: int,
-    events: Sequence[Event],
-    projection: Projection,
-    cause: str,
-    decision_input: JsonObject,
-    now: datetime,
-    worker_id: str,
-    lease: Lease | None = None,
-    outbox: Sequence[Action] = (),
-) -> int:
-    """Append ``events`` and write ``projection``; return the new version.
+@dataclass(frozen=True)
+class CommitRequest:
+    """One machine's decision to persist: its events, new projection and outbox.
 
     ``outbox`` are the decision's actions, kept on the row until the lease is released
-    (see ``schema.machines.pending_actions``).
+    (see ``schema.machines.pending_actions``). Without a ``lease`` (operator commands)
+    the machine is also woken, so a worker decides on the new state promptly.
+    """
 
-    Without a lease (operator commands), the machine is also woken so a worker decides on
-    the new state promptly, even if another worker holds it right now.
+    machine_id: str
+    expected_version: int
+    events: Sequence[Event]
+    projection: Projection
+    cause: str
+    decision_input: JsonObject
+    now: datetime
+    worker_id: str
+    lease: Lease | None = None
+    outbox: Sequence[Action] = ()
+
+    @property
+    def new_version(self) -> int:
+        return self.expected_version + len(self.events)
+
+
+async def commit(db: Database, **fields: Any) -> int:
+    """Commit one :class:`CommitRequest` (given as keywords); return the new version."""
+    request = CommitRequest(**fields)
+    async with write_txn(db) as conn:
+        [outcome] = await commit_many_txn(conn, [request])
+    if isinstance(outcome, StaleWriter):
+        raise outcome
+    return outcome
+
+
+async def commit_many(db: Database, requests: Sequence[CommitRequest]) -> list[int | StaleWriter]:
+    """Commit several machines' decisions in ONE transaction (one fsync for all).
+
+    Each machine keeps its own guard: a stale one gets its :class:`StaleWriter` in the
+    result list and writes nothing, the others commit. The worker's group committer
+    calls this; with 32 machines in flight it turns 32 commits into one.
     """
     async with write_txn(db) as conn:
-        return await commit_txn(
-            conn, machine_id=machine_id, expected_version=expected_version, events=events,
-            projection=projection, cause=cause, decision_input=decision_input, now=now,
-            worker_id=worker_id, lease=lease, outbox=outbox,
-        )
+        return await commit_many_txn(conn, requests)
 
 
-async def commit_txn(
-    conn: AsyncConnection,
-    *,
-    machine_id: str,
-    expected_version: int,
-    events: Sequence[Event],
-    projection: Projection,
-    cause: str,
-    decision_input: JsonObject,
-    now: datetime,
-    worker_id: str,
-    lease: Lease | None,
-    outbox: Sequence[Action] = (),
-) -> int:
-    """:func:`commit` inside the caller's transaction."""
-    if not events:
-        raise ValueError("a commit needs at least one event")
-    new_version = expected_version + len(events)
+async def commit_many_txn(
+    conn: AsyncConnection, requests: Sequence[CommitRequest]
+) -> list[int | StaleWriter]:
+    """:func:`commit_many` inside the caller's transaction."""
+    outcomes: list[int | StaleWriter] = []
+    accepted: list[CommitRequest] = []
+    for r in requests:
+        if not r.events:
+            raise ValueError("a commit needs at least one event")
+        result = await conn.execute(update(m).where(*_guard(r)).values(**_values(r)))
+        if result.rowcount == 1:
+            accepted.append(r)
+            outcomes.append(r.new_version)
+        else:
+            outcomes.append(await _explain_refusal_txn(conn, r))
+    # Only guarded-in machines get events: a refused one leaves no trace in the batch.
+    if accepted:
+        await conn.execute(insert(schema.events), [
+            row for r in accepted
+            for row in _event_rows(r.machine_id, r.expected_version + 1, r.events, r.now,
+                                   r.worker_id)
+        ])
+        await conn.execute(insert(schema.decisions), [
+            {"machine_id": r.machine_id, "first_seq": r.expected_version + 1,
+             "cause": r.cause, "input": r.decision_input, "decided_at": r.now}
+            for r in accepted
+        ])
+        for r in accepted:
+            if r.projection.wake_keys is not None:
+                await _replace_keys_txn(conn, r.machine_id, r.projection.wake_keys)
+    return outcomes
+
+
+def _guard(r: CommitRequest) -> list[ColumnElement[bool]]:
+    guard = [m.c.id == r.machine_id, m.c.version == r.expected_version]
+    if r.lease is not None:
+        guard += [m.c.lease_token == r.lease.token, m.c.lease_expires_at > r.now]
+    return guard
+
+
+def _values(r: CommitRequest) -> dict[str, Any]:
     values: dict[str, Any] = {
-        "version": new_version, "phase": projection.phase, "state": projection.state,
-        "terminal": projection.terminal, "updated_at": now,
-        "pending_actions": [action_to_json(a) for a in outbox],
+        "version": r.new_version, "phase": r.projection.phase, "state": r.projection.state,
+        "terminal": r.projection.terminal, "updated_at": r.now,
+        "pending_actions": [action_to_json(a) for a in r.outbox],
     }
-    guard = [m.c.id == machine_id, m.c.version == expected_version]
-    if lease is not None:
-        guard += [m.c.lease_token == lease.token, m.c.lease_expires_at > now]
-    else:
+    if r.lease is None:
         values["wake_seq"] = m.c.wake_seq + 1
-        values["next_wake_at"] = None if projection.terminal else now
-    if projection.terminal:
-        values["next_wake_at"] = None
-    result = await conn.execute(update(m).where(*guard).values(**values))
-    if result.rowcount != 1:
-        await _explain_refusal_txn(conn, machine_id, expected_version, lease, now)
-    await _insert_events_txn(conn, machine_id, expected_version + 1, events, now, worker_id)
-    await _insert_decision_txn(conn, machine_id, expected_version + 1, cause, decision_input, now)
-    if projection.wake_keys is not None:
-        await _replace_keys_txn(conn, machine_id, projection.wake_keys)
-    return new_version
+        values["next_wake_at"] = None if r.projection.terminal else r.now
+    # Under a lease next_wake_at is left as it was (due): if this worker dies before
+    # releasing, the machine — even a terminal one — is claimable, and its outbox is
+    # performed. ``release`` clears it for terminal machines.
+    return values
 
 
 def action_to_json(action: Action) -> JsonObject:
@@ -146,22 +178,31 @@ def action_from_json(data: JsonObject) -> Action:
     return Action(str(data["type"]), str(data["key"]), params)
 
 
-async def _explain_refusal_txn(
-    conn: AsyncConnection, machine_id: str, expected: int, lease: Lease | None, now: datetime
-) -> None:
+async def _explain_refusal_txn(conn: AsyncConnection, r: CommitRequest) -> StaleWriter:
     row = (
         await conn.execute(
-            select(m.c.version, m.c.lease_token, m.c.lease_expires_at).where(m.c.id == machine_id)
+            select(m.c.version, m.c.lease_token, m.c.lease_expires_at)
+            .where(m.c.id == r.machine_id)
         )
     ).first()
     if row is None:
-        raise MachineNotFound(f"no machine {machine_id}", hint="check the id with `cpctl list`")
-    if lease is not None and (row.lease_token != lease.token or row.lease_expires_at <= now):
-        raise LeaseLost(f"lease on machine {machine_id} expired or was taken over")
-    raise ConcurrencyConflict(
-        f"machine {machine_id} is at version {row.version}, not {expected}",
+        raise MachineNotFound(f"no machine {r.machine_id}", hint="check the id with `cpctl list`")
+    lease = r.lease
+    if lease is not None and (row.lease_token != lease.token or row.lease_expires_at <= r.now):
+        return LeaseLost(f"lease on machine {r.machine_id} expired or was taken over")
+    return ConcurrencyConflict(
+        f"machine {r.machine_id} is at version {row.version}, not {r.expected_version}",
         hint="decide again on fresh state",
     )
+
+
+def _event_rows(machine_id: str, first_seq: int, events: Sequence[Event], now: datetime,
+                worker_id: str) -> list[dict[str, Any]]:
+    return [
+        {"machine_id": machine_id, "seq": first_seq + i, "type": e.type, "data": e.data,
+         "facts": e.facts, "recorded_at": now, "worker_id": worker_id}
+        for i, e in enumerate(events)
+    ]
 
 
 async def _insert_events_txn(
@@ -172,16 +213,8 @@ async def _insert_events_txn(
     now: datetime,
     worker_id: str,
 ) -> None:
-    await conn.execute(
-        insert(schema.events),
-        [
-            {
-                "machine_id": machine_id, "seq": first_seq + i, "type": e.type,
-                "data": e.data, "facts": e.facts, "recorded_at": now, "worker_id": worker_id,
-            }
-            for i, e in enumerate(events)
-        ],
-    )
+    await conn.execute(insert(schema.events),
+                       _event_rows(machine_id, first_seq, events, now, worker_id))
 
 
 async def _insert_decision_txn(

@@ -39,8 +39,9 @@ def row_to_record(row: Row[tuple[object, ...]]) -> MachineRecord:
 
 
 def _due(now: datetime) -> list[ColumnElement[bool]]:
+    # Not filtered on ``terminal``: a terminal machine whose worker died before releasing
+    # it still has its wake time set, so its outbox (pending actions) gets performed.
     return [
-        m.c.terminal.is_(False),
         m.c.next_wake_at <= now,
         or_(m.c.lease_expires_at.is_(None), m.c.lease_expires_at <= now),
     ]

@@ -90,11 +90,13 @@ machines = Table(
     Column("created_at", UtcDateTime, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
 )
+# Due = next_wake_at <= now. Sleeping-forever and finished machines have NULL there, so
+# the index holds only machines that will need a worker.
 Index(
     "ix_machines_due",
     machines.c.next_wake_at,
-    postgresql_where=machines.c.terminal.is_(False),
-    sqlite_where=machines.c.terminal.is_(False),
+    postgresql_where=machines.c.next_wake_at.is_not(None),
+    sqlite_where=machines.c.next_wake_at.is_not(None),
 )
 Index("ix_machines_kind_phase", machines.c.kind, machines.c.phase)
 

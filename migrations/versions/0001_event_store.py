@@ -43,8 +43,8 @@ def upgrade() -> None:
     )
     op.create_index(
         "ix_machines_due", "machines", ["next_wake_at"],
-        postgresql_where=sa.text("terminal IS false"),
-        sqlite_where=sa.text("terminal IS 0"),
+        postgresql_where=sa.text("next_wake_at IS NOT NULL"),
+        sqlite_where=sa.text("next_wake_at IS NOT NULL"),
     )
     op.create_index("ix_machines_kind_phase", "machines", ["kind", "phase"])
 

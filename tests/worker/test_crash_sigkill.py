@@ -102,27 +102,36 @@ async def _assert_exact_histories(db: Database, steps: dict[str, int]) -> None:
         assert (await queries.get_machine(db, machine_id)).phase == "Succeeded"
 
 
+@pytest.mark.parametrize("kill_at_step", [2, 3], ids=["mid-run", "terminal-commit"])
 async def test_kill_mid_action_after_commit_the_next_worker_performs_the_action(
-    db: Database, db_url: str, tmp_path: Path
+    db: Database, db_url: str, tmp_path: Path, kill_at_step: int
 ) -> None:
-    """The outbox: a decision committed but not acted on is acted on by the next owner."""
+    """The outbox: a decision committed but not acted on is acted on by the next owner —
+    also when that decision made the machine terminal."""
     await _submit(db, "m1", steps=3)
     fleet = Fleet(db_url, tmp_path)
-    (fleet.control / "hang-action-2").touch()
+    (fleet.control / f"hang-action-{kill_at_step}").touch()
     first = fleet.start("first")
     try:
-        await _wait_for(fleet.control / "entered-action-2", first)
+        await _wait_for(fleet.control / f"entered-action-{kill_at_step}", first)
         first.send_signal(signal.SIGKILL)
         first.wait(10)
-        assert (await queries.get_machine(db, "m1")).version == 3  # step 2 was committed
+        assert (await queries.get_machine(db, "m1")).version == kill_at_step + 1  # committed
         fleet.start("second")
+
+        async def all_performed() -> bool:
+            return len(fleet.performed()) == 3
+
+        await eventually(all_performed)
         await _wait_all_terminal(db)
     finally:
         fleet.stop_all()
     await _assert_exact_histories(db, {"m1": 3})
     assert fleet.performed() == Counter({"m1:step:1": 1, "m1:step:2": 1, "m1:step:3": 1})
     history = await queries.history(db, "m1")
-    assert [e.worker_id for e in history[1:]] == ["first", "first", "second"]
+    assert [e.worker_id for e in history[1:]] == ["first"] * kill_at_step + ["second"] * (
+        3 - kill_at_step)
+    assert (await queries.get_machine(db, "m1")).next_wake_at is None  # released for good
 
 
 async def test_kill_mid_transition_before_commit_loses_nothing_and_doubles_nothing(
