@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, delete, insert, select, update
+from sqlalchemy import Boolean, Integer, String, bindparam, delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.engine.decider import SUBMITTED, Action, Event
@@ -122,7 +122,13 @@ async def commit_many_txn(
     for r in requests:
         if not r.events:
             raise ValueError("a commit needs at least one event")
-        result = await conn.execute(update(m).where(*_guard(r)).values(**_values(r)))
+        if r.lease is not None:
+            result = await conn.execute(_COMMIT_LEASED, {
+                **_set_params(r), "b_token": r.lease.token, "b_now": r.now})
+        else:
+            result = await conn.execute(_COMMIT_COMMAND, {
+                **_set_params(r),
+                "b_next_wake_at": None if r.projection.terminal else r.now})
         if result.rowcount == 1:
             accepted.append(r)
             outcomes.append(r.new_version)
@@ -146,26 +152,37 @@ async def commit_many_txn(
     return outcomes
 
 
-def _guard(r: CommitRequest) -> list[ColumnElement[bool]]:
-    guard = [m.c.id == r.machine_id, m.c.version == r.expected_version]
-    if r.lease is not None:
-        guard += [m.c.lease_token == r.lease.token, m.c.lease_expires_at > r.now]
-    return guard
+# The two commit statements, built once (per-call construction dominated the worker's
+# CPU). A worker's commit is guarded by version AND lease; an operator command's by
+# version only, and it wakes the machine. Under a lease next_wake_at is left as it was
+# (due): if the worker dies before releasing, the machine — even a terminal one — is
+# claimable and its outbox performed; ``release`` clears it for terminal machines.
+_SET: dict[str, Any] = {
+    "version": bindparam("b_version", type_=Integer),
+    "phase": bindparam("b_phase", type_=String),
+    "state": bindparam("b_state", type_=schema.Json),
+    "terminal": bindparam("b_terminal", type_=Boolean),
+    "updated_at": bindparam("b_updated_at", type_=schema.UtcDateTime),
+    "pending_actions": bindparam("b_pending", type_=schema.Json),
+}
+_SAME_VERSION = [m.c.id == bindparam("b_id"), m.c.version == bindparam("b_expected")]
+_COMMIT_LEASED = update(m).where(
+    *_SAME_VERSION, m.c.lease_token == bindparam("b_token"),
+    m.c.lease_expires_at > bindparam("b_now", type_=schema.UtcDateTime),
+).values(**_SET)
+_COMMIT_COMMAND = update(m).where(*_SAME_VERSION).values(
+    **_SET, wake_seq=m.c.wake_seq + 1,
+    next_wake_at=bindparam("b_next_wake_at", type_=schema.UtcDateTime),
+)
 
 
-def _values(r: CommitRequest) -> dict[str, Any]:
-    values: dict[str, Any] = {
-        "version": r.new_version, "phase": r.projection.phase, "state": r.projection.state,
-        "terminal": r.projection.terminal, "updated_at": r.now,
-        "pending_actions": [action_to_json(a) for a in r.outbox],
+def _set_params(r: CommitRequest) -> dict[str, Any]:
+    return {
+        "b_id": r.machine_id, "b_expected": r.expected_version, "b_version": r.new_version,
+        "b_phase": r.projection.phase, "b_state": r.projection.state,
+        "b_terminal": r.projection.terminal, "b_updated_at": r.now,
+        "b_pending": [action_to_json(a) for a in r.outbox],
     }
-    if r.lease is None:
-        values["wake_seq"] = m.c.wake_seq + 1
-        values["next_wake_at"] = None if r.projection.terminal else r.now
-    # Under a lease next_wake_at is left as it was (due): if this worker dies before
-    # releasing, the machine — even a terminal one — is claimable, and its outbox is
-    # performed. ``release`` clears it for terminal machines.
-    return values
 
 
 def action_to_json(action: Action) -> JsonObject:

@@ -6,7 +6,8 @@ held lease alive while deciding and acting. Driving a machine:
 
 1. observe what its state says matters (``decider.interests`` -> ``Observer``);
 2. ``decide(state, observation, now)``; fold the events with ``evolve``;
-3. commit events + projection in one transaction, fenced by the lease token;
+3. commit events + projection in one transaction, fenced by the lease token (concurrent
+   machines share that transaction: see ``committer``);
 4. run the actions (idempotent, retried); a failure is committed as ``ActionFailed``;
 5. if the decision changed something, go to 1 while holding the lease (a chain of
    transitions costs one commit each, not a claim + commit + release); otherwise release,
@@ -36,8 +37,11 @@ from controlplane.logs import get_logger
 from controlplane.store import event_store, leases
 from controlplane.store.database import Database
 from controlplane.store.errors import DatabaseUnavailable, StaleWriter
+from controlplane.store.event_store import CommitRequest
+from controlplane.store.leases import ReleaseRequest
 from controlplane.store.records import Claimed, Lease, Projection
 from controlplane.worker.actions import ActionFailure, ActionRunner
+from controlplane.worker.committer import GroupCommitter
 from controlplane.worker.ports import Observer
 
 log = get_logger("controlplane.worker")
@@ -81,6 +85,7 @@ class Worker:
         self._nudged = asyncio.Event()
         self._tokens: dict[str, int] = {}  # lease token -> machines still held under it
         self._in_flight: set[asyncio.Task[None]] = set()
+        self.committer = GroupCommitter(db)
         self.transitions = 0
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -104,6 +109,7 @@ class Worker:
         try:
             while not self._stopping.is_set():
                 try:
+                    wanted = self._free_slots()
                     claimed = await self.claim_batch()
                     backoff = cfg.poll_seconds
                 except DatabaseUnavailable as exc:
@@ -112,15 +118,18 @@ class Worker:
                                 retry_in=backoff)
                     await self._pause(backoff)
                     continue
-                if not claimed:
-                    await self._pause(cfg.poll_seconds)
-                elif len(self._in_flight) >= cfg.concurrency:
-                    await asyncio.wait(self._in_flight, return_when=asyncio.FIRST_COMPLETED)
+                if len(claimed) < wanted:
+                    await self._pause(cfg.poll_seconds)  # nothing more is due right now
+                else:
+                    # More may be due: claim again once a quarter of the slots are free,
+                    # not in a tight loop of one-machine claims.
+                    await self._wait_for_slots()
         finally:
             await self._drain()
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
+            await self.committer.close()
             log.info("worker stopped", worker_id=cfg.worker_id, transitions=self.transitions)
 
     async def _pause(self, seconds: float) -> None:
@@ -128,6 +137,21 @@ class Worker:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await self._nudged.wait()
+
+    def _free_slots(self) -> int:
+        return min(self.config.batch_size, self.config.concurrency - len(self._in_flight))
+
+    async def _wait_for_slots(self) -> None:
+        """Wait until a quarter of the slots (at least one) are free, or ``stop()``."""
+        want_free = max(1, self.config.concurrency // 4)
+        while (self.config.concurrency - len(self._in_flight) < want_free
+               and not self._stopping.is_set()):
+            stopping = asyncio.ensure_future(self._stopping.wait())
+            try:
+                await asyncio.wait({stopping, *self._in_flight},
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
 
     async def _drain(self) -> None:
         if not self._in_flight:
@@ -142,7 +166,7 @@ class Worker:
     async def claim_batch(self) -> list[Claimed]:
         """Claim what fits in the free slots and start driving it (returns the claims)."""
         cfg = self.config
-        free = min(cfg.batch_size, cfg.concurrency - len(self._in_flight))
+        free = self._free_slots()
         if free <= 0:
             return []
         token = new_id()
@@ -243,9 +267,9 @@ class Worker:
             bound.exception("machine step crashed; retrying later", error=repr(exc),
                             retry_in=delay)
             with contextlib.suppress(StaleWriter, DatabaseUnavailable):
-                await leases.release(self.db, lease=lease, now=self.clock.now(),
-                                     wake_at=self.clock.now() + timedelta(seconds=delay),
-                                     reset_attempts=False)
+                await self.committer.release(ReleaseRequest(
+                    lease, self.clock.now(), self.clock.now() + timedelta(seconds=delay),
+                    reset_attempts=False))
 
     def _sleep_until(self, decision: Decision, now: datetime) -> datetime | None:
         if not decision.actions:
@@ -267,13 +291,13 @@ class Worker:
     ) -> tuple[Any, int]:
         new_state = fold(decider, state, events)
         keys = new_state.wake_keys
-        version = await event_store.commit(
-            self.db, machine_id=lease.machine_id, expected_version=version, events=events,
+        version = await self.committer.commit(CommitRequest(
+            machine_id=lease.machine_id, expected_version=version, events=events,
             projection=Projection(new_state.phase, new_state.to_json(), new_state.terminal,
                                   keys if keys != state.wake_keys else None),
             cause=cause, decision_input=decision_input, now=now,
             worker_id=self.config.worker_id, lease=lease, outbox=outbox,
-        )
+        ))
         self.transitions += len(events)
         return new_state, version
 
@@ -287,6 +311,5 @@ class Worker:
                                   "engine", {"action_failure": failure.to_event_data()})
 
     async def _release(self, lease: Lease, wake_at: datetime | None) -> None:
-        await leases.release(self.db, lease=lease, now=self.clock.now(), wake_at=wake_at,
-                             reset_attempts=True)
+        await self.committer.release(ReleaseRequest(lease, self.clock.now(), wake_at))
 

@@ -141,7 +141,7 @@ async def test_a_worker_whose_lease_expired_mid_action_cannot_commit_again(
     entered, release = asyncio.Event(), asyncio.Event()
 
     async def stall_first_action(action: Action) -> None:
-        if action.params["step"] == 1:
+        if action.params["step"] == 1 and not entered.is_set():
             entered.set()
             await release.wait()
 
@@ -149,6 +149,7 @@ async def test_a_worker_whose_lease_expired_mid_action_cannot_commit_again(
                        lease_seconds=30, heartbeat_seconds=3600)
     slow_task = asyncio.create_task(slow.run())
     await asyncio.wait_for(entered.wait(), 10)
+    slow.stop()  # claims nothing more; its one machine stays stuck in the action
     clock.advance(31)  # the slow worker's lease expires while it is stuck in an action
     fast_handler = RecordingHandler()
     await run_until(make_worker(db, clock, fast_handler, worker_id="fast"), all_terminal(db))

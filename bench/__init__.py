@@ -1,0 +1,1 @@
+"""Benchmarks: one command per scenario, machine-readable output. Never run in CI."""
