@@ -210,7 +210,7 @@ class Worker:
         decider = self.kinds.get(record.kind)
         state: Any = decider.load_state(record.state)
         version = record.version
-        bound = log.bind(machine_id=record.id, kind=record.kind)
+        bound = log.bind(machine_id=record.id, kind=record.kind, phase=state.phase, seq=version)
         previous_actions: tuple[object, ...] | None = None
         try:
             if record.pending_actions:
@@ -222,6 +222,7 @@ class Worker:
                 if failure is not None:
                     state, version = await self._record_failure(decider, state, version,
                                                                 lease, failure)
+                    bound = bound.bind(phase=state.phase, seq=version)
             for _ in range(self.config.max_steps_per_lease):
                 interests = decider.interests(state)
                 observation = (EMPTY_OBSERVATION if interests.empty
@@ -234,17 +235,22 @@ class Worker:
                         "observation", {"observation": observation.to_json()},
                         outbox=decision.actions,
                     )
-                    bound.info("transition", phase=state.phase, seq=version,
-                               events=[e.type for e in decision.events])
+                    bound = bound.bind(phase=state.phase, seq=version)
+                    bound.info("transition", events=[e.type for e in decision.events])
                 failure = await self.actions.run_all(decision.actions)
                 if failure is not None:
                     state, version = await self._record_failure(decider, state, version,
                                                                 lease, failure)
-                    bound.warning("action failed", phase=state.phase, seq=version,
-                                  action=failure.action.type, error=failure.message)
+                    bound = bound.bind(phase=state.phase, seq=version)
+                    bound.warning("action failed", action=failure.action.type,
+                                  key=failure.action.key, error=failure.message)
                 if state.terminal:
                     await self._release(lease, None)
-                    bound.info("terminal", phase=state.phase, seq=version)
+                    bound.info("terminal")
+                    return
+                if self._stopping.is_set():  # shutting down: this step is done, hand over
+                    await self._release(lease, self.clock.now())
+                    bound.info("released for shutdown")
                     return
                 if decision.events or failure is not None:
                     continue

@@ -6,6 +6,8 @@ the test can SIGKILL it at a known point:
 
 - ``hang-action-<step>``: the first time step <step>'s action runs, write
   ``entered-action-<step>`` and block forever (the kill lands mid-action, after commit);
+- ``slow-action-<step>``: step <step>'s action writes ``entered-slow-<step>`` and takes
+  one second (a SIGTERM then lands while it is in flight);
 - ``hang-observe``: observing a gate pod writes ``entered-observe`` and blocks (the kill
   lands mid-transition, before its commit).
 The observer reports every gate pod with the UID the machine waits for, Pending until the
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 from pathlib import Path
 
 from controlplane.clock import SystemClock
@@ -42,6 +45,9 @@ class FileLoggingHandler:
             if not marker.exists():
                 marker.write_text(action.key)
                 await asyncio.Event().wait()  # blocks until SIGKILL
+        if (self.control / f"slow-action-{step}").exists():
+            (self.control / f"entered-slow-{step}").write_text(action.key)
+            await asyncio.sleep(1.0)
         with self.log.open("a") as fh:
             fh.write(action.key + "\n")
             fh.flush()
@@ -79,6 +85,7 @@ async def main() -> None:
     runner = ActionRunner({WORK_ACTION: FileLoggingHandler(args.log, args.control)},
                           RetryPolicy(attempts=3, backoff_base_seconds=0.01))
     worker = Worker(db, KINDS, GateObserver(args.control), runner, SystemClock(), cfg)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, worker.stop)
     try:
         await worker.run()
     finally:

@@ -192,3 +192,28 @@ async def test_random_sigkills_of_two_workers_leave_every_history_exact(
     repeats = sum(performed.values()) - len(expected_keys)
     print(f"crash campaign: {len(steps)} machines, {kills} SIGKILLs, "
           f"{repeats} idempotent action repeats")
+
+
+async def test_sigterm_finishes_the_step_in_flight_and_releases_the_lease(
+    db: Database, db_url: str, tmp_path: Path
+) -> None:
+    """Graceful shutdown: the in-flight action completes, the lease is handed back (not
+    left to expire), and the process exits 0; the next worker continues at once."""
+    await _submit(db, "m1", steps=3)
+    fleet = Fleet(db_url, tmp_path)
+    (fleet.control / "slow-action-1").touch()
+    first = fleet.start("first")
+    try:
+        await _wait_for(fleet.control / "entered-slow-1", first)
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(30) == 0
+        record = await queries.get_machine(db, "m1")
+        assert record.lease_owner is None  # released, so no wait for lease expiry
+        assert record.version == 2  # it stopped after the step in flight
+        assert fleet.performed() == Counter({"m1:step:1": 1})
+        fleet.start("second")
+        await _wait_all_terminal(db)
+    finally:
+        fleet.stop_all()
+    await _assert_exact_histories(db, {"m1": 3})
+    assert fleet.performed() == Counter({"m1:step:1": 1, "m1:step:2": 1, "m1:step:3": 1})
