@@ -20,12 +20,16 @@ from sqlalchemy import (
     ColumnElement,
     Integer,
     Row,
+    String,
     and_,
     bindparam,
     case,
+    cast,
+    column,
     or_,
     select,
     update,
+    values,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -167,16 +171,47 @@ async def release_many_txn(
     conn: AsyncConnection, requests: Sequence[ReleaseRequest]
 ) -> list[LeaseLost | None]:
     """Release several machines in the caller's transaction; a lost lease is returned."""
-    outcomes: list[LeaseLost | None] = []
-    for r in requests:
-        result = await conn.execute(_RELEASE, {
-            "b_id": r.lease.machine_id, "b_token": r.lease.token,
-            "b_wake_seq": r.lease.wake_seq, "b_now": r.now, "b_wake_at": r.wake_at,
-            "b_reset": r.reset_attempts,
-        })
-        outcomes.append(None if result.rowcount == 1 else LeaseLost(
-            f"lease on machine {r.lease.machine_id} was taken over before release"))
-    return outcomes
+    if conn.dialect.name == "postgresql" and len(requests) > 1:
+        released = await _release_batch_txn(conn, requests)
+    else:
+        released = set()
+        for r in requests:
+            result = await conn.execute(_RELEASE, {
+                "b_id": r.lease.machine_id, "b_token": r.lease.token,
+                "b_wake_seq": r.lease.wake_seq, "b_now": r.now, "b_wake_at": r.wake_at,
+                "b_reset": r.reset_attempts,
+            })
+            if result.rowcount == 1:
+                released.add(r.lease.machine_id)
+    return [None if r.lease.machine_id in released else LeaseLost(
+        f"lease on machine {r.lease.machine_id} was taken over before release")
+        for r in requests]
+
+
+async def _release_batch_txn(
+    conn: AsyncConnection, requests: Sequence[ReleaseRequest]
+) -> set[str]:
+    """One ``UPDATE ... FROM (VALUES ...)`` for a batch of releases (PostgreSQL)."""
+    v = values(
+        column("id", String), column("token", String), column("wake_seq", Integer),
+        column("now", UtcDateTime), column("wake_at", UtcDateTime), column("reset", Boolean),
+        name="v",
+    ).data([(r.lease.machine_id, r.lease.token, r.lease.wake_seq, r.now, r.wake_at,
+             r.reset_attempts) for r in requests])
+    # A column that is NULL in every row has no type in VALUES: cast where it is used.
+    wake_at = cast(v.c.wake_at, UtcDateTime)
+    stmt = (
+        update(m)
+        .where(m.c.id == v.c.id, m.c.lease_token == v.c.token)
+        .values(
+            lease_owner=None, lease_token=None, lease_expires_at=None, pending_actions=[],
+            next_wake_at=case((m.c.terminal.is_(True), None),
+                              (m.c.wake_seq != v.c.wake_seq, v.c.now), else_=wake_at),
+            attempts=case((v.c.reset.is_(True), 0), else_=m.c.attempts),
+        )
+        .returning(m.c.id)
+    )
+    return set((await conn.execute(stmt)).scalars())
 
 
 async def wake_by_key(db: Database, *, key: str, now: datetime) -> int:

@@ -198,3 +198,43 @@ async def test_unknown_machine_ids_are_reported_as_such(db: Database) -> None:
         await queries.get_machine(db, "nope")
     with pytest.raises(MachineNotFound):
         await queries.history(db, "nope")
+
+
+async def test_a_batch_commit_refuses_only_its_stale_member(
+    db: Database, clock: FakeClock
+) -> None:
+    """Group commit: one transaction for many machines, each with its own guard."""
+    from controlplane.store.batch import write_batch
+    from controlplane.store.event_store import CommitRequest
+
+    for i in range(4):
+        await submit_steps(db, clock, f"m{i}")
+    claimed = await leases.claim_due(db, owner="w", token="t", now=clock.now(), limit=10,
+                                     lease_seconds=30)
+    by_id = {c.record.id: c.lease for c in claimed}
+    requests = [
+        CommitRequest(machine_id=f"m{i}", expected_version=1 if i != 2 else 7,
+                      events=[Event("A", {"i": i})], projection=Projection("P", {"i": i}, i == 3),
+                      cause="observation", decision_input={}, now=clock.now(), worker_id="w",
+                      lease=by_id[f"m{i}"])
+        for i in range(4)
+    ]
+    committed, released = await write_batch(db, requests, [])
+    assert committed[0] == committed[1] == committed[3] == 2
+    assert isinstance(committed[2], ConcurrencyConflict)
+    assert released == []
+    assert [e.type for e in await queries.history(db, "m2")] == ["Submitted"]
+    assert (await queries.get_machine(db, "m3")).state == {"i": 3}
+
+    stale = Lease("m1", "w", "not-the-token", by_id["m1"].expires_at, 0)
+    releases = [leases.ReleaseRequest(by_id["m0"], clock.now(), None),
+                leases.ReleaseRequest(stale, clock.now(), None),
+                leases.ReleaseRequest(by_id["m3"], clock.now(), None)]
+    _, released = await write_batch(db, [], releases)
+    assert released[0] is None
+    assert released[2] is None
+    assert isinstance(released[1], LeaseLost)
+    m0, m1, m3 = [await queries.get_machine(db, i) for i in ("m0", "m1", "m3")]
+    assert (m0.lease_owner, m0.next_wake_at) == (None, None)  # sleeps until woken
+    assert m1.lease_owner == "w"  # a wrong token releases nothing
+    assert (m3.terminal, m3.next_wake_at) == (True, None)
