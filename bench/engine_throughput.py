@@ -85,7 +85,7 @@ async def _noop(_action: Any) -> None:
 
 async def until_all_terminal(db: Database, every: float = 0.1) -> None:
     """Poll the database (the workers may be other processes: nothing to await)."""
-    flt = queries.MachineFilter(terminal=False, limit=1)
+    flt = queries.MachineFilter(settled=False, limit=1)
     while await queries.list_machines(db, flt):  # noqa: ASYNC110
         await asyncio.sleep(every)
 

@@ -125,7 +125,7 @@ def _since(text: str | None) -> datetime | None:
 
 async def list_cmd(args: argparse.Namespace) -> int:
     flt = queries.MachineFilter(kind=args.kind, phase=args.phase,
-                                terminal=False if args.active else None,
+                                settled=False if args.active else None,
                                 since=_since(args.since), limit=args.limit)
     db = _open(args)
     try:
@@ -244,13 +244,13 @@ def build_worker(db: Database, config: WorkerConfig) -> Worker:
 
 
 async def run_until_done(worker: Worker) -> None:
-    """Run until every machine is terminal (for demos, scripts and CI)."""
+    """Run until every machine is settled: terminal, actions done, lease released."""
     task = asyncio.create_task(worker.run())
     try:
         while not task.done():
             await asyncio.sleep(worker.config.poll_seconds)
             live = await queries.list_machines(worker.db, queries.MachineFilter(
-                terminal=False, limit=1))
+                settled=False, limit=1))
             if not live:
                 worker.stop()
     finally:

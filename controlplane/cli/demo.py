@@ -74,7 +74,8 @@ async def _progress(db: Database, ids: list[str], started: float) -> None:
         sys.stdout.write(f"\r[demo] {time.monotonic() - started:5.1f}s  {line}   ")
         sys.stdout.flush()
         records = [await queries.get_machine(db, i) for i in ids]
-        if all(r.terminal for r in records):
+        if all(r.terminal and r.lease_owner is None and r.next_wake_at is None
+               for r in records):
             sys.stdout.write("\n")
             return
         await asyncio.sleep(0.1)

@@ -78,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     ls = verb("list", commands.list_cmd, "list machines, newest first")
     ls.add_argument("--kind")
     ls.add_argument("--phase")
-    ls.add_argument("--active", action="store_true", help="only machines not yet terminal")
+    ls.add_argument("--active", action="store_true",
+                    help="only machines not yet settled (not terminal, or still performing "
+                    "their last actions)")
     ls.add_argument("--since", help="created at or after this ISO time")
     ls.add_argument("--limit", type=_positive_int, default=100)
     ls.add_argument("-o", "--output", choices=["table", "json"], default="table")
@@ -107,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     wk.add_argument("--upgrade-schema", action="store_true",
                     help="apply pending migrations first (guarded by a lock)")
     wk.add_argument("--until-done", action="store_true",
-                    help="exit once every machine is terminal")
+                    help="exit once every machine is settled (terminal, its actions "
+                    "performed, its lease released)")
 
     d = verb("demo", demo.demo_cmd, "run the engine end to end on the embedded default and "
              "print a history (under a minute)")

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Row, func, select
+from sqlalchemy import Row, func, or_, select
 
 from controlplane.store import schema
 from controlplane.store.database import Database
@@ -46,9 +46,13 @@ async def get_machine(db: Database, machine_id: str) -> MachineRecord:
 
 @dataclass(frozen=True)
 class MachineFilter:
+    """``settled=False``: machines that still need a worker — not terminal, or terminal
+    but with a lease held or a wake pending (e.g. a dead worker's outbox to perform)."""
+
     kind: str | None = None
     phase: str | None = None
     terminal: bool | None = None
+    settled: bool | None = None
     since: datetime | None = None
     limit: int = 100
 
@@ -61,6 +65,10 @@ async def list_machines(db: Database, flt: MachineFilter) -> list[MachineRecord]
         stmt = stmt.where(m.c.phase == flt.phase)
     if flt.terminal is not None:
         stmt = stmt.where(m.c.terminal.is_(flt.terminal))
+    if flt.settled is not None:
+        unsettled = or_(m.c.terminal.is_(False), m.c.next_wake_at.is_not(None),
+                        m.c.lease_owner.is_not(None))
+        stmt = stmt.where(~unsettled if flt.settled else unsettled)
     if flt.since is not None:
         stmt = stmt.where(m.c.created_at >= flt.since)
     async with read_txn(db) as conn:

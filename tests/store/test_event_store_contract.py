@@ -238,3 +238,20 @@ async def test_a_batch_commit_refuses_only_its_stale_member(
     assert (m0.lease_owner, m0.next_wake_at) == (None, None)  # sleeps until woken
     assert m1.lease_owner == "w"  # a wrong token releases nothing
     assert (m3.terminal, m3.next_wake_at) == (True, None)
+
+
+async def test_a_terminal_machine_with_a_lease_held_is_not_yet_settled(
+    db: Database, clock: FakeClock
+) -> None:
+    """Terminal in the projection is not 'done' until its outbox ran and it is released."""
+    await submit_steps(db, clock, "m1")
+    lease = await _claim_one(db, clock, "w", "t")
+    await event_store.commit(db, machine_id="m1", expected_version=1, events=[Event("Done")],
+                             projection=Projection("Succeeded", {}, True), cause="observation",
+                             decision_input={}, now=clock.now(), worker_id="w", lease=lease)
+    unsettled = queries.MachineFilter(settled=False)
+    assert [r.id for r in await queries.list_machines(db, unsettled)] == ["m1"]
+    await leases.release(db, lease=lease, now=clock.now(), wake_at=None, reset_attempts=True)
+    assert await queries.list_machines(db, unsettled) == []
+    assert [r.id for r in await queries.list_machines(db, queries.MachineFilter(settled=True))] \
+        == ["m1"]

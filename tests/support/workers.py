@@ -72,6 +72,6 @@ async def run_until(worker: Worker, done: Callable[[], Awaitable[bool]],
 
 def all_terminal(db: Database) -> Callable[[], Awaitable[bool]]:
     async def check() -> bool:
-        live = await queries.list_machines(db, queries.MachineFilter(terminal=False, limit=1))
+        live = await queries.list_machines(db, queries.MachineFilter(settled=False, limit=1))
         return not live
     return check

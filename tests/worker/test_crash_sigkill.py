@@ -75,7 +75,7 @@ async def _wait_for(marker: Path, proc: subprocess.Popen[bytes]) -> None:
 
 async def _wait_all_terminal(db: Database) -> None:
     async def done() -> bool:
-        return not await queries.list_machines(db, queries.MachineFilter(terminal=False,
+        return not await queries.list_machines(db, queries.MachineFilter(settled=False,
                                                                          limit=1))
 
     await eventually(done, limit_seconds=90, every=0.05)
