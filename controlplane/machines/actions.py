@@ -1,0 +1,100 @@
+"""The action types the product machines emit, with typed constructors.
+
+Drivers implement each type idempotently ("already exists" / "not found" count as done)
+and honour every precondition; a failure for good comes back as ``ActionFailed``.
+
+============================  ==========================================================
+type                          params
+============================  ==========================================================
+``AnnotatePod``               ``namespace``, ``name``, ``uid`` (precondition: patch only
+                              the pod with this UID), ``annotations`` (key -> value)
+``RemovePodAnnotations``      ``namespace``, ``name``, ``uid`` (precondition), ``keys``
+                              (list; absent keys are fine)
+``DeletePod``                 ``namespace``, ``name``, ``uid`` (precondition: delete only
+                              this UID; a recreated pod of the same name is untouched),
+                              ``reason`` (why, for audit)
+``CreatePod``                 ``namespace``, ``name`` (deterministic), ``template`` (the
+                              saved pod: ``metadata`` labels/annotations + ``spec``),
+                              ``node`` (REQUIRED node affinity on
+                              ``kubernetes.io/hostname``, never ``nodeName``; ``None``:
+                              no affinity), ``annotations``, ``labels`` (merged over the
+                              template's)
+``DeleteManifest``            ``repository`` (``registry/repo``), ``digest``
+                              (``sha256:...``): delete the manifest by digest
+``EmitEvent``                 ``namespace``, ``object`` (``{"kind", "name", "uid"}``),
+                              ``type`` (``Normal`` | ``Warning``), ``reason``, ``message``
+============================  ==========================================================
+
+Called by the capture, restore, source and machine modules. Pure constructors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+
+from controlplane.engine.decider import Action
+from controlplane.engine.jsonvalue import JsonObject, JsonValue
+
+ANNOTATE_POD = "AnnotatePod"
+REMOVE_POD_ANNOTATIONS = "RemovePodAnnotations"
+DELETE_POD = "DeletePod"
+CREATE_POD = "CreatePod"
+DELETE_MANIFEST = "DeleteManifest"
+EMIT_EVENT = "EmitEvent"
+
+ACTION_TYPES = (ANNOTATE_POD, REMOVE_POD_ANNOTATIONS, DELETE_POD, CREATE_POD,
+                DELETE_MANIFEST, EMIT_EVENT)
+
+
+class EventType(StrEnum):
+    """Kubernetes Event types."""
+
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+def annotate_pod(key: str, *, namespace: str, name: str, uid: str,
+                 annotations: Mapping[str, str]) -> Action:
+    """Patch annotations onto the pod ``namespace/name`` only if its UID is ``uid``."""
+    body: JsonObject = {k: v for k, v in sorted(annotations.items())}
+    return Action(ANNOTATE_POD, key, {"namespace": namespace, "name": name, "uid": uid,
+                                      "annotations": body})
+
+
+def remove_pod_annotations(key: str, *, namespace: str, name: str, uid: str,
+                           keys: tuple[str, ...]) -> Action:
+    """Remove annotation ``keys`` from the pod, only if its UID is ``uid``."""
+    listed: list[JsonValue] = list(keys)
+    return Action(REMOVE_POD_ANNOTATIONS, key, {"namespace": namespace, "name": name,
+                                                "uid": uid, "keys": listed})
+
+
+def delete_pod(key: str, *, namespace: str, name: str, uid: str, reason: str) -> Action:
+    """Delete the pod with a UID precondition (a same-named newcomer is never touched)."""
+    return Action(DELETE_POD, key, {"namespace": namespace, "name": name, "uid": uid,
+                                    "reason": reason})
+
+
+def create_pod(key: str, *, namespace: str, name: str, template: JsonObject, node: str | None,
+               annotations: Mapping[str, str], labels: Mapping[str, str]) -> Action:
+    """Create a pod from a saved template with REQUIRED node affinity to ``node``."""
+    return Action(CREATE_POD, key, {
+        "namespace": namespace, "name": name, "template": template, "node": node,
+        "annotations": {k: v for k, v in sorted(annotations.items())},
+        "labels": {k: v for k, v in sorted(labels.items())},
+    })
+
+
+def delete_manifest(key: str, *, repository: str, digest: str) -> Action:
+    """Delete the manifest ``repository@digest`` from the registry."""
+    return Action(DELETE_MANIFEST, key, {"repository": repository, "digest": digest})
+
+
+def emit_event(key: str, *, namespace: str, pod_name: str, pod_uid: str | None,
+               type_: EventType, reason: str, message: str) -> Action:
+    """Record a Kubernetes Event about a pod (best effort: never verified)."""
+    return Action(EMIT_EVENT, key, {
+        "namespace": namespace, "object": {"kind": "Pod", "name": pod_name, "uid": pod_uid},
+        "type": type_.value, "reason": reason, "message": message,
+    })

@@ -1,0 +1,257 @@
+"""The capture step: ask the node agent for a capture, and let the registry prove it.
+
+Shared by the checkpoint, migration and suspend machines (one history each: the step's
+events are the owner's events). Status flow::
+
+    Pending --CaptureRequested--> Requested --CaptureReported--> Reported
+        Requested/Reported --ArtifactVerified--> Verified
+        any non-final --CaptureFailed--> Failed
+
+- ``CaptureRequested`` annotates the source pod (UID precondition) with the request; it
+  is issued again (``attempt`` + 1, a new key) when the pod does not show the request
+  :data:`~controlplane.machines.common.REISSUE_AFTER` later (a crash lost the action).
+- ``ArtifactVerified`` needs the tag resolved to a digest whose manifest provenance names
+  this checkpoint id and the source pod UID (gate 1); any other manifest is recorded once
+  as ``StaleArtifactSeen`` and never trusted. The agent's ``Pushed`` report is a hint.
+- ``CaptureFailed`` on: the agent's ``Failed`` report, the request refused
+  (``ActionFailed``), the source gone before a push was reported, the deadline. A probe
+  error is never a failure by itself (gate 3): the step waits, up to the deadline.
+
+What happens to the workload afterwards (release, kill, delete) is the owner's call, via
+:mod:`controlplane.machines.sourceops`. Pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from enum import StrEnum
+
+from controlplane.engine.decider import ACTION_FAILED, Event
+from controlplane.engine.jsonvalue import JsonObject
+from controlplane.engine.observation import Observation, PodFact, PodView, ProbeError, TagView
+from controlplane.machines import protocol
+from controlplane.machines.actions import EventType, annotate_pod, emit_event
+from controlplane.machines.common import (
+    REISSUE_AFTER,
+    ActionError,
+    Failure,
+    Step,
+    action_key,
+    emit,
+    event_time,
+    merge_facts,
+    next_poll,
+    pod_facts,
+    seconds,
+    stamped,
+    tag_facts,
+    wait,
+)
+from controlplane.machines.refs import parse_tag_ref
+
+CAPTURE_REQUESTED = "CaptureRequested"
+CAPTURE_REPORTED = "CaptureReported"
+STALE_ARTIFACT_SEEN = "StaleArtifactSeen"
+ARTIFACT_VERIFIED = "ArtifactVerified"
+CAPTURE_FAILED = "CaptureFailed"
+EVENTS = frozenset({CAPTURE_REQUESTED, CAPTURE_REPORTED, STALE_ARTIFACT_SEEN,
+                    ARTIFACT_VERIFIED, CAPTURE_FAILED})
+_NOT_OBSERVED = ProbeError("NotObserved", "the pod was not observed")
+
+
+class CaptureStatus(StrEnum):
+    PENDING = "Pending"
+    REQUESTED = "Requested"
+    REPORTED = "Reported"
+    VERIFIED = "Verified"
+    FAILED = "Failed"
+
+
+@dataclass(frozen=True)
+class CaptureSpec:
+    """What to capture: fixed for the machine's life."""
+
+    checkpoint_id: str
+    namespace: str
+    name: str
+    uid: str
+    artifact: str  # registry/repo:tag
+    containers: tuple[str, ...]
+    quiesce: bool
+    saver: str  # the merged saver container, JSON
+    timeout: int  # seconds from the first request to a verified artifact
+
+    @property
+    def pod_key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def pinned(self, digest: str) -> str:
+        return parse_tag_ref(self.artifact, field="artifact").pinned(digest)
+
+
+@dataclass(frozen=True)
+class Capture:
+    status: CaptureStatus = CaptureStatus.PENDING
+    attempt: int = 0
+    issued_at: datetime | None = None
+    deadline: datetime | None = None
+    source_node: str | None = None
+    source_instance: str = ""  # the source's own instance id: a restore must not reuse it
+    reported_digest: str | None = None
+    digest: str | None = None
+    stale_digests: tuple[str, ...] = ()
+    failure: Failure | None = None
+    failed_at: datetime | None = None
+    action_error: ActionError | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (CaptureStatus.VERIFIED, CaptureStatus.FAILED)
+
+
+def request_key(machine_id: str, attempt: int) -> str:
+    return action_key(machine_id, "capture", "request", attempt)
+
+
+def decide_capture(spec: CaptureSpec, cap: Capture, obs: Observation, now: datetime,
+                   *, machine_id: str, started_at: datetime) -> Step:
+    """The capture's next step; an idle step carries the wake time."""
+    if cap.finished:
+        return Step()
+    pod = obs.pods.get(spec.pod_key, _NOT_OBSERVED)
+    if cap.status is CaptureStatus.PENDING:
+        return _request(spec, cap, pod, now, machine_id=machine_id, started_at=started_at)
+    return _watch(spec, cap, pod, obs, now, machine_id=machine_id)
+
+
+def _request(spec: CaptureSpec, cap: Capture, pod: PodFact, now: datetime, *,
+             machine_id: str, started_at: datetime) -> Step:
+    deadline = started_at + seconds(spec.timeout)
+    facts = pod_facts(spec.pod_key, pod)
+    if isinstance(pod, ProbeError):
+        if now >= deadline:
+            return _fail(spec, now, "Timeout", "the source pod could not be observed before "
+                         "the capture deadline", facts, machine_id)
+        return wait(deadline)
+    if pod is None or pod.uid != spec.uid or pod.deleting or pod.phase != "Running":
+        why = ("is gone" if pod is None else "was replaced by another pod (uid differs)"
+               if pod.uid != spec.uid else "is terminating" if pod.deleting
+               else f"is {pod.phase}, not Running")
+        return _fail(spec, now, "SourceGone", f"source pod {spec.pod_key} {why}", facts,
+                     machine_id)
+    attempt = cap.attempt + 1
+    annotations = protocol.capture_request(
+        checkpoint_id=spec.checkpoint_id, artifact=spec.artifact, source_uid=spec.uid,
+        containers=spec.containers, quiesce=spec.quiesce, saver=spec.saver)
+    event = stamped(CAPTURE_REQUESTED, now, {
+        "attempt": attempt, "checkpoint_id": spec.checkpoint_id, "artifact": spec.artifact,
+        "containers": list(spec.containers), "quiesce": spec.quiesce,
+        "deadline": (now + seconds(spec.timeout)).isoformat(),
+        "source_node": pod.node, "source_instance": protocol.instance_id(pod),
+    }, facts)
+    action = annotate_pod(request_key(machine_id, attempt), namespace=spec.namespace,
+                          name=spec.name, uid=spec.uid, annotations=annotations)
+    return emit(event, actions=[action])
+
+
+def _watch(spec: CaptureSpec, cap: Capture, pod: PodFact, obs: Observation, now: datetime,
+           *, machine_id: str) -> Step:
+    assert cap.issued_at is not None
+    assert cap.deadline is not None
+    tag = obs.tags.get(spec.artifact, _NOT_OBSERVED)
+    facts = merge_facts(pod_facts(spec.pod_key, pod), tag_facts(spec.artifact, tag))
+    if isinstance(tag, TagView):
+        problem = protocol.provenance_problem(tag, checkpoint_id=spec.checkpoint_id,
+                                              source_uid=spec.uid)
+        if problem is None:
+            return emit(stamped(ARTIFACT_VERIFIED, now, {
+                "digest": tag.digest, "artifact": spec.artifact,
+                "pinned": spec.pinned(tag.digest)}, facts))
+        if tag.digest not in cap.stale_digests:
+            return emit(stamped(STALE_ARTIFACT_SEEN, now, {"digest": tag.digest,
+                                                           "problem": problem}, facts))
+    if cap.action_error is not None:
+        return _fail(spec, now, "RequestRejected",
+                     f"the capture request could not be written: {cap.action_error.message}",
+                     merge_facts(facts, cap.action_error.facts()), machine_id)
+    annotation_missing = False
+    if isinstance(pod, PodView) and pod.uid == spec.uid:
+        report = protocol.capture_report(pod, spec.checkpoint_id)
+        if report is not None and report.state is protocol.ReportState.FAILED:
+            return _fail(spec, now, "AgentFailed",
+                         f"the node agent reported: {report.reason or 'no reason given'}",
+                         facts, machine_id)
+        if (report is not None and report.state is protocol.ReportState.PUSHED
+                and cap.status is CaptureStatus.REQUESTED):
+            return emit(stamped(CAPTURE_REPORTED, now, {"digest": report.digest}, facts))
+        annotation_missing = not protocol.has_capture_request(pod, spec.checkpoint_id)
+    gone = pod is None or (isinstance(pod, PodView) and (
+        pod.uid != spec.uid or pod.deleting or pod.phase in ("Succeeded", "Failed")))
+    if gone and cap.status is CaptureStatus.REQUESTED:
+        # Once a push was reported, the registry may still prove the artifact: wait for it.
+        return _fail(spec, now, "SourceGone",
+                     f"source pod {spec.pod_key} went away before the capture was pushed",
+                     facts, machine_id)
+    reissue_at = cap.issued_at + REISSUE_AFTER
+    if annotation_missing and now >= reissue_at and now < cap.deadline:
+        return _reissue(spec, cap, now, facts, machine_id)
+    if now >= cap.deadline:
+        return _fail(spec, now, "Timeout",
+                     f"no verified artifact at {spec.artifact} within {spec.timeout}s", facts,
+                     machine_id)
+    return wait(cap.deadline, next_poll(cap.issued_at, now),
+                reissue_at if annotation_missing else None)
+
+
+def _reissue(spec: CaptureSpec, cap: Capture, now: datetime, facts: JsonObject,
+             machine_id: str) -> Step:
+    attempt = cap.attempt + 1
+    annotations = protocol.capture_request(
+        checkpoint_id=spec.checkpoint_id, artifact=spec.artifact, source_uid=spec.uid,
+        containers=spec.containers, quiesce=spec.quiesce, saver=spec.saver)
+    event = stamped(CAPTURE_REQUESTED, now, {"attempt": attempt, "reissue": True}, facts)
+    action = annotate_pod(request_key(machine_id, attempt), namespace=spec.namespace,
+                          name=spec.name, uid=spec.uid, annotations=annotations)
+    return emit(event, actions=[action])
+
+
+def _fail(spec: CaptureSpec, now: datetime, reason: str, message: str, facts: JsonObject,
+          machine_id: str) -> Step:
+    event = stamped(CAPTURE_FAILED, now, {"reason": reason, "message": message}, facts)
+    warning = emit_event(action_key(machine_id, "event", "capture-failed"),
+                         namespace=spec.namespace, pod_name=spec.name, pod_uid=spec.uid,
+                         type_=EventType.WARNING, reason="CaptureFailed",
+                         message=f"checkpoint {spec.checkpoint_id}: {reason}: {message}")
+    return emit(event, actions=[warning])
+
+
+def evolve_capture(cap: Capture, event: Event, *, machine_id: str) -> Capture:
+    """Fold one event into the capture (other events leave it unchanged)."""
+    d, t = event.data, event.type
+    if t == CAPTURE_REQUESTED:
+        attempt = int(str(d["attempt"]))
+        if attempt == 1:
+            node = d.get("source_node")
+            return replace(cap, status=CaptureStatus.REQUESTED, attempt=1,
+                           issued_at=event_time(event),
+                           deadline=datetime.fromisoformat(str(d["deadline"])),
+                           source_node=None if node is None else str(node),
+                           source_instance=str(d.get("source_instance", "")))
+        return replace(cap, attempt=attempt, issued_at=event_time(event))
+    if t == CAPTURE_REPORTED:
+        return replace(cap, status=CaptureStatus.REPORTED, reported_digest=str(d["digest"]))
+    if t == STALE_ARTIFACT_SEEN:
+        return replace(cap, stale_digests=(*cap.stale_digests, str(d["digest"])))
+    if t == ARTIFACT_VERIFIED:
+        return replace(cap, status=CaptureStatus.VERIFIED, digest=str(d["digest"]),
+                       action_error=None)
+    if t == CAPTURE_FAILED:
+        return replace(cap, status=CaptureStatus.FAILED, action_error=None,
+                       failure=Failure(str(d["reason"]), str(d["message"])),
+                       failed_at=event_time(event))
+    if t == ACTION_FAILED and not cap.finished:
+        error = ActionError.from_event(event)
+        if cap.attempt and error.key == request_key(machine_id, cap.attempt):
+            return replace(cap, action_error=error)
+    return cap

@@ -1,0 +1,264 @@
+"""Checkpoint classes: named configurations of how a workload is checkpointed and restored.
+
+A class names the artifact ``repository`` and the ``tag_scheme`` (which must contain
+``{checkpoint_id}``, so a tag is never reused by another checkpoint), the ``timeouts`` of
+every waiting phase, the ``retention`` of artifacts (keep the last N, a maximum age,
+delete after a successful migration), the saver/loader container overrides (see
+:mod:`controlplane.machines.containers`), the ``on_failure`` behaviour of a failed
+capture (``Resume`` the workload or ``Kill`` it) and how many restore attempts a
+migration or resume makes.
+
+The submitter resolves a class by name and embeds its normalised JSON in the machine spec,
+so a later edit of the class never changes a running machine or its replay.
+Pure functions: :func:`parse_class` (validate, raise ``InvalidSpec`` naming the field),
+:func:`class_to_json`, :func:`tag_for`, :func:`retention_victims`.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from controlplane.engine.decider import InvalidSpec
+from controlplane.engine.jsonvalue import JsonObject, JsonValue
+from controlplane.machines.containers import (
+    DEFAULT_LOADER,
+    DEFAULT_SAVER,
+    Container,
+    ContainerOverride,
+    merge,
+    override_to_json,
+    parse_override,
+)
+from controlplane.machines.refs import is_valid_tag, parse_repository
+
+DEFAULT_CLASS_NAME = "default"
+DEFAULT_REPOSITORY = "localhost:5000/checkpoints"
+DEFAULT_TAG_SCHEME = "{namespace}.{pod}.{checkpoint_id}"
+TAG_PLACEHOLDERS = frozenset({"checkpoint_id", "namespace", "pod"})
+MAX_TIMEOUT = 7 * 86400
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+class OnFailure(StrEnum):
+    """What happens to the workload when its capture fails."""
+
+    RESUME = "Resume"  # withdraw the request: the agent resumes the workload
+    KILL = "Kill"  # delete the pod (UID precondition): for workloads that cannot thaw
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Deadlines, in seconds, of each waiting phase (hang guards)."""
+
+    capture: int = 600  # request -> artifact verified in the registry
+    release: int = 120  # withdraw a request / wake in place -> observed
+    delete: int = 300  # delete the source -> observed gone or terminating
+    resolve: int = 300  # restore/resume: the artifact proven present in the registry
+    schedule: int = 300  # restored pod created -> bound to a node
+    restore: int = 900  # restored pod created -> running with a fresh identity
+    gc: int = 86400  # garbage collection of the artifact, retries included
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long artifacts live. ``None`` disables a rule."""
+
+    keep_last: int | None = None
+    max_age_seconds: int | None = None
+    delete_after_migration: bool = True
+
+
+@dataclass(frozen=True)
+class CheckpointClass:
+    name: str = DEFAULT_CLASS_NAME
+    repository: str = DEFAULT_REPOSITORY
+    tag_scheme: str = DEFAULT_TAG_SCHEME
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    retention: Retention = field(default_factory=Retention)
+    saver: ContainerOverride = field(default_factory=ContainerOverride)
+    loader: ContainerOverride = field(default_factory=ContainerOverride)
+    on_failure: OnFailure = OnFailure.RESUME
+    restore_attempts: int = 3
+
+    def saver_container(self) -> Container:
+        return merge(DEFAULT_SAVER, self.saver)
+
+    def loader_container(self) -> Container:
+        return merge(DEFAULT_LOADER, self.loader)
+
+
+DEFAULT_CLASS = CheckpointClass()
+
+_KEYS = {"name", "repository", "tag_scheme", "timeouts", "retention", "saver", "loader",
+         "on_failure", "restore_attempts"}
+
+
+def parse_class(data: JsonValue, *, field: str = "class") -> CheckpointClass:
+    """Validate a class definition; missing keys take the defaults."""
+    if data is None:
+        return DEFAULT_CLASS
+    if not isinstance(data, dict):
+        raise InvalidSpec(f"{field} must be an object (a checkpoint class definition)")
+    unknown = sorted(set(data) - _KEYS)
+    if unknown:
+        raise InvalidSpec(f"{field} has unknown key(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(sorted(_KEYS))}")
+    name = data.get("name", DEFAULT_CLASS_NAME)
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidSpec(f"{field}.name must be a lowercase DNS label, got {name!r}")
+    on_failure = data.get("on_failure", OnFailure.RESUME.value)
+    if not isinstance(on_failure, str) or on_failure not in {m.value for m in OnFailure}:
+        raise InvalidSpec(f"{field}.on_failure must be 'Resume' or 'Kill', got {on_failure!r}")
+    return CheckpointClass(
+        name=name,
+        repository=parse_repository(data.get("repository", DEFAULT_REPOSITORY),
+                                    field=f"{field}.repository"),
+        tag_scheme=_tag_scheme(data.get("tag_scheme", DEFAULT_TAG_SCHEME),
+                               field=f"{field}.tag_scheme"),
+        timeouts=_timeouts(data.get("timeouts"), field=f"{field}.timeouts"),
+        retention=_retention(data.get("retention"), field=f"{field}.retention"),
+        saver=parse_override(data.get("saver"), field=f"{field}.saver"),
+        loader=parse_override(data.get("loader"), field=f"{field}.loader"),
+        on_failure=OnFailure(str(on_failure)),
+        restore_attempts=_int(data.get("restore_attempts", 3), field=f"{field}.restore_attempts",
+                              low=1, high=10),
+    )
+
+
+def class_to_json(cls: CheckpointClass) -> JsonObject:
+    """The normalised form (what a spec embeds); ``parse_class`` of it is the identity."""
+    t, r = cls.timeouts, cls.retention
+    return {
+        "name": cls.name, "repository": cls.repository, "tag_scheme": cls.tag_scheme,
+        "timeouts": {"capture": t.capture, "release": t.release, "delete": t.delete,
+                     "resolve": t.resolve, "schedule": t.schedule, "restore": t.restore,
+                     "gc": t.gc},
+        "retention": {"keep_last": r.keep_last, "max_age_seconds": r.max_age_seconds,
+                      "delete_after_migration": r.delete_after_migration},
+        "saver": override_to_json(cls.saver), "loader": override_to_json(cls.loader),
+        "on_failure": cls.on_failure.value, "restore_attempts": cls.restore_attempts,
+    }
+
+
+def tag_for(cls: CheckpointClass, *, checkpoint_id: str, namespace: str, pod: str) -> str:
+    """The tag a checkpoint is pushed to; falls back to ``ckpt-<id>`` if the scheme overflows."""
+    tag = cls.tag_scheme.format_map({"checkpoint_id": checkpoint_id, "namespace": namespace,
+                                     "pod": pod})
+    if is_valid_tag(tag):
+        return tag
+    fallback = re.sub(r"[^A-Za-z0-9_.-]", "-", f"ckpt-{checkpoint_id}")[:128]
+    return fallback
+
+
+def artifact_for(cls: CheckpointClass, *, checkpoint_id: str, namespace: str, pod: str) -> str:
+    """``repository:tag`` for a new checkpoint of ``namespace/pod``."""
+    tag = tag_for(cls, checkpoint_id=checkpoint_id, namespace=namespace, pod=pod)
+    return f"{cls.repository}:{tag}"
+
+
+@dataclass(frozen=True)
+class StoredArtifact:
+    """An artifact a retention sweep may consider (from the reporting tables)."""
+
+    ref: str  # registry/repo@sha256:...
+    workload: str  # namespace/name
+    created_at: datetime
+
+
+def retention_victims(artifacts: Iterable[StoredArtifact], retention: Retention, now: datetime,
+                      *, protected: frozenset[str] = frozenset()) -> tuple[StoredArtifact, ...]:
+    """Artifacts the retention rules allow deleting; ``protected`` refs are always kept.
+
+    Per workload, newest first: beyond ``keep_last`` or older than ``max_age_seconds``.
+    The caller protects every artifact an active machine or a suspended workload needs.
+    """
+    by_workload: dict[str, list[StoredArtifact]] = {}
+    for artifact in artifacts:
+        by_workload.setdefault(artifact.workload, []).append(artifact)
+    victims: list[StoredArtifact] = []
+    for workload in sorted(by_workload):
+        newest_first = sorted(by_workload[workload], key=lambda a: (a.created_at, a.ref),
+                              reverse=True)
+        for rank, artifact in enumerate(newest_first):
+            too_many = retention.keep_last is not None and rank >= retention.keep_last
+            too_old = (retention.max_age_seconds is not None and
+                       now - artifact.created_at > timedelta(seconds=retention.max_age_seconds))
+            if (too_many or too_old) and artifact.ref not in protected:
+                victims.append(artifact)
+    return tuple(victims)
+
+
+def _tag_scheme(value: JsonValue, *, field: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidSpec(f"{field} must be a template string containing '{{checkpoint_id}}'")
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(value) if name is not None]
+    except ValueError as err:
+        raise InvalidSpec(f"{field} {value!r} is not a valid template: {err}") from None
+    unknown = sorted(set(names) - TAG_PLACEHOLDERS)
+    if unknown:
+        raise InvalidSpec(f"{field} uses unknown placeholder(s) {', '.join(unknown)}; known: "
+                          f"{', '.join(sorted(TAG_PLACEHOLDERS))}")
+    if "checkpoint_id" not in names:
+        raise InvalidSpec(f"{field} {value!r} must contain '{{checkpoint_id}}' so that no two "
+                          "checkpoints share a tag (a reused tag is a stale artifact)")
+    sample = value.format_map({"checkpoint_id": "c", "namespace": "ns", "pod": "p"})
+    if not is_valid_tag(sample):
+        raise InvalidSpec(f"{field} {value!r} does not expand to a valid tag: use letters, "
+                          "digits, '_', '.', '-' around the placeholders")
+    return value
+
+
+def _timeouts(value: JsonValue, *, field: str) -> Timeouts:
+    if value is None:
+        return Timeouts()
+    if not isinstance(value, dict):
+        raise InvalidSpec(f"{field} must be an object of seconds per phase")
+    defaults = Timeouts()
+    known = {"capture", "release", "delete", "resolve", "schedule", "restore", "gc"}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise InvalidSpec(f"{field} has unknown key(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(sorted(known))}")
+    got = {k: _int(value.get(k, getattr(defaults, k)), field=f"{field}.{k}", low=1,
+                   high=MAX_TIMEOUT) for k in known}
+    if got["schedule"] > got["restore"]:
+        raise InvalidSpec(f"{field}.schedule ({got['schedule']}) must not exceed "
+                          f"{field}.restore ({got['restore']}): a pod is scheduled before it runs")
+    return Timeouts(**got)
+
+
+def _retention(value: JsonValue, *, field: str) -> Retention:
+    if value is None:
+        return Retention()
+    if not isinstance(value, Mapping):
+        raise InvalidSpec(f"{field} must be an object (keep_last, max_age_seconds, "
+                          "delete_after_migration)")
+    unknown = sorted(set(value) - {"keep_last", "max_age_seconds", "delete_after_migration"})
+    if unknown:
+        raise InvalidSpec(f"{field} has unknown key(s) {', '.join(unknown)}")
+    keep = value.get("keep_last")
+    age = value.get("max_age_seconds")
+    after = value.get("delete_after_migration", True)
+    if not isinstance(after, bool):
+        raise InvalidSpec(f"{field}.delete_after_migration must be true or false")
+    return Retention(
+        keep_last=None if keep is None else _int(keep, field=f"{field}.keep_last", low=1,
+                                                 high=10_000),
+        max_age_seconds=None if age is None else _int(age, field=f"{field}.max_age_seconds",
+                                                      low=60, high=10 * 365 * 86400),
+        delete_after_migration=after,
+    )
+
+
+def _int(value: JsonValue, *, field: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSpec(f"{field} must be an integer from {low} to {high}, got {value!r}")
+    if not low <= value <= high:
+        raise InvalidSpec(f"{field} must be from {low} to {high}, got {value}")
+    return value

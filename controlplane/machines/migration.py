@@ -1,0 +1,162 @@
+"""The ``migration`` machine: move a running pod to another node without losing its state.
+
+One machine, one history; it composes the capture, source, restore and collection steps::
+
+    Checkpointing --ArtifactVerified--> DeletingSource --SourceDeleted--> Restoring
+    Restoring --RestoreVerified--> CollectingGarbage --ArtifactDeleted|ArtifactKept-->
+        Succeeded | RolledBack | Cancelled
+    Restoring --RestoreFailed .. RestoreCleanedUp--> RollingBack (restore on the source
+        node) --> ... ; out of attempts --> Failed (artifact preserved)
+    Checkpointing --CaptureFailed--> Unsticking --> Failed
+    Checkpointing/DeletingSource --Retarget(source node) | Cancel | abort--> WakingInPlace
+        --SourceReleased--> Cancelled | Failed
+    CollectingGarbage --GarbageCollectionAbandoned--> GarbageCollectionFailed
+
+Safety: the source is deleted only with a verified artifact that the same observation
+still shows, and a clean observation of the source by UID (gates 1, 3, 4); the artifact
+is dropped only after a verified restore (gate 2); once the source is gone the restore
+must finish somewhere: a failed target restore rolls back to the source node and
+``Cancel`` means "restore where it was" (gate 6). ``Succeeded`` is only reported after
+garbage collection; a GC that keeps failing ends in ``GarbageCollectionFailed``, never
+in a clean success (gate 7). Which node the workload ended on is ``final_node``.
+
+Spec: ``pod`` ``{namespace, name, uid}``, ``source_node``, ``target_node``, ``template``
+(the saved pod), optional ``artifact``, ``containers``, ``restore_name``, ``class``.
+Commands: ``Retarget`` ``{"node"}``, ``Cancel``. Registered by
+:func:`controlplane.machines.catalog.product_kinds`. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from controlplane.engine.decider import Command, CommandRejected, Decision, Event, InvalidSpec
+from controlplane.engine.jsonvalue import JsonObject
+from controlplane.engine.observation import Interests, Observation
+from controlplane.machines import restoring as rs_
+from controlplane.machines.checkpoint import capture_spec, validate_capture_fields
+from controlplane.machines.codec import decode
+from controlplane.machines.common import STARTED, stamped, with_facts
+from controlplane.machines.migration_state import (
+    CANCEL_REQUESTED,
+    KIND,
+    RETARGETED,
+    MigrationPhase,
+    MigrationSpec,
+    MigrationState,
+    evolve_migration,
+)
+from controlplane.machines.migration_steps import decide_migration
+from controlplane.machines.specs import (
+    checkpoint_class,
+    node_name,
+    object_name,
+    only_known,
+    pod_template,
+    require,
+)
+
+
+class MigrationDecider:
+    """The ``migration`` kind."""
+
+    kind = KIND
+
+    def validate_spec(self, spec: JsonObject) -> JsonObject:
+        only_known(spec, ("pod", "source_node", "target_node", "template", "artifact",
+                          "containers", "restore_name", "class"))
+        out = validate_capture_fields(spec)
+        source = node_name(require(spec, "source_node"), field="spec.source_node")
+        target = node_name(require(spec, "target_node"), field="spec.target_node")
+        if source == target:
+            raise InvalidSpec(f"spec.target_node {target!r} equals spec.source_node: pick "
+                              "another node (to stay, do not migrate)")
+        name = spec.get("restore_name")
+        out.update({
+            "source_node": source, "target_node": target,
+            "template": pod_template(require(spec, "template"), field="spec.template"),
+            "restore_name": None if name is None else object_name(name,
+                                                                  field="spec.restore_name"),
+        })
+        return out
+
+    def initial_state(self, machine_id: str, spec: JsonObject) -> MigrationState:
+        klass = checkpoint_class(spec.get("class"))
+        cspec = capture_spec(machine_id, spec, klass, quiesce=True)
+        template = spec["template"]
+        assert isinstance(template, dict)
+        name = spec.get("restore_name")
+        mspec = MigrationSpec(cspec, str(spec["source_node"]), template,
+                              name if isinstance(name, str) else cspec.name)
+        return MigrationState(machine_id, mspec, klass, target=str(spec["target_node"]))
+
+    def interests(self, state: MigrationState) -> Interests:
+        source = frozenset({state.spec.capture.pod_key})
+        s = state.status
+        if state.terminal:
+            return Interests()
+        if s is MigrationPhase.CHECKPOINTING:
+            return Interests(pods=source, tags=frozenset({state.spec.capture.artifact}))
+        if s in (MigrationPhase.UNSTICKING, MigrationPhase.WAKING_IN_PLACE):
+            return Interests(pods=source)
+        if s is MigrationPhase.DELETING_SOURCE:
+            assert state.pinned is not None
+            return Interests(pods=source, tags=frozenset({state.pinned}))
+        if s is MigrationPhase.COLLECTING_GARBAGE:
+            assert state.pinned is not None
+            return Interests(tags=frozenset({state.pinned}))
+        r = state.restore
+        if r is None or r.status is rs_.RestoreStatus.CLEANED:
+            return Interests()
+        nodes = frozenset({r.plan.node}) if r.plan.node and r.in_flight else frozenset()
+        return Interests(pods=frozenset({r.plan.key}), nodes=nodes)
+
+    def decide(self, state: MigrationState, observation: Observation, now: datetime) -> Decision:
+        if state.terminal:
+            return Decision()
+        if state.started_at is None:
+            started = stamped(STARTED, now, {"kind": KIND, "target": state.target})
+            rest = self.decide(self.evolve(state, started), observation, now)
+            both = Decision((started, *rest.events), rest.actions, rest.wake_at)
+            return with_facts(both, observation)
+        return with_facts(decide_migration(state, observation, now).decision(), observation)
+
+    def evolve(self, state: MigrationState, event: Event) -> MigrationState:
+        return evolve_migration(state, event)
+
+    def accept(self, state: MigrationState, command: Command,
+               now: datetime) -> Sequence[Event]:
+        if state.terminal:
+            raise CommandRejected(f"migration {state.machine_id} is already {state.phase}")
+        if state.status is MigrationPhase.COLLECTING_GARBAGE:
+            raise CommandRejected(f"migration {state.machine_id} already restored the workload "
+                                  f"on {state.target}; start a new migration to move it")
+        ending = state.status in (MigrationPhase.UNSTICKING, MigrationPhase.WAKING_IN_PLACE)
+        facts: JsonObject = {"command": command.type}
+        if command.type == "Cancel":
+            if ending or state.cancelled:
+                return ()
+            return (stamped(CANCEL_REQUESTED, now, {"before_deletion": not
+                                                    state.deletion_requested}, facts),)
+        if command.type != "Retarget":
+            raise CommandRejected(f"migration machines accept Retarget and Cancel, not "
+                                  f"{command.type!r}")
+        try:
+            node = node_name(command.data.get("node"), field="node")
+        except InvalidSpec as err:
+            raise CommandRejected(str(err)) from None
+        if ending:
+            raise CommandRejected(f"migration {state.machine_id} is {state.phase}: it is "
+                                  "ending; submit a new migration")
+        if node == state.target:
+            return ()
+        wake = node == state.spec.source_node and not state.deletion_requested
+        return (stamped(RETARGETED, now, {"node": node, "previous": state.target,
+                                          "wake_in_place": wake}, facts),)
+
+    def load_state(self, data: JsonObject) -> MigrationState:
+        return decode(MigrationState, data)
+
+
+__all__ = ["KIND", "MigrationDecider", "MigrationPhase", "MigrationState"]

@@ -1,0 +1,173 @@
+"""The data plane protocol, version ``v1``: annotation keys shared with the node agent.
+
+The control plane asks, the node agent does, the registry proves:
+
+1. **Capture request** (control plane -> agent) on the source pod, written with a UID
+   precondition: ``capture-checkpoint-id``, ``capture-artifact`` (tag reference to push),
+   ``capture-source-uid``, ``capture-containers`` (comma-separated, empty = all),
+   ``capture-quiesce`` (``true``: leave the workload stopped after capture), ``capture-saver``
+   (the saver container, JSON) and ``protocol-version``. Removing the request keys
+   *withdraws* it: the agent aborts an unfinished capture and resumes the workload.
+2. **Capture report** (agent -> control plane) on the source pod: ``report-checkpoint-id``
+   binds the report to one request; ``report-state`` is ``Capturing``, ``Pushed`` or
+   ``Failed``; ``report-digest`` and ``report-reason`` detail it. A report is a hint: only
+   the registry proves completion.
+3. **Artifact provenance** (agent -> registry) in the OCI manifest annotations:
+   ``checkpoint-id``, ``source-pod-uid``, ``node``, ``format`` and ``protocol-version``. A tag
+   whose provenance names another checkpoint or pod is stale and never trusted (gate 1).
+4. **Restore request** (control plane -> agent) on a pod the control plane creates with
+   required node affinity: ``restore-artifact`` (``registry/repo@sha256:...``),
+   ``restore-key`` (which machine and attempt made the pod), ``restore-checkpoint-id`` and
+   ``restore-loader`` (the loader container, JSON).
+5. **Restore report** (agent -> control plane) on the restored pod: ``restored-from-digest``
+   and ``instance-id`` (a fresh identity for every restore), or ``restore-failure``.
+
+Used by the capture and restore steps, the actions and the node agent. Pure constants and
+parsers; the node agent imports the same names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from controlplane.engine.observation import PodView, TagView
+from controlplane.machines.refs import is_digest
+
+PROTOCOL_VERSION = "v1"
+PREFIX = "checkpoint.controlplane.dev/"
+
+PROTOCOL = PREFIX + "protocol-version"
+
+CAPTURE_CHECKPOINT_ID = PREFIX + "capture-checkpoint-id"
+CAPTURE_ARTIFACT = PREFIX + "capture-artifact"
+CAPTURE_SOURCE_UID = PREFIX + "capture-source-uid"
+CAPTURE_CONTAINERS = PREFIX + "capture-containers"
+CAPTURE_QUIESCE = PREFIX + "capture-quiesce"
+CAPTURE_SAVER = PREFIX + "capture-saver"
+CAPTURE_REQUEST_KEYS = (CAPTURE_CHECKPOINT_ID, CAPTURE_ARTIFACT, CAPTURE_SOURCE_UID,
+                        CAPTURE_CONTAINERS, CAPTURE_QUIESCE, CAPTURE_SAVER, PROTOCOL)
+
+REPORT_CHECKPOINT_ID = PREFIX + "report-checkpoint-id"
+REPORT_STATE = PREFIX + "report-state"
+REPORT_DIGEST = PREFIX + "report-digest"
+REPORT_REASON = PREFIX + "report-reason"
+
+MANIFEST_CHECKPOINT_ID = PREFIX + "checkpoint-id"
+MANIFEST_SOURCE_POD_UID = PREFIX + "source-pod-uid"
+MANIFEST_NODE = PREFIX + "node"
+MANIFEST_FORMAT = PREFIX + "format"
+MANIFEST_PROTOCOL = PREFIX + "protocol-version"
+
+RESTORE_ARTIFACT = PREFIX + "restore-artifact"
+RESTORE_KEY = PREFIX + "restore-key"
+RESTORE_CHECKPOINT_ID = PREFIX + "restore-checkpoint-id"
+RESTORE_LOADER = PREFIX + "restore-loader"
+
+RESTORED_FROM_DIGEST = PREFIX + "restored-from-digest"
+INSTANCE_ID = PREFIX + "instance-id"
+RESTORE_FAILURE = PREFIX + "restore-failure"
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "checkpoint-controlplane"
+
+
+class ReportState(StrEnum):
+    CAPTURING = "Capturing"
+    PUSHED = "Pushed"
+    FAILED = "Failed"
+
+
+def capture_request(*, checkpoint_id: str, artifact: str, source_uid: str,
+                    containers: tuple[str, ...], quiesce: bool, saver: str) -> dict[str, str]:
+    """The annotations that ask the node agent for one capture."""
+    return {
+        CAPTURE_CHECKPOINT_ID: checkpoint_id,
+        CAPTURE_ARTIFACT: artifact,
+        CAPTURE_SOURCE_UID: source_uid,
+        CAPTURE_CONTAINERS: ",".join(containers),
+        CAPTURE_QUIESCE: "true" if quiesce else "false",
+        CAPTURE_SAVER: saver,
+        PROTOCOL: PROTOCOL_VERSION,
+    }
+
+
+def has_capture_request(pod: PodView, checkpoint_id: str) -> bool:
+    """The pod carries the capture request of this checkpoint."""
+    return pod.annotations.get(CAPTURE_CHECKPOINT_ID) == checkpoint_id
+
+
+def has_any_capture_request(pod: PodView) -> bool:
+    return any(key in pod.annotations for key in CAPTURE_REQUEST_KEYS[:-1])
+
+
+@dataclass(frozen=True)
+class CaptureReport:
+    """The agent's report for one checkpoint, read from the source pod's annotations."""
+
+    state: ReportState
+    digest: str
+    reason: str
+
+
+def capture_report(pod: PodView, checkpoint_id: str) -> CaptureReport | None:
+    """The agent's report for ``checkpoint_id``; reports for other checkpoints are ignored."""
+    annotations = pod.annotations
+    if annotations.get(REPORT_CHECKPOINT_ID) != checkpoint_id:
+        return None
+    try:
+        state = ReportState(annotations.get(REPORT_STATE, ""))
+    except ValueError:
+        return None
+    return CaptureReport(state, annotations.get(REPORT_DIGEST, ""),
+                         annotations.get(REPORT_REASON, ""))
+
+
+def provenance_problem(tag: TagView, *, checkpoint_id: str, source_uid: str) -> str | None:
+    """Why the manifest behind ``tag`` is not this checkpoint's artifact, or ``None``.
+
+    Gate 1: a digest alone proves nothing; the manifest must name this checkpoint id and
+    this source pod UID, or it is a leftover of an earlier checkpoint.
+    """
+    if not is_digest(tag.digest):
+        return f"digest {tag.digest!r} is not a sha256 digest"
+    seen_id = tag.annotations.get(MANIFEST_CHECKPOINT_ID)
+    if seen_id != checkpoint_id:
+        return f"manifest names checkpoint {seen_id!r}, not {checkpoint_id!r}"
+    seen_uid = tag.annotations.get(MANIFEST_SOURCE_POD_UID)
+    if seen_uid != source_uid:
+        return f"manifest names source pod uid {seen_uid!r}, not {source_uid!r}"
+    return None
+
+
+def restore_request(*, artifact: str | None, restore_key: str, checkpoint_id: str | None,
+                    loader: str | None) -> dict[str, str]:
+    """The annotations of a pod the control plane creates (``artifact`` None: cold boot)."""
+    out = {RESTORE_KEY: restore_key, PROTOCOL: PROTOCOL_VERSION}
+    if artifact is not None:
+        out[RESTORE_ARTIFACT] = artifact
+        if checkpoint_id:
+            out[RESTORE_CHECKPOINT_ID] = checkpoint_id
+        if loader is not None:
+            out[RESTORE_LOADER] = loader
+    return out
+
+
+@dataclass(frozen=True)
+class RestoreReport:
+    """What the agent reported on a restored pod."""
+
+    restored_from: str
+    instance_id: str
+    failure: str
+
+
+def restore_report(pod: PodView) -> RestoreReport:
+    a = pod.annotations
+    return RestoreReport(a.get(RESTORED_FROM_DIGEST, ""), a.get(INSTANCE_ID, ""),
+                         a.get(RESTORE_FAILURE, ""))
+
+
+def instance_id(pod: PodView) -> str:
+    """The instance identity the agent gave this pod when it restored it ("" if none)."""
+    return pod.annotations.get(INSTANCE_ID, "")

@@ -1,0 +1,386 @@
+"""The restore step: create a pod from a saved template and prove it restored.
+
+Shared by the restore, migration and resume machines. One attempt, status flow::
+
+    (start) --RestorePodRequested--> Creating --RestorePodObserved--> Starting
+        Creating/Starting --RestoreVerified--> Verified
+        Creating/Starting --RestoreFailed--> Failed
+        Failed --RestoredPodDeletionRequested--> Cleaning --RestoreCleanedUp--> Cleaned
+
+- The pod gets a deterministic name, REQUIRED node affinity to the target (the driver
+  never sets ``nodeName``, so capacity and cordons are respected), the restore annotation
+  naming the artifact by digest, and ``restore-key`` marking it as this attempt's pod. A
+  same-named pod without that key is never adopted; once our pod's UID is known, a pod
+  with another UID is not ours either (gate 4).
+- ``RestoreVerified`` needs the pod Running and the agent's report: restored from exactly
+  this digest, with an instance id that is fresh (not the source's, not an earlier
+  attempt's). A cold boot (no artifact) is verified by Running alone.
+- ``TargetUnschedulable`` is reported once (with a Warning) when the target node is
+  missing, cordoned or NotReady; the attempt fails at the scheduling deadline.
+- A failed attempt deletes its own pod (UID precondition) before the owner moves on.
+
+Pure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, replace
+from datetime import datetime
+from enum import StrEnum
+
+from controlplane.engine.decider import ACTION_FAILED, Action, Event
+from controlplane.engine.jsonvalue import JsonObject
+from controlplane.engine.observation import Observation, PodFact, PodView, ProbeError
+from controlplane.machines import protocol
+from controlplane.machines.actions import EventType, create_pod, delete_pod, emit_event
+from controlplane.machines.codec import RawJson, decode, encode_object
+from controlplane.machines.common import (
+    REISSUE_AFTER,
+    ActionError,
+    Failure,
+    Step,
+    action_key,
+    emit,
+    event_time,
+    merge_facts,
+    next_poll,
+    node_facts,
+    node_problem,
+    pod_facts,
+    seconds,
+    stamped,
+    wait,
+)
+
+RESTORE_POD_REQUESTED = "RestorePodRequested"
+RESTORE_POD_OBSERVED = "RestorePodObserved"
+TARGET_UNSCHEDULABLE = "TargetUnschedulable"
+RESTORE_VERIFIED = "RestoreVerified"
+RESTORE_FAILED = "RestoreFailed"
+RESTORED_POD_DELETION_REQUESTED = "RestoredPodDeletionRequested"
+RESTORE_CLEANED_UP = "RestoreCleanedUp"
+EVENTS = frozenset({RESTORE_POD_REQUESTED, RESTORE_POD_OBSERVED, TARGET_UNSCHEDULABLE,
+                    RESTORE_VERIFIED, RESTORE_FAILED, RESTORED_POD_DELETION_REQUESTED,
+                    RESTORE_CLEANED_UP})
+SUPERSEDED = "Superseded"  # failure reason of an attempt abandoned by retarget/cancel
+_NOT_OBSERVED = ProbeError("NotObserved", "the pod was not observed")
+_SUFFIX = re.compile(r"-r[0-9a-f]{6}-[0-9]+$")
+
+
+class RestoreStatus(StrEnum):
+    CREATING = "Creating"
+    STARTING = "Starting"
+    VERIFIED = "Verified"
+    FAILED = "Failed"
+    CLEANING = "Cleaning"
+    CLEANED = "Cleaned"
+
+
+@dataclass(frozen=True)
+class RestoreContext:
+    """What every attempt of one machine shares (not stored per attempt)."""
+
+    template: RawJson
+    loader: str | None
+    schedule_timeout: int
+    restore_timeout: int
+    cleanup_timeout: int
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    """One attempt: where, from what, under which name."""
+
+    attempt: int
+    namespace: str
+    pod_name: str
+    node: str | None
+    artifact: str | None  # registry/repo@sha256:...; None is a cold boot
+    checkpoint_id: str | None = None
+    not_fresh: tuple[str, ...] = ()  # instance ids that do not prove a fresh restore
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.pod_name}"
+
+    @property
+    def digest(self) -> str | None:
+        return None if self.artifact is None else self.artifact.split("@", 1)[1]
+
+
+@dataclass(frozen=True)
+class Restore:
+    plan: RestorePlan
+    issued_at: datetime
+    schedule_deadline: datetime
+    deadline: datetime
+    status: RestoreStatus = RestoreStatus.CREATING
+    create_attempt: int = 1
+    uid: str | None = None
+    node: str | None = None
+    instance_id: str | None = None
+    unschedulable: str | None = None
+    failure: Failure | None = None
+    cleanup_attempt: int = 0
+    cleanup_uid: str | None = None
+    cleanup_issued_at: datetime | None = None
+    cleanup_deadline: datetime | None = None
+    action_error: ActionError | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        return self.status in (RestoreStatus.CREATING, RestoreStatus.STARTING)
+
+    @property
+    def superseded(self) -> bool:
+        return self.failure is not None and self.failure.reason == SUPERSEDED
+
+
+def restore_pod_name(base: str, machine_id: str, attempt: int) -> str:
+    """A deterministic, DNS-safe name: ``<base>-r<hash of machine id>-<attempt>``.
+
+    A suffix left by an earlier migration is replaced, so names do not grow.
+    """
+    stem = _SUFFIX.sub("", base)
+    tag = hashlib.sha256(machine_id.encode()).hexdigest()[:6]
+    suffix = f"-r{tag}-{attempt}"
+    return stem[: 63 - len(suffix)].rstrip("-.") + suffix
+
+
+def create_key(machine_id: str, attempt: int, create_attempt: int) -> str:
+    return action_key(machine_id, "restore", attempt, "create", create_attempt)
+
+
+def cleanup_key(machine_id: str, attempt: int, cleanup_attempt: int) -> str:
+    return action_key(machine_id, "restore", attempt, "cleanup", cleanup_attempt)
+
+
+def restore_key(machine_id: str, attempt: int) -> str:
+    """The value of the ``restore-key`` annotation marking this attempt's pod."""
+    return f"{machine_id}/{attempt}"
+
+
+def start_restore(plan: RestorePlan, ctx: RestoreContext, now: datetime, *,
+                  machine_id: str, facts: JsonObject | None = None) -> Step:
+    """Create the attempt's pod."""
+    data: JsonObject = {
+        "attempt": plan.attempt, "create_attempt": 1, "plan": encode_object(plan),
+        "mode": "cold-boot" if plan.artifact is None else "restore",
+        "schedule_deadline": (now + seconds(ctx.schedule_timeout)).isoformat(),
+        "deadline": (now + seconds(ctx.restore_timeout)).isoformat(),
+    }
+    event = stamped(RESTORE_POD_REQUESTED, now, data, facts)
+    return emit(event, actions=[_create(plan, ctx, machine_id, 1)])
+
+
+def abandon_restore(restore: Restore, now: datetime, why: str) -> Step:
+    """Give up an attempt in flight (retarget, cancel); its pod is then cleaned up."""
+    return emit(stamped(RESTORE_FAILED, now, {"attempt": restore.plan.attempt,
+                                              "reason": SUPERSEDED, "message": why}))
+
+
+def decide_restore(r: Restore, ctx: RestoreContext, obs: Observation, now: datetime, *,
+                   machine_id: str) -> Step:
+    """The attempt's next step; idle steps carry the wake time."""
+    pod = obs.pods.get(r.plan.key, _NOT_OBSERVED)
+    if r.in_flight:
+        return _watch(r, ctx, pod, obs, now, machine_id)
+    if r.status is RestoreStatus.FAILED:
+        return _start_cleanup(r, ctx, pod, now, machine_id)
+    if r.status is RestoreStatus.CLEANING:
+        return _cleanup(r, pod, now, machine_id)
+    return Step()
+
+
+def _ours(r: Restore, pod: PodView, machine_id: str) -> bool:
+    return pod.annotations.get(protocol.RESTORE_KEY) == restore_key(machine_id, r.plan.attempt)
+
+
+def _watch(r: Restore, ctx: RestoreContext, pod: PodFact, obs: Observation, now: datetime,
+           machine_id: str) -> Step:
+    plan = r.plan
+    node_fact = obs.nodes.get(plan.node, _NOT_OBSERVED) if plan.node else None
+    facts = merge_facts(pod_facts(plan.key, pod),
+                        node_facts(plan.node, node_fact) if plan.node else {})
+    if r.action_error is not None:
+        return _fail(r, now, "CreateRejected", r.action_error.message,
+                     merge_facts(facts, r.action_error.facts()))
+    if isinstance(pod, PodView):
+        verdict = _judge(r, pod, now, facts, machine_id)
+        if verdict is not None:
+            return verdict
+    elif pod is None and r.uid is not None:
+        return _fail(r, now, "RestoredPodVanished", f"restored pod {plan.key} disappeared", facts)
+    elif pod is None and now >= r.issued_at + REISSUE_AFTER and now < r.deadline:
+        attempt = r.create_attempt + 1
+        event = stamped(RESTORE_POD_REQUESTED, now, {"attempt": plan.attempt,
+                                                     "create_attempt": attempt}, facts)
+        return emit(event, actions=[_create(plan, ctx, machine_id, attempt)])
+    scheduled = isinstance(pod, PodView) and pod.node is not None
+    problem = node_problem(node_fact) if plan.node else None
+    if problem is not None and r.unschedulable is None and not scheduled:
+        warning = emit_event(action_key(machine_id, "event", "unschedulable", plan.attempt),
+                             namespace=plan.namespace, pod_name=plan.pod_name, pod_uid=r.uid,
+                             type_=EventType.WARNING, reason="TargetUnschedulable",
+                             message=f"restore target {plan.node}: {problem}")
+        return emit(stamped(TARGET_UNSCHEDULABLE, now, {"attempt": plan.attempt,
+                                                        "problem": problem}, facts),
+                    actions=[warning])
+    if not scheduled and now >= r.schedule_deadline:
+        why = r.unschedulable or problem or "no node took the pod"
+        return _fail(r, now, "Unschedulable",
+                     f"restored pod not scheduled on {plan.node or 'any node'} in "
+                     f"{ctx.schedule_timeout}s: {why}", facts)
+    if now >= r.deadline:
+        return _fail(r, now, "Timeout", f"restore not proven within {ctx.restore_timeout}s",
+                     facts)
+    return wait(r.deadline, None if scheduled else r.schedule_deadline,
+                next_poll(r.issued_at, now) if r.uid is None else None)
+
+
+def _judge(r: Restore, pod: PodView, now: datetime, facts: JsonObject,
+           machine_id: str) -> Step | None:
+    plan = r.plan
+    if not _ours(r, pod, machine_id) or (r.uid is not None and pod.uid != r.uid):
+        if r.uid is None:
+            return _fail(r, now, "NameConflict", f"pod {plan.key} exists and was not created "
+                         "by this restore; it is left alone", facts)
+        return _fail(r, now, "RestoredPodReplaced",
+                     f"restored pod {plan.key} was replaced (uid {pod.uid}, ours {r.uid})", facts)
+    if r.uid is None:
+        return emit(stamped(RESTORE_POD_OBSERVED, now, {"attempt": plan.attempt,
+                                                        "uid": pod.uid, "node": pod.node}, facts))
+    report = protocol.restore_report(pod)
+    if report.failure:
+        return _fail(r, now, "AgentRestoreFailed", f"the node agent reported: {report.failure}",
+                     facts)
+    if pod.phase in ("Failed", "Succeeded") or pod.deleting:
+        return _fail(r, now, "RestoredPodExited", f"restored pod is {pod.phase}"
+                     + (" and terminating" if pod.deleting else ""), facts)
+    if plan.node is not None and pod.node is not None and pod.node != plan.node:
+        return _fail(r, now, "WrongNode", f"restored pod ran on {pod.node}, not {plan.node}",
+                     facts)
+    wrong = report.restored_from and report.restored_from != plan.digest
+    if plan.artifact is not None and wrong:
+        return _fail(r, now, "WrongArtifact", f"the agent restored {report.restored_from}, "
+                     f"not {plan.digest}", facts)
+    if pod.phase != "Running":
+        return None
+    fresh = bool(report.instance_id) and report.instance_id not in plan.not_fresh
+    if plan.artifact is None or (report.restored_from == plan.digest and fresh):
+        return emit(stamped(RESTORE_VERIFIED, now, {
+            "attempt": plan.attempt, "uid": pod.uid, "node": pod.node,
+            "digest": plan.digest, "instance_id": report.instance_id}, facts))
+    return None
+
+
+def _fail(r: Restore, now: datetime, reason: str, message: str, facts: JsonObject) -> Step:
+    return emit(stamped(RESTORE_FAILED, now, {"attempt": r.plan.attempt, "reason": reason,
+                                              "message": message}, facts))
+
+
+def _start_cleanup(r: Restore, ctx: RestoreContext, pod: PodFact, now: datetime,
+                   machine_id: str) -> Step:
+    plan = r.plan
+    facts = pod_facts(plan.key, pod)
+    if isinstance(pod, ProbeError):
+        if now >= r.issued_at + seconds(ctx.restore_timeout + ctx.cleanup_timeout):
+            return _cleaned(r, now, "gave-up: pod could not be observed", facts)
+        return wait(r.issued_at + seconds(ctx.restore_timeout + ctx.cleanup_timeout))
+    replaced = r.uid is not None and pod is not None and pod.uid != r.uid
+    if pod is None or not _ours(r, pod, machine_id) or replaced or pod.deleting:
+        return _cleaned(r, now, "nothing-to-delete", facts)
+    event = stamped(RESTORED_POD_DELETION_REQUESTED, now, {
+        "attempt": plan.attempt, "cleanup_attempt": 1, "uid": pod.uid,
+        "deadline": (now + seconds(ctx.cleanup_timeout)).isoformat()}, facts)
+    return emit(event, actions=[_delete(r, pod.uid, machine_id, 1)])
+
+
+def _cleanup(r: Restore, pod: PodFact, now: datetime, machine_id: str) -> Step:
+    assert r.cleanup_issued_at is not None
+    assert r.cleanup_deadline is not None
+    facts = pod_facts(r.plan.key, pod)
+    if pod is None or (isinstance(pod, PodView) and (pod.uid != r.cleanup_uid or pod.deleting)):
+        return _cleaned(r, now, "deleted", facts)
+    if r.action_error is not None:
+        return _cleaned(r, now, f"gave-up: {r.action_error.message}",
+                        merge_facts(facts, r.action_error.facts()))
+    if now >= r.cleanup_deadline:
+        return _cleaned(r, now, "gave-up: deletion not observed in time", facts)
+    reissue_at = r.cleanup_issued_at + REISSUE_AFTER
+    if isinstance(pod, PodView) and now >= reissue_at:
+        attempt = r.cleanup_attempt + 1
+        event = stamped(RESTORED_POD_DELETION_REQUESTED, now, {
+            "attempt": r.plan.attempt, "cleanup_attempt": attempt}, facts)
+        return emit(event, actions=[_delete(r, pod.uid, machine_id, attempt)])
+    return wait(r.cleanup_deadline, reissue_at)
+
+
+def _cleaned(r: Restore, now: datetime, how: str, facts: JsonObject) -> Step:
+    return emit(stamped(RESTORE_CLEANED_UP, now, {"attempt": r.plan.attempt, "how": how},
+                        facts))
+
+
+def _create(plan: RestorePlan, ctx: RestoreContext, machine_id: str,
+            create_attempt: int) -> Action:
+    annotations = protocol.restore_request(
+        artifact=plan.artifact, restore_key=restore_key(machine_id, plan.attempt),
+        checkpoint_id=plan.checkpoint_id, loader=ctx.loader)
+    return create_pod(create_key(machine_id, plan.attempt, create_attempt),
+                      namespace=plan.namespace, name=plan.pod_name, template=ctx.template,
+                      node=plan.node, annotations=annotations,
+                      labels={protocol.MANAGED_BY_LABEL: protocol.MANAGED_BY})
+
+
+def _delete(r: Restore, uid: str, machine_id: str, attempt: int) -> Action:
+    return delete_pod(cleanup_key(machine_id, r.plan.attempt, attempt),
+                      namespace=r.plan.namespace, name=r.plan.pod_name, uid=uid,
+                      reason=f"clean up failed restore attempt {r.plan.attempt}")
+
+
+def evolve_restore(r: Restore | None, event: Event, *, machine_id: str) -> Restore | None:
+    """Fold one event; the first ``RestorePodRequested`` of an attempt starts a new one."""
+    t, d = event.type, event.data
+    if t == RESTORE_POD_REQUESTED and "plan" in d:
+        return Restore(plan=decode(RestorePlan, d["plan"]), issued_at=event_time(event),
+                       schedule_deadline=datetime.fromisoformat(str(d["schedule_deadline"])),
+                       deadline=datetime.fromisoformat(str(d["deadline"])))
+    if r is None or (t in EVENTS and d.get("attempt") != r.plan.attempt):
+        return r
+    if t == RESTORE_POD_REQUESTED:
+        return replace(r, create_attempt=int(str(d["create_attempt"])),
+                       issued_at=event_time(event))
+    if t == RESTORE_POD_OBSERVED:
+        node = d.get("node")
+        return replace(r, status=RestoreStatus.STARTING, uid=str(d["uid"]),
+                       node=None if node is None else str(node))
+    if t == TARGET_UNSCHEDULABLE:
+        return replace(r, unschedulable=str(d["problem"]))
+    if t == RESTORE_VERIFIED:
+        return replace(r, status=RestoreStatus.VERIFIED, instance_id=str(d["instance_id"]),
+                       action_error=None)
+    if t == RESTORE_FAILED:
+        return replace(r, status=RestoreStatus.FAILED, action_error=None,
+                       failure=Failure(str(d["reason"]), str(d["message"])))
+    if t == RESTORED_POD_DELETION_REQUESTED:
+        n = int(str(d["cleanup_attempt"]))
+        if n == 1:
+            return replace(r, status=RestoreStatus.CLEANING, cleanup_attempt=1,
+                           cleanup_uid=str(d["uid"]), cleanup_issued_at=event_time(event),
+                           cleanup_deadline=datetime.fromisoformat(str(d["deadline"])))
+        return replace(r, cleanup_attempt=n, cleanup_issued_at=event_time(event))
+    if t == RESTORE_CLEANED_UP:
+        return replace(r, status=RestoreStatus.CLEANED, action_error=None)
+    if t == ACTION_FAILED:
+        error = ActionError.from_event(event)
+        if r.in_flight:
+            current = create_key(machine_id, r.plan.attempt, r.create_attempt)
+        elif r.status is RestoreStatus.CLEANING:
+            current = cleanup_key(machine_id, r.plan.attempt, r.cleanup_attempt)
+        else:
+            return r
+        if error.key == current:
+            return replace(r, action_error=error)
+    return r

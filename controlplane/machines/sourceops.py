@@ -1,0 +1,280 @@
+"""Operations on the source pod after a capture: release it, kill it, or delete it.
+
+- ``Release`` removes the capture request annotations: the agent resumes the workload
+  (success without quiesce, wake in place, a withdrawn or failed capture).
+- ``Kill`` deletes the pod after a failed capture when the class says the workload cannot
+  be resumed (``on_failure: Kill``).
+- ``Delete`` deletes the source after its artifact was verified (migration, suspend).
+
+Every operation carries the source UID as a precondition (gate 4), is verified by
+observation (released: the request is gone from the pod; killed/deleted: the pod is gone,
+replaced or terminating), issued again when a crash lost it, and bounded by a deadline.
+Destructive operations are only issued when the owner says the guard holds (a clean pod
+observation, a verified artifact): ``may_act``. Status flow::
+
+    (started) Issued --Source{Released,Killed,Deleted}--> Done
+              Issued --{Release,Kill,SourceDeletion}Failed--> Failed
+
+Used by the checkpoint, migration and suspend machines. Pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from enum import StrEnum
+
+from controlplane.engine.decider import ACTION_FAILED, Action, Event
+from controlplane.engine.jsonvalue import JsonObject
+from controlplane.engine.observation import Observation, PodFact, PodView, ProbeError, TagView
+from controlplane.machines import protocol
+from controlplane.machines.actions import delete_pod, remove_pod_annotations
+from controlplane.machines.common import (
+    REISSUE_AFTER,
+    ActionError,
+    Failure,
+    Step,
+    action_key,
+    emit,
+    event_time,
+    merge_facts,
+    next_poll,
+    pod_facts,
+    seconds,
+    stamped,
+    tag_facts,
+    wait,
+)
+
+_NOT_OBSERVED = ProbeError("NotObserved", "the pod was not observed")
+
+
+class SourceOpKind(StrEnum):
+    RELEASE = "Release"
+    KILL = "Kill"
+    DELETE = "Delete"
+
+
+class SourceOpStatus(StrEnum):
+    ISSUED = "Issued"
+    DONE = "Done"
+    FAILED = "Failed"
+
+
+_REQUESTED = {SourceOpKind.RELEASE: "ReleaseRequested", SourceOpKind.KILL: "KillRequested",
+              SourceOpKind.DELETE: "SourceDeletionRequested"}
+_DONE = {SourceOpKind.RELEASE: "SourceReleased", SourceOpKind.KILL: "SourceKilled",
+         SourceOpKind.DELETE: "SourceDeleted"}
+_FAILED = {SourceOpKind.RELEASE: "ReleaseFailed", SourceOpKind.KILL: "KillFailed",
+           SourceOpKind.DELETE: "SourceDeletionFailed"}
+REQUESTED_EVENTS = frozenset(_REQUESTED.values())
+DONE_EVENTS = frozenset(_DONE.values())
+FAILED_EVENTS = frozenset(_FAILED.values())
+SOURCE_VANISHED = "SourceVanished"
+DELETION_ABORTED = "SourceDeletionAborted"
+EVENTS = REQUESTED_EVENTS | DONE_EVENTS | FAILED_EVENTS
+
+
+@dataclass(frozen=True)
+class SourcePod:
+    """The source pod, by name and the UID observed at submission."""
+
+    namespace: str
+    name: str
+    uid: str
+    checkpoint_id: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class SourceOp:
+    kind: SourceOpKind
+    status: SourceOpStatus = SourceOpStatus.ISSUED
+    attempt: int = 1
+    issued_at: datetime | None = None
+    deadline: datetime | None = None
+    outcome: str = ""  # how it was observed done: "annotations-removed" | "pod-gone" | ...
+    failure: Failure | None = None
+    action_error: ActionError | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status is not SourceOpStatus.ISSUED
+
+
+def op_key(machine_id: str, kind: SourceOpKind, attempt: int) -> str:
+    return action_key(machine_id, "source", kind.value.lower(), attempt)
+
+
+def start_source_op(kind: SourceOpKind, src: SourcePod, obs: Observation, now: datetime, *,
+                    machine_id: str, timeout: int, reason: str,
+                    facts: JsonObject | None = None) -> Step:
+    """Issue ``kind`` on the source (the owner has checked any guard)."""
+    pod = obs.pods.get(src.key, _NOT_OBSERVED)
+    event = stamped(_REQUESTED[kind], now, {
+        "op": kind.value, "attempt": 1, "reason": reason,
+        "deadline": (now + seconds(timeout)).isoformat()},
+        merge_facts(pod_facts(src.key, pod), facts or {}))
+    return emit(event, actions=[_action(kind, src, machine_id, 1, reason)])
+
+
+def effect(kind: SourceOpKind, src: SourcePod, pod: PodFact) -> str | None:
+    """How the operation is observed done, or ``None`` (not done, or unknown)."""
+    if isinstance(pod, ProbeError):
+        return None
+    if pod is None or pod.uid != src.uid:
+        return "pod-gone"
+    if pod.deleting:
+        return "pod-terminating"
+    if kind is SourceOpKind.RELEASE and not protocol.has_capture_request(pod, src.checkpoint_id):
+        return "annotations-removed"
+    return None
+
+
+def decide_source_op(op: SourceOp, src: SourcePod, obs: Observation, now: datetime, *,
+                     machine_id: str, may_act: bool = True) -> Step:
+    """Verify, re-issue or fail the operation in flight."""
+    if op.finished:
+        return Step()
+    assert op.issued_at is not None
+    assert op.deadline is not None
+    pod = obs.pods.get(src.key, _NOT_OBSERVED)
+    facts = pod_facts(src.key, pod)
+    how = effect(op.kind, src, pod)
+    if how is not None:
+        return emit(stamped(_DONE[op.kind], now, {"op": op.kind.value, "how": how}, facts))
+    if op.action_error is not None:
+        return _failed(op, now, "ActionFailed", op.action_error.message,
+                       merge_facts(facts, op.action_error.facts()))
+    if now >= op.deadline:
+        return _failed(op, now, "Timeout",
+                       f"{op.kind.value.lower()} of {src.key} not observed in time", facts)
+    reissue_at = op.issued_at + REISSUE_AFTER
+    if isinstance(pod, PodView) and may_act and now >= reissue_at:
+        attempt = op.attempt + 1
+        event = stamped(_REQUESTED[op.kind], now, {"op": op.kind.value, "attempt": attempt,
+                                                   "reissue": True}, facts)
+        return emit(event, actions=[_action(op.kind, src, machine_id, attempt, "reissue")])
+    return wait(op.deadline, reissue_at if isinstance(pod, PodView) and may_act else None)
+
+
+@dataclass(frozen=True)
+class Unstuck:
+    """The unstick (or wake-in-place) operation is over; ``note`` says what went wrong."""
+
+    note: str = ""
+    how: str = ""
+
+
+def decide_unstick(op: SourceOp | None, src: SourcePod, obs: Observation, now: datetime, *,
+                   machine_id: str, kill: bool, timeout: int, since: datetime,
+                   reason: str) -> Step | Unstuck:
+    """Release (or, when ``kill``, delete) the source after a failed or withdrawn capture.
+
+    A kill is destructive, so it is only issued on a clean observation of the source
+    (gate 3); if none comes before ``since + timeout`` the source is left as it is and
+    the note says so.
+    """
+    kind = SourceOpKind.KILL if kill else SourceOpKind.RELEASE
+    pod = obs.pods.get(src.key, _NOT_OBSERVED)
+    if op is None or op.kind is not kind:
+        if pod is None or (isinstance(pod, PodView) and pod.uid != src.uid):
+            return Unstuck("", "pod-gone")
+        if isinstance(pod, ProbeError) and kill:
+            deadline = since + seconds(timeout)
+            if now >= deadline:
+                return Unstuck("the source could not be observed, so it was not killed")
+            return wait(deadline)
+        return start_source_op(kind, src, obs, now, machine_id=machine_id, timeout=timeout,
+                               reason=reason)
+    if op.status is SourceOpStatus.ISSUED:
+        return decide_source_op(op, src, obs, now, machine_id=machine_id,
+                                may_act=isinstance(pod, PodView))
+    if op.failure is not None:
+        return Unstuck(f"{op.kind.value.lower()} failed: {op.failure.message}", op.outcome)
+    return Unstuck("", op.outcome)
+
+
+def decide_deletion(op: SourceOp | None, src: SourcePod, pinned: str, obs: Observation,
+                    now: datetime, *, machine_id: str, verified_at: datetime,
+                    timeout: int) -> Step:
+    """Delete the source once its artifact is verified (gates 1, 3, 4).
+
+    The delete is issued (and re-issued) only when this very observation shows the pinned
+    artifact with this checkpoint's provenance *and* the source by its UID. A source that
+    is already gone is recorded as ``SourceVanished``; an artifact that vanished or a
+    probe error lasting to the deadline ends in ``SourceDeletionAborted``: the owner then
+    wakes the workload in place instead of deleting it.
+    """
+    pod = obs.pods.get(src.key, _NOT_OBSERVED)
+    tag = obs.tags.get(pinned, _NOT_OBSERVED)
+    facts = merge_facts(pod_facts(src.key, pod), tag_facts(pinned, tag))
+    problem = "it is gone" if tag is None else None
+    if isinstance(tag, TagView):
+        problem = protocol.provenance_problem(tag, checkpoint_id=src.checkpoint_id,
+                                              source_uid=src.uid)
+    if op is not None:
+        guard = isinstance(pod, PodView) and isinstance(tag, TagView) and problem is None
+        return decide_source_op(op, src, obs, now, machine_id=machine_id, may_act=guard)
+    if pod is None or (isinstance(pod, PodView) and (pod.uid != src.uid or pod.deleting)):
+        return emit(stamped(SOURCE_VANISHED, now, {"during": "delete"}, facts))
+    deadline = verified_at + seconds(timeout)
+    if isinstance(pod, ProbeError) or isinstance(tag, ProbeError):
+        if now >= deadline:
+            return emit(stamped(DELETION_ABORTED, now, {
+                "reason": "Timeout", "message": "the source and its artifact could not both "
+                "be confirmed before the delete deadline; the source was not deleted"}, facts))
+        return wait(deadline, next_poll(verified_at, now))
+    if problem is not None:
+        return emit(stamped(DELETION_ABORTED, now, {
+            "reason": "ArtifactLost",
+            "message": f"artifact {pinned} cannot be trusted before deleting the source: "
+                       f"{problem}"}, facts))
+    return start_source_op(SourceOpKind.DELETE, src, obs, now, machine_id=machine_id,
+                           timeout=timeout, reason=f"artifact {pinned} verified", facts=facts)
+
+
+def _failed(op: SourceOp, now: datetime, reason: str, message: str,
+            facts: JsonObject) -> Step:
+    return emit(stamped(_FAILED[op.kind], now, {"op": op.kind.value, "reason": reason,
+                                                "message": message}, facts))
+
+
+def _action(kind: SourceOpKind, src: SourcePod, machine_id: str, attempt: int,
+            reason: str) -> Action:
+    key = op_key(machine_id, kind, attempt)
+    if kind is SourceOpKind.RELEASE:
+        return remove_pod_annotations(key, namespace=src.namespace, name=src.name, uid=src.uid,
+                                      keys=protocol.CAPTURE_REQUEST_KEYS)
+    return delete_pod(key, namespace=src.namespace, name=src.name, uid=src.uid,
+                      reason=f"{kind.value.lower()}: {reason}")
+
+
+def evolve_source_op(op: SourceOp | None, event: Event, *, machine_id: str) -> SourceOp | None:
+    """Fold one event; a first ``*Requested`` (attempt 1) starts a new operation."""
+    t, d = event.type, event.data
+    if t in REQUESTED_EVENTS:
+        kind = SourceOpKind(str(d["op"]))
+        attempt = int(str(d["attempt"]))
+        if attempt == 1:
+            return SourceOp(kind=kind, attempt=attempt, issued_at=event_time(event),
+                            deadline=datetime.fromisoformat(str(d["deadline"])))
+        if op is None:
+            return None
+        return replace(op, attempt=attempt, issued_at=event_time(event))
+    if op is None:
+        return None
+    if t in DONE_EVENTS:
+        return replace(op, status=SourceOpStatus.DONE, outcome=str(d.get("how", "")),
+                       action_error=None)
+    if t in FAILED_EVENTS:
+        return replace(op, status=SourceOpStatus.FAILED, action_error=None,
+                       failure=Failure(str(d["reason"]), str(d["message"])))
+    if t == ACTION_FAILED and not op.finished:
+        error = ActionError.from_event(event)
+        if error.key == op_key(machine_id, op.kind, op.attempt):
+            return replace(op, action_error=error)
+    return op

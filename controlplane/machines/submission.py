@@ -1,0 +1,186 @@
+"""Submission checks: is this request sane against the cluster as observed, and may it run now?
+
+Two pure layers, called by the API/CLI before a machine is created:
+
+- :func:`validate_submission` normalises the spec with the kind's ``validate_spec`` (strict
+  artifact references, class validation) and checks it against an :class:`Observation` of
+  :func:`submission_interests`: the pod exists with the given UID and is Running; the
+  target node exists, is Ready and not cordoned, and is not the pod's current node.
+  Bad input raises :class:`SubmissionRejected` naming the field and the fix; a probe error
+  raises :class:`SubmissionUnverifiable` (retry later: an error is not an answer).
+- :func:`admission` decides over the list of active operations: one active operation per
+  workload (else ``Reject``), and per-cluster / per-source-node concurrency limits, which
+  ``Queue`` rather than refuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from controlplane.engine.decider import InvalidSpec
+from controlplane.engine.jsonvalue import JsonObject
+from controlplane.engine.observation import Interests, NodeView, Observation, PodView, ProbeError
+from controlplane.machines.catalog import product_kinds
+from controlplane.machines.specs import PodRef, pod_ref
+
+# Kinds whose spec names a running source pod, and the spec key of their target node.
+_SOURCE_KINDS = {"checkpoint": None, "migration": "target_node", "suspend": None}
+_TARGET_KINDS = {"restore": "node", "resume": "node"}
+
+
+class SubmissionRejected(InvalidSpec):
+    """The request is wrong; the message names the field and the fix."""
+
+
+class SubmissionUnverifiable(Exception):
+    """A probe needed to validate the request failed; retry (it is not a rejection)."""
+
+
+def submission_interests(kind: str, spec: JsonObject) -> Interests:
+    """What to observe before :func:`validate_submission` (pod, target node)."""
+    pods: set[str] = set()
+    nodes: set[str] = set()
+    pod = spec.get("pod")
+    if kind in _SOURCE_KINDS and isinstance(pod, dict):
+        pods.add(f"{pod.get('namespace')}/{pod.get('name')}")
+    target_key = _SOURCE_KINDS.get(kind) or _TARGET_KINDS.get(kind)
+    target = spec.get(target_key) if target_key else None
+    if isinstance(target, str):
+        nodes.add(target)
+    return Interests(pods=frozenset(pods), nodes=frozenset(nodes))
+
+
+def validate_submission(kind: str, spec: JsonObject, observation: Observation) -> JsonObject:
+    """The normalised spec, or :class:`SubmissionRejected` / :class:`SubmissionUnverifiable`."""
+    deciders = {d.kind: d for d in product_kinds()}
+    if kind not in deciders:
+        raise SubmissionRejected(f"unknown kind {kind!r}; known: {', '.join(sorted(deciders))}")
+    try:
+        normal = deciders[kind].validate_spec(spec)
+    except SubmissionRejected:
+        raise
+    except InvalidSpec as err:
+        raise SubmissionRejected(str(err)) from None
+    current: str | None = None
+    if kind in _SOURCE_KINDS:
+        current = check_pod(observation, pod_ref(normal["pod"])).node
+    target_key = _SOURCE_KINDS.get(kind) or _TARGET_KINDS.get(kind)
+    target = normal.get(target_key) if target_key else None
+    if isinstance(target, str):
+        check_target_node(observation, target, field=f"spec.{target_key}", current=current)
+    if kind == "migration" and normal.get("source_node") != current:
+        raise SubmissionRejected(f"spec.source_node {normal.get('source_node')!r} is not "
+                                 f"where the pod runs ({current!r}); resubmit with "
+                                 f"source_node {current!r}")
+    return normal
+
+
+def check_pod(observation: Observation, ref: PodRef, *, field: str = "spec.pod") -> PodView:
+    """The pod exists, is the one with ``ref.uid``, and is Running."""
+    fact = observation.pods.get(ref.key)
+    if isinstance(fact, ProbeError):
+        raise SubmissionUnverifiable(f"could not read pod {ref.key} ({fact.error_class}: "
+                                     f"{fact.message}); retry")
+    if ref.key not in observation.pods or fact is None:
+        raise SubmissionRejected(f"{field}: unknown pod {ref.key}; check the namespace and "
+                                 "name (kubectl get pod -n NAMESPACE)")
+    if fact.uid != ref.uid:
+        raise SubmissionRejected(f"{field}.uid {ref.uid!r} does not match pod {ref.key} "
+                                 f"(uid {fact.uid!r}): it was recreated; resubmit with the "
+                                 "current uid if this is the pod you mean")
+    if fact.deleting:
+        raise SubmissionRejected(f"{field}: pod {ref.key} is terminating; nothing to capture")
+    if fact.phase != "Running":
+        raise SubmissionRejected(f"{field}: pod {ref.key} is {fact.phase}, not Running; wait "
+                                 "until it runs")
+    return fact
+
+
+def check_target_node(observation: Observation, node: str, *, field: str,
+                      current: str | None) -> NodeView:
+    """The node exists, is Ready, is not cordoned, and is not ``current``."""
+    if current is not None and node == current:
+        raise SubmissionRejected(f"{field} {node!r} is the node the pod already runs on; "
+                                 "pick another node")
+    fact = observation.nodes.get(node)
+    if isinstance(fact, ProbeError):
+        raise SubmissionUnverifiable(f"could not read node {node} ({fact.error_class}: "
+                                     f"{fact.message}); retry")
+    if fact is None:
+        raise SubmissionRejected(f"{field}: unknown node {node!r}; list nodes with "
+                                 "kubectl get nodes")
+    if fact.unschedulable:
+        raise SubmissionRejected(f"{field}: node {node!r} is cordoned; uncordon it or pick "
+                                 "another node")
+    if not fact.ready:
+        raise SubmissionRejected(f"{field}: node {node!r} is NotReady; pick a Ready node")
+    return fact
+
+
+@dataclass(frozen=True)
+class ActiveOperation:
+    """A non-terminal operation (from the machines projection)."""
+
+    machine_id: str
+    kind: str
+    workload: str  # namespace/name of the pod it acts on
+    source_node: str | None
+    queued: bool = False
+
+
+@dataclass(frozen=True)
+class OperationRequest:
+    kind: str
+    workload: str
+    source_node: str | None
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_cluster: int = 10
+    max_per_source_node: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("max_cluster", "max_per_source_node"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidSpec(f"limits.{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Admit:
+    pass
+
+
+@dataclass(frozen=True)
+class Queue:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reject:
+    reason: str
+
+
+Admission = Admit | Queue | Reject
+
+
+def admission(request: OperationRequest, active: Sequence[ActiveOperation],
+              limits: Limits = Limits()) -> Admission:
+    """Admit, queue (limits) or reject (another operation owns the workload)."""
+    for op in active:
+        if op.workload == request.workload:
+            state = "queued" if op.queued else "running"
+            return Reject(f"workload {request.workload} already has a {state} {op.kind} "
+                          f"({op.machine_id}); wait for it to finish or cancel it")
+    running = [op for op in active if not op.queued]
+    if len(running) >= limits.max_cluster:
+        return Queue(f"cluster limit: {len(running)} of {limits.max_cluster} operations "
+                     "running")
+    if request.source_node is not None:
+        on_node = [op for op in running if op.source_node == request.source_node]
+        if len(on_node) >= limits.max_per_source_node:
+            return Queue(f"node limit: {len(on_node)} of {limits.max_per_source_node} "
+                         f"operations running on source node {request.source_node}")
+    return Admit()

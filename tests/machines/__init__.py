@@ -1,0 +1,1 @@
+"""Tests of the pure product machines (deciders), their parts and their safety properties."""
