@@ -11,6 +11,8 @@ import asyncio
 import json
 import signal
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,26 +35,26 @@ from controlplane.worker.runtime import Worker, WorkerConfig
 clock = SystemClock()
 
 
-def _open(args: argparse.Namespace) -> Database:
-    return open_database(args.db)
+@asynccontextmanager
+async def opened(args: argparse.Namespace) -> AsyncIterator[Database]:
+    """The database named by ``--db``, disposed of on the way out."""
+    db = open_database(args.db)
+    try:
+        yield db
+    finally:
+        await db.dispose()
 
 
 async def db_upgrade(args: argparse.Namespace) -> int:
-    db = _open(args)
-    try:
+    async with opened(args) as db:
         before, after = await migrate.upgrade(db)
-    finally:
-        await db.dispose()
     print(f"schema at {after} (was {before or 'empty'}) on {db.display_url}")
     return 0
 
 
 async def db_current(args: argparse.Namespace) -> int:
-    db = _open(args)
-    try:
+    async with opened(args) as db:
         current = await migrate.current_revision(db)
-    finally:
-        await db.dispose()
     head = migrate.head_revision()
     state = "up to date" if current == head else f"needs upgrade to {head}"
     print(f"schema {current or 'empty'} ({state}) on {db.display_url}")
@@ -76,15 +78,21 @@ def parse_spec(text: str) -> JsonObject:
     return spec
 
 
+#: Kinds whose actions the CLI's worker can perform today. The product kinds need the
+#: Kubernetes and registry drivers (their issues); submitting one now would only wait.
+RUNNABLE_KINDS = ("steps",)
+
+
 async def submit_cmd(args: argparse.Namespace) -> int:
+    if args.kind in default_kinds() and args.kind not in RUNNABLE_KINDS:
+        raise UsageError(f"kind {args.kind!r} is known but cannot run yet: its Kubernetes "
+                         "and registry drivers have not landed",
+                         hint=f"runnable kinds: {', '.join(RUNNABLE_KINDS)}")
     spec = parse_spec(args.spec)
-    db = _open(args)
-    try:
+    async with opened(args) as db:
         await migrate.require_current(db)
         machine_id = await submit(db, default_kinds(), kind=args.kind, spec=spec,
                                   machine_id=args.id or new_id(), now=clock.now())
-    finally:
-        await db.dispose()
     print(machine_id)
     return 0
 
@@ -100,11 +108,8 @@ def _record_json(r: MachineRecord) -> dict[str, Any]:
 
 
 async def get_cmd(args: argparse.Namespace) -> int:
-    db = _open(args)
-    try:
+    async with opened(args) as db:
         record = await queries.get_machine(db, args.id)
-    finally:
-        await db.dispose()
     if args.output == "json":
         render.as_json(_record_json(record))
     else:
@@ -127,11 +132,8 @@ async def list_cmd(args: argparse.Namespace) -> int:
     flt = queries.MachineFilter(kind=args.kind, phase=args.phase,
                                 settled=False if args.active else None,
                                 since=_since(args.since), limit=args.limit)
-    db = _open(args)
-    try:
+    async with opened(args) as db:
         records = await queries.list_machines(db, flt)
-    finally:
-        await db.dispose()
     if args.output == "json":
         render.as_json([_record_json(r) for r in records])
     else:
@@ -142,11 +144,8 @@ async def list_cmd(args: argparse.Namespace) -> int:
 
 
 async def history_cmd(args: argparse.Namespace) -> int:
-    db = _open(args)
-    try:
+    async with opened(args) as db:
         events = await queries.history(db, args.id)
-    finally:
-        await db.dispose()
     if args.output == "json":
         render.as_json(events)
     else:
@@ -157,26 +156,20 @@ async def history_cmd(args: argparse.Namespace) -> int:
 
 
 async def cancel_cmd(args: argparse.Namespace) -> int:
-    db = _open(args)
-    try:
+    async with opened(args) as db:
         version = await send_command(db, default_kinds(), machine_id=args.id,
                                      command=Command("Cancel", {}), now=clock.now())
-    finally:
-        await db.dispose()
     print(f"cancel recorded for {args.id} (version {version})")
     return 0
 
 
 async def wake_cmd(args: argparse.Namespace) -> int:
-    db = _open(args)
-    try:
+    async with opened(args) as db:
         if args.key:
             n = await leases.wake_by_key(db, key=args.key, now=clock.now())
         else:
             await queries.get_machine(db, args.id)
             n = await leases.wake_machine(db, machine_id=args.id, now=clock.now())
-    finally:
-        await db.dispose()
     print(f"woke {n} machine(s)")
     return 0
 
@@ -191,10 +184,9 @@ def _print_report(report: ReplayReport, title: str) -> None:
 
 
 async def replay_cmd(args: argparse.Namespace) -> int:
-    db = _open(args)
     kinds = default_kinds()
     dirty = False
-    try:
+    async with opened(args) as db:
         await migrate.require_current(db)
         report = await rebuild(db, kinds, now=clock.now(), write=args.rebuild)
         _print_report(report, "rebuild" if args.rebuild else "projections")
@@ -203,8 +195,6 @@ async def replay_cmd(args: argparse.Namespace) -> int:
             vreport = await verify(db, kinds)
             _print_report(vreport, "verify")
             dirty |= not vreport.clean
-    finally:
-        await db.dispose()
     return 5 if dirty else 0
 
 

@@ -24,8 +24,9 @@ from controlplane.engine.observation import Interests, Observation
 SUBMITTED = "Submitted"
 
 #: Appended by the worker when an action failed for good (or ran out of retries):
-#: ``{"action": type, "key": idempotency key, "error_class", "message", "retryable",
-#: "attempts"}``. Every decider must ``evolve`` it (usually into a condition or a phase).
+#: ``{"at": ISO time, "action": type, "key": idempotency key, "params", "error_class",
+#: "message", "retryable", "attempts"}``. Every decider must ``evolve`` it (usually into a
+#: condition or a phase); the worker decides again at once after appending it.
 ACTION_FAILED = "ActionFailed"
 
 

@@ -39,5 +39,8 @@ class KindRegistry:
             known = ", ".join(sorted(self._by_kind)) or "none"
             raise UnknownKind(f"unknown machine kind {kind!r} (known kinds: {known})") from None
 
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._by_kind
+
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._by_kind))

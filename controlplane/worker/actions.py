@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from tenacity import (
     AsyncRetrying,
@@ -42,8 +43,11 @@ class ActionFailure:
     retryable: bool
     attempts: int
 
-    def to_event_data(self) -> JsonObject:
+    def to_event_data(self, at: datetime) -> JsonObject:
+        """The ``ActionFailed`` payload; ``at`` lets ``evolve`` (which has no clock) time
+        its backoff."""
         return {
+            "at": at.isoformat(),
             "action": self.action.type, "key": self.action.key, "params": self.action.params,
             "error_class": self.error_class, "message": self.message,
             "retryable": self.retryable, "attempts": self.attempts,

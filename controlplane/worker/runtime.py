@@ -311,10 +311,11 @@ class Worker:
         self, decider: Decider[Any], state: Any, version: int, lease: Lease,
         failure: ActionFailure,
     ) -> tuple[Any, int]:
-        event = Event(ACTION_FAILED, failure.to_event_data(),
-                      {"error_class": failure.error_class})
-        return await self._commit(decider, state, version, lease, (event,), self.clock.now(),
-                                  "engine", {"action_failure": failure.to_event_data()})
+        now = self.clock.now()
+        data = failure.to_event_data(now)
+        event = Event(ACTION_FAILED, data, {"error_class": failure.error_class})
+        return await self._commit(decider, state, version, lease, (event,), now,
+                                  "engine", {"action_failure": data})
 
     async def _release(self, lease: Lease, wake_at: datetime | None) -> None:
         await self.committer.release(ReleaseRequest(lease, self.clock.now(), wake_at))
