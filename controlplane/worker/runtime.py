@@ -142,16 +142,19 @@ class Worker:
         return min(self.config.batch_size, self.config.concurrency - len(self._in_flight))
 
     async def _wait_for_slots(self) -> None:
-        """Wait until a quarter of the slots (at least one) are free, or ``stop()``."""
-        want_free = max(1, self.config.concurrency // 4)
-        while (self.config.concurrency - len(self._in_flight) < want_free
-               and not self._stopping.is_set()):
-            stopping = asyncio.ensure_future(self._stopping.wait())
-            try:
-                await asyncio.wait({stopping, *self._in_flight},
-                                   return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopping.cancel()
+        """Wait until a quarter of the slots (at least one, at most a batch) are free — but
+        no longer than one poll interval, so a free slot never idles while work is due."""
+        want_free = max(1, min(self.config.batch_size, self.config.concurrency // 4))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.config.poll_seconds):
+                while (self.config.concurrency - len(self._in_flight) < want_free
+                       and not self._stopping.is_set()):
+                    stopping = asyncio.ensure_future(self._stopping.wait())
+                    try:
+                        await asyncio.wait({stopping, *self._in_flight},
+                                           return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        stopping.cancel()
 
     async def _drain(self) -> None:
         if not self._in_flight:

@@ -11,6 +11,7 @@ from controlplane.store import leases, queries
 from controlplane.store.database import Database
 from controlplane.worker.errors import RetryableActionError, TerminalActionError
 from tests.support.machines import submit_steps
+from tests.support.waiting import eventually
 from tests.support.workers import (
     RecordingHandler,
     ScriptedObserver,
@@ -200,3 +201,32 @@ async def test_stop_drains_in_flight_work_and_releases_leases(
     await asyncio.wait_for(task, 10)
     record = await queries.get_machine(db, "m1")
     assert record.lease_owner is None  # released, not left to expire
+
+
+async def test_a_worker_fills_every_slot_even_when_batches_are_small(
+    db: Database, clock: FakeClock
+) -> None:
+    """Claim pacing never leaves free slots idle while machines are due."""
+    for i in range(10):
+        await submit_steps(db, clock, f"m{i}", steps=1)
+    stuck = asyncio.Event()
+
+    async def hang(action: Action) -> None:
+        await stuck.wait()
+
+    worker = make_worker(db, clock, RecordingHandler(hook=hang), concurrency=10, batch_size=3)
+
+    async def all_leased() -> bool:
+        machines = await queries.list_machines(db, queries.MachineFilter())
+        if all(m.lease_owner == "w1" for m in machines):
+            stuck.set()  # let the actions finish so the worker can drain
+            return True
+        return False
+
+    task = asyncio.create_task(worker.run())
+    try:
+        await eventually(all_leased, limit_seconds=20)
+    finally:
+        stuck.set()
+        worker.stop()
+        await task
