@@ -8,6 +8,7 @@ machine; if a worker commits first, the command is re-evaluated on the fresh sta
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -16,11 +17,25 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 from controlplane.engine.decider import Command, CommandRejected, InvalidSpec, fold
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.kinds import KindRegistry, UnknownKind
-from controlplane.errors import UsageError
+from controlplane.engine.observation import Observation, PodView, pod_key
+from controlplane.errors import ControlPlaneError, UsageError
+from controlplane.machines.submission import (
+    ActiveOperation,
+    Limits,
+    OperationRequest,
+    Queue,
+    Reject,
+    SubmissionUnverifiable,
+    admission,
+    submission_interests,
+    validate_submission,
+)
 from controlplane.store import event_store, queries
+from controlplane.store.admission import LiveOperation
 from controlplane.store.database import Database
 from controlplane.store.errors import ConcurrencyConflict
 from controlplane.store.records import Projection
+from controlplane.worker.ports import Observer
 
 OPERATOR = "operator"
 
@@ -87,3 +102,74 @@ async def _send_once(
         cause="command", decision_input={"command": {"type": command.type, "data": command.data}},
         now=now, worker_id=OPERATOR,
     )
+
+
+@dataclass(frozen=True)
+class Submission:
+    """The outcome of :func:`submit_operation`: the machine, and why it waits, if it does."""
+
+    machine_id: str
+    queued: str | None = None
+
+
+def _workload_of(kind: str, spec: JsonObject, observation: Observation) -> tuple[str, str | None]:
+    """The workload (``namespace/name``) an operation acts on, and its source node."""
+    pod = spec.get("pod")
+    if isinstance(pod, dict):  # checkpoint, migration, suspend: an existing, observed pod
+        key = pod_key(str(pod["namespace"]), str(pod["name"]))
+        seen = observation.pods.get(key)
+        return key, seen.node if isinstance(seen, PodView) else None
+    return pod_key(str(spec["namespace"]), str(spec["name"])), None  # restore, resume
+
+
+async def submit_operation(
+    db: Database,
+    kinds: KindRegistry,
+    observer: Observer,
+    *,
+    kind: str,
+    spec: JsonObject,
+    machine_id: str,
+    now: datetime,
+    limits: Limits | None = None,
+) -> Submission:
+    """Submit a product operation: observe, validate, then admit, queue or refuse.
+
+    Bad input (unknown pod, pod not running, target = current node, unknown or cordoned
+    node, bad artifact ref...) and a workload that already has a live operation are
+    refused with a :class:`UsageError` naming the field, and nothing is written. A
+    cluster or per-node limit holds the machine in the admission queue instead.
+    """
+    try:
+        interests = submission_interests(kind, spec)
+        observation = await observer.observe(interests)
+        normalised = validate_submission(kind, spec, observation)
+    except SubmissionUnverifiable as exc:
+        raise ControlPlaneError(f"cannot check the {kind} request now: {exc}",
+                                hint="the cluster or registry did not answer; retry") from None
+    except InvalidSpec as exc:  # SubmissionRejected included
+        raise UsageError(f"invalid {kind} request: {exc}") from None
+    workload, source_node = _workload_of(kind, normalised, observation)
+    request = OperationRequest(kind, workload, source_node)
+    decider = kinds.get(kind)
+    state = decider.initial_state(machine_id, normalised)
+    held: list[str] = []
+
+    def admit(live: list[LiveOperation]) -> str | None:
+        active = [ActiveOperation(op.machine_id, op.kind, op.workload, op.source_node,
+                                  queued=op.held) for op in live]
+        verdict = admission(request, active, limits or Limits())
+        if isinstance(verdict, Reject):
+            raise UsageError(f"{kind} of {workload} refused: {verdict.reason}")
+        if isinstance(verdict, Queue):
+            held.append(verdict.reason)
+            return verdict.reason
+        return None
+
+    await event_store.create_machine(
+        db, machine_id=machine_id, kind=kind, spec=normalised,
+        initial=Projection(state.phase, state.to_json(), state.terminal, state.wake_keys),
+        now=now, worker_id=OPERATOR, workload=workload, source_node=source_node,
+        admission=admit,
+    )
+    return Submission(machine_id, held[0] if held else None)

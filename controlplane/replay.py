@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from controlplane.engine.decider import Command, CommandRejected, Event, fold
+from controlplane.engine.decider import SUBMITTED, Command, CommandRejected, Event, fold
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
 from controlplane.engine.kinds import KindRegistry
 from controlplane.engine.observation import Observation
@@ -132,8 +132,7 @@ def verify_machine(kinds: KindRegistry, record: MachineRecord, events: list[Reco
             if want != got:
                 mismatches.append(Mismatch(record.id, decision.first_seq,
                                            f"{decision.cause} decision", want, got))
-        if decision.first_seq > 1:
-            state = fold(decider, state, recorded)
+        state = fold(decider, state, [e for e in recorded if e.type != SUBMITTED])
     return mismatches
 
 

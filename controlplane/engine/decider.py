@@ -23,6 +23,11 @@ from controlplane.engine.observation import Interests, Observation
 #: Replay starts from ``initial_state(machine_id, spec)`` and folds the events after it.
 SUBMITTED = "Submitted"
 
+#: Engine events of the admission queue (deciders may ignore them): ``Queued``
+#: ``{"reason"}`` when a limit holds a new machine back, ``Admitted`` when it is let in.
+QUEUED = "Queued"
+ADMITTED = "Admitted"
+
 #: Appended by the worker when an action failed for good (or ran out of retries):
 #: ``{"at": ISO time, "action": type, "key": idempotency key, "params", "error_class",
 #: "message", "retryable", "attempts"}``. Every decider must ``evolve`` it (usually into a

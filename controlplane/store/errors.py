@@ -25,6 +25,10 @@ class MachineExists(UsageError):
     """A machine with that id already exists."""
 
 
+class WorkloadBusy(UsageError):
+    """Another live operation already acts on this workload."""
+
+
 class DatabaseUnavailable(ControlPlaneError):
     """The database cannot be reached; retryable for workers, fatal for one-shot commands."""
 

@@ -13,7 +13,7 @@ commands), replay (``rewrite_projection_txn``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -30,11 +30,13 @@ from sqlalchemy import (
     update,
     values,
 )
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from controlplane.engine.decider import SUBMITTED, Action, Event
+from controlplane.engine.decider import QUEUED, SUBMITTED, Action, Event
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.store import schema
+from controlplane.store.admission import LiveOperation, live_operations_txn, lock_admission_txn
 from controlplane.store.database import Database
 from controlplane.store.errors import (
     ConcurrencyConflict,
@@ -42,6 +44,7 @@ from controlplane.store.errors import (
     MachineExists,
     MachineNotFound,
     StaleWriter,
+    WorkloadBusy,
 )
 from controlplane.store.records import Lease, Projection
 from controlplane.store.session import write_txn
@@ -58,22 +61,44 @@ async def create_machine(
     initial: Projection,
     now: datetime,
     worker_id: str,
+    workload: str | None = None,
+    source_node: str | None = None,
+    admission: Callable[[list[LiveOperation]], str | None] | None = None,
 ) -> None:
-    """Insert a machine with its ``Submitted`` event (seq 1), due at once."""
+    """Insert a machine with its ``Submitted`` event (seq 1), due at once.
+
+    ``workload`` claims that workload for this machine while it is live (a second live
+    machine for it raises :class:`WorkloadBusy`, enforced by a unique index).
+    ``admission`` is called with the live operations under the admission lock, in this
+    transaction; it may raise to refuse, or return a reason to hold the machine in the
+    admission queue: a ``Queued`` event (seq 2), not due until the admitter lets it in.
+    """
     async with write_txn(db) as conn:
         exists = await conn.scalar(select(m.c.id).where(m.c.id == machine_id))
         if exists is not None:
             raise MachineExists(f"machine {machine_id} already exists", hint="use a new id")
-        await conn.execute(
-            insert(m).values(
-                id=machine_id, kind=kind, phase=initial.phase, version=1, spec=spec,
-                state=initial.state, terminal=initial.terminal, pending_actions=[],
-                next_wake_at=None if initial.terminal else now, wake_seq=0, attempts=0,
-                created_at=now, updated_at=now,
-            )
-        )
-        submitted = Event(SUBMITTED, {"kind": kind, "spec": spec})
-        await _insert_events_txn(conn, machine_id, 1, [submitted], now, worker_id)
+        held = None
+        if admission is not None:
+            await lock_admission_txn(conn)
+            held = admission(await live_operations_txn(conn))
+        events = [Event(SUBMITTED, {"kind": kind, "spec": spec})]
+        if held is not None:
+            events.append(Event(QUEUED, {"reason": held}, {"limit": held}))
+        try:
+            await conn.execute(insert(m).values(
+                id=machine_id, kind=kind, phase=initial.phase, version=len(events),
+                spec=spec, state=initial.state, terminal=initial.terminal,
+                pending_actions=[], wake_seq=0, attempts=0, created_at=now,
+                updated_at=now, workload=workload, source_node=source_node,
+                held=held is not None,
+                next_wake_at=None if initial.terminal or held is not None else now,
+            ))
+        except IntegrityError:
+            raise WorkloadBusy(
+                f"workload {workload} already has a live operation",
+                hint="wait for it to finish or cancel it (see `cpctl list --active`)",
+            ) from None
+        await _insert_events_txn(conn, machine_id, 1, events, now, worker_id)
         await _insert_decision_txn(conn, machine_id, 1, "engine", {"submitted": True}, now)
         await _replace_keys_txn(conn, machine_id, initial.wake_keys or frozenset())
 

@@ -51,7 +51,8 @@ def row_to_record(row: Row[tuple[object, ...]]) -> MachineRecord:
         next_wake_at=r["next_wake_at"],
         wake_seq=r["wake_seq"], lease_owner=r["lease_owner"],
         lease_expires_at=r["lease_expires_at"], attempts=r["attempts"],
-        created_at=r["created_at"], updated_at=r["updated_at"],
+        created_at=r["created_at"], updated_at=r["updated_at"], workload=r["workload"],
+        source_node=r["source_node"], held=r["held"],
     )
 
 

@@ -27,6 +27,9 @@ class MachineRecord:
     attempts: int
     created_at: datetime
     updated_at: datetime
+    workload: str | None = None
+    source_node: str | None = None
+    held: bool = False
 
 
 @dataclass(frozen=True)

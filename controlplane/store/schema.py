@@ -89,6 +89,11 @@ machines = Table(
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     Column("created_at", UtcDateTime, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
+    # Admission (migration 0002): the workload (namespace/name) an operation acts on, the
+    # node it moves load off, and whether it is held in the admission queue by a limit.
+    Column("workload", String(320), nullable=True),
+    Column("source_node", String(253), nullable=True),
+    Column("held", Boolean, nullable=False, server_default=text("false")),
 )
 # Due = next_wake_at <= now. Sleeping-forever and finished machines have NULL there, so
 # the index holds only machines that will need a worker.
@@ -99,6 +104,21 @@ Index(
     sqlite_where=machines.c.next_wake_at.is_not(None),
 )
 Index("ix_machines_kind_phase", machines.c.kind, machines.c.phase)
+# One live operation per workload, enforced by the database, so two concurrent
+# submitters cannot both pass the check.
+Index(
+    "ux_machines_live_workload",
+    machines.c.workload,
+    unique=True,
+    postgresql_where=machines.c.terminal.is_(False) & machines.c.workload.is_not(None),
+    sqlite_where=machines.c.terminal.is_(False) & machines.c.workload.is_not(None),
+)
+Index(
+    "ix_machines_held",
+    machines.c.created_at,
+    postgresql_where=machines.c.held.is_(True),
+    sqlite_where=machines.c.held.is_(True),
+)
 
 events = Table(
     "events",

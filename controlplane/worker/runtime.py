@@ -34,6 +34,7 @@ from controlplane.engine.decider import ACTION_FAILED, Action, Decider, Decision
 from controlplane.engine.kinds import KindRegistry
 from controlplane.engine.observation import EMPTY_OBSERVATION
 from controlplane.logs import get_logger
+from controlplane.machines.submission import Limits
 from controlplane.store import event_store, leases
 from controlplane.store.database import Database
 from controlplane.store.errors import DatabaseUnavailable, StaleWriter
@@ -41,6 +42,7 @@ from controlplane.store.event_store import CommitRequest
 from controlplane.store.leases import ReleaseRequest
 from controlplane.store.records import Claimed, Lease, Projection
 from controlplane.worker.actions import ActionFailure, ActionRunner
+from controlplane.worker.admitter import admit_held
 from controlplane.worker.committer import GroupCommitter
 from controlplane.worker.ports import Observer
 
@@ -61,6 +63,8 @@ class WorkerConfig:
     error_backoff_max_seconds: float = 300.0
     drain_seconds: float = 30.0
     kinds: tuple[str, ...] | None = None
+    #: Admission limits; when set, this worker also admits held operations.
+    limits: Limits | None = None
 
 
 class Worker:
@@ -109,6 +113,8 @@ class Worker:
         try:
             while not self._stopping.is_set():
                 try:
+                    if cfg.limits is not None:
+                        await admit_held(self.db, cfg.limits, now=self.clock.now())
                     wanted = self._free_slots()
                     claimed = await self.claim_batch()
                     backoff = cfg.poll_seconds

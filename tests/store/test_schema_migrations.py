@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from controlplane.store import migrate
 from controlplane.store.database import open_database
@@ -57,5 +57,26 @@ async def test_an_unmigrated_database_is_refused_with_the_fix(db_url: str) -> No
     try:
         with pytest.raises(SchemaNotReady, match="cpctl db upgrade"):
             await migrate.require_current(db)
+    finally:
+        await db.dispose()
+
+
+async def test_upgrading_a_populated_0001_database_keeps_its_machines(db_url: str) -> None:
+    """The upgrade path operators take: data written under 0001 survives 0002."""
+    db = open_database(db_url)
+    try:
+        await migrate.upgrade(db, "0001")
+        async with db.writer.begin() as conn:
+            await conn.execute(text(
+                "INSERT INTO machines (id, kind, phase, version, spec, state, terminal, "
+                "pending_actions, wake_seq, attempts, created_at, updated_at) VALUES "
+                "('old', 'steps', 'Running', 1, '{}', '{}', false, '[]', 0, 0, "
+                "'2026-01-01 00:00:00', '2026-01-01 00:00:00')"))
+        await migrate.upgrade(db)
+        async with db.reader.connect() as conn:
+            row = (await conn.execute(text(
+                "SELECT id, phase, held, workload FROM machines"))).one()
+        assert (row.id, row.phase, bool(row.held), row.workload) == ("old", "Running", False,
+                                                                     None)
     finally:
         await db.dispose()
