@@ -1,0 +1,175 @@
+"""The action handlers for pods and events, idempotent by construction.
+
+==========================  ===============================================================
+action                      request, and what counts as done
+==========================  ===============================================================
+``AnnotatePod``             strategic merge patch of annotations carrying ``metadata.uid``;
+``RemovePodAnnotations``    done: applied, 404 (the pod is gone), or 422 on
+                            ``metadata.uid`` (the name now belongs to another pod, which
+                            must NOT be patched: UID provenance, safety gate 4)
+``DeletePod``               DELETE with ``preconditions.uid`` (+ ``gracePeriodSeconds`` if
+                            configured); done: accepted, 404, or 409 (the pod with that
+                            UID is gone; a same-named newcomer is untouched)
+``CreatePod``               POST of the deterministic name with REQUIRED node affinity;
+                            done: created, or 409 ``AlreadyExists``
+``EmitEvent``               POST of a core/v1 Event named from the action key; done:
+                            created, or 409 ``AlreadyExists``
+==========================  ===============================================================
+
+Any other failure becomes the worker's ``RetryableActionError`` (429, 5xx, timeouts,
+conflicts) or ``TerminalActionError`` (403, 400/422, a missing namespace, malformed
+params), chained from the typed API error, with the API reason as ``error_class``.
+Called by the worker's ``ActionRunner`` (registered by :mod:`drivers.kube.driver`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.clock import Clock, SystemClock
+from controlplane.engine.decider import Action
+from controlplane.logs import get_logger
+from controlplane.worker.errors import TerminalActionError
+from controlplane.worker.ports import ActionHandler
+from drivers.kube import bodies
+from drivers.kube.errors import (
+    ApiAlreadyExists,
+    ApiBadRequest,
+    ApiConflict,
+    ApiNotFound,
+    KubeApiError,
+    action_error,
+)
+from drivers.kube.resources import EVENTS, PODS, CoreV1, Kind
+
+log = get_logger("drivers.kube.handlers")
+
+ANNOTATE_POD = "AnnotatePod"
+REMOVE_POD_ANNOTATIONS = "RemovePodAnnotations"
+DELETE_POD = "DeletePod"
+CREATE_POD = "CreatePod"
+EMIT_EVENT = "EmitEvent"
+
+
+def _text(action: Action, field: str, *, optional: bool = False) -> str:
+    value = action.params.get(field)
+    if isinstance(value, str) and value:
+        return value
+    if optional and value in (None, ""):
+        return ""
+    raise TerminalActionError(f"{action.type} {action.key}: param {field!r} must be a "
+                              f"non-empty string, got {value!r}")
+
+
+def _string_map(action: Action, field: str) -> dict[str, str]:
+    value = action.params.get(field) or {}
+    if not isinstance(value, dict):
+        raise TerminalActionError(f"{action.type} {action.key}: param {field!r} must be an "
+                                  "object of strings")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def uid_mismatch(exc: KubeApiError) -> bool:
+    """A 422 because the patch's ``metadata.uid`` is not the pod's (it was recreated)."""
+    return isinstance(exc, ApiBadRequest) and exc.status == 422 and (
+        any(c.get("field") == "metadata.uid" for c in exc.causes()) or "metadata.uid" in str(exc))
+
+
+class PodActions:
+    """The five handlers over one :class:`CoreV1`; :meth:`handlers` maps type -> handler."""
+
+    def __init__(self, api: CoreV1, *, clock: Clock | None = None,
+                 delete_grace_seconds: int | None = None,
+                 component: str = "checkpoint-controlplane") -> None:
+        self.api = api
+        self.clock = clock or SystemClock()
+        self.delete_grace_seconds = delete_grace_seconds
+        self.component = component
+
+    def handlers(self) -> dict[str, ActionHandler]:
+        return {ANNOTATE_POD: self.annotate_pod,
+                REMOVE_POD_ANNOTATIONS: self.remove_pod_annotations,
+                DELETE_POD: self.delete_pod, CREATE_POD: self.create_pod,
+                EMIT_EVENT: self.emit_event}
+
+    async def annotate_pod(self, action: Action, /) -> None:
+        changes: dict[str, str | None] = dict(_string_map(action, "annotations"))
+        await self._patch_annotations(action, changes)
+
+    async def remove_pod_annotations(self, action: Action, /) -> None:
+        keys = action.params.get("keys")
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise TerminalActionError(f"{action.type} {action.key}: param 'keys' must be a "
+                                      "list of strings")
+        changes: dict[str, str | None] = {str(k): None for k in keys}
+        await self._patch_annotations(action, changes)
+
+    async def _patch_annotations(self, action: Action, changes: dict[str, str | None]) -> None:
+        namespace, name, uid = (_text(action, "namespace"), _text(action, "name"),
+                                _text(action, "uid"))
+        what = f"{action.type} pod {namespace}/{name} (uid {uid})"
+        try:
+            await self.api.patch(PODS, name, bodies.annotation_patch(uid, changes),
+                                 namespace=namespace)
+        except ApiNotFound:
+            log.info("pod gone; nothing to patch", action=action.type, key=action.key)
+        except KubeApiError as exc:
+            if uid_mismatch(exc):
+                log.info("pod recreated under the same name; not patched", action=action.type,
+                         key=action.key)
+                return
+            raise action_error(exc, what) from exc
+
+    async def delete_pod(self, action: Action, /) -> None:
+        namespace, name, uid = (_text(action, "namespace"), _text(action, "name"),
+                                _text(action, "uid"))
+        try:
+            await self.api.delete(PODS, name, namespace=namespace, uid=uid,
+                                  grace_period_seconds=self.delete_grace_seconds)
+        except ApiNotFound:
+            return
+        except ApiConflict:
+            log.info("pod with that uid is gone; a newcomer is untouched", key=action.key)
+        except KubeApiError as exc:
+            raise action_error(exc, f"DeletePod {namespace}/{name} (uid {uid})") from exc
+
+    async def create_pod(self, action: Action, /) -> None:
+        namespace, name = _text(action, "namespace"), _text(action, "name")
+        template = action.params.get("template")
+        node = action.params.get("node")
+        if not isinstance(template, dict) or not (node is None or isinstance(node, str)):
+            raise TerminalActionError(f"CreatePod {action.key}: params 'template' (object) and "
+                                      "'node' (string or null) are required")
+        try:
+            body = bodies.restore_pod(namespace=namespace, name=name, template=template,
+                                      node=node or None,
+                                      annotations=_string_map(action, "annotations"),
+                                      labels=_string_map(action, "labels"))
+        except ValueError as exc:
+            raise TerminalActionError(f"CreatePod {action.key}: {exc}") from exc
+        await self._create(PODS, body, namespace, f"CreatePod {namespace}/{name}")
+
+    async def emit_event(self, action: Action, /) -> None:
+        namespace = _text(action, "namespace")
+        involved = action.params.get("object")
+        if not isinstance(involved, dict) or not involved.get("name"):
+            raise TerminalActionError(f"EmitEvent {action.key}: param 'object' needs a name")
+        type_ = _text(action, "type")
+        if type_ not in ("Normal", "Warning"):
+            raise TerminalActionError(f"EmitEvent {action.key}: type {type_!r} is not "
+                                      "Normal or Warning")
+        name = bodies.event_name(str(involved["name"]), action.key)
+        body = bodies.event_body(namespace=namespace, name=name, involved=involved,
+                                 type_=type_, reason=_text(action, "reason"),
+                                 message=_text(action, "message", optional=True),
+                                 component=self.component, at=self.clock.now())
+        await self._create(EVENTS, body, namespace, f"EmitEvent {namespace}/{name}")
+
+    async def _create(self, kind: Kind, body: dict[str, Any], namespace: str,
+                      what: str) -> None:
+        try:
+            await self.api.create(kind, body, namespace=namespace)
+        except ApiAlreadyExists:
+            return
+        except KubeApiError as exc:
+            raise action_error(exc, what) from exc

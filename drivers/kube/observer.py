@@ -1,0 +1,81 @@
+"""The :class:`~controlplane.worker.ports.Observer` for Kubernetes: pods and nodes.
+
+Answers ``Interests.pods`` (``namespace/name`` keys) and ``Interests.nodes`` from the
+watch caches — no API request per machine — and falls back to a direct GET only when
+the cache cannot be trusted for that key: not synced yet, recovering from a watch error
+or a 410, the pod's namespace outside the cache's scope, or (with a label-scoped cache)
+a pod the cache does not hold. A read that fails is a
+``ProbeError`` carrying the API reason (``Forbidden``, ``Timeout``...), never ``None``:
+"absent" is only ever said by a synced cache or a 404 (safety gate 3).
+
+Registry tags are not this driver's: asked for, they come back as a non-retryable
+``ProbeError`` so that a missing registry observer can never read as "no such tag".
+Called by the worker runtime (through the driver, or composed with the registry's).
+"""
+
+from __future__ import annotations
+
+from controlplane.engine.observation import (
+    Interests,
+    NodeFact,
+    Observation,
+    PodFact,
+    ProbeError,
+    TagFact,
+)
+from drivers.kube.cache import WatchCache
+from drivers.kube.errors import ApiNotFound, KubeApiError
+from drivers.kube.resources import NODES, PODS, CoreV1, Kind
+from drivers.kube.views import node_view, pod_view
+
+NO_REGISTRY = ProbeError("NotObserved", "the Kubernetes observer does not read registry "
+                         "tags; compose it with a registry observer", retryable=False)
+
+
+def probe_error(exc: KubeApiError) -> ProbeError:
+    return ProbeError(exc.reason, str(exc), retryable=exc.retryable)
+
+
+class KubeObserver:
+    """Pods and nodes from the watch caches, read through when a cache is not trusted."""
+
+    def __init__(self, api: CoreV1, *, pods: WatchCache, nodes: WatchCache) -> None:
+        self.api = api
+        self.pods = pods
+        self.nodes = nodes
+
+    async def observe(self, interests: Interests) -> Observation:
+        pods = {key: await self.pod(key) for key in sorted(interests.pods)}
+        nodes = {name: await self.node(name) for name in sorted(interests.nodes)}
+        tags: dict[str, TagFact] = {ref: NO_REGISTRY for ref in interests.tags}
+        return Observation(pods=pods, tags=tags, nodes=nodes)
+
+    async def pod(self, key: str) -> PodFact:
+        namespace, sep, name = key.partition("/")
+        if not sep or not namespace or not name:
+            return ProbeError("BadKey", f"pod key {key!r} is not namespace/name", False)
+        if self.pods.synced and self.pods.covers(namespace):
+            cached = self.pods.get(key)
+            if cached is not None:
+                return pod_view(cached)
+            if not self.pods.label_selector:
+                return None
+            # A label-scoped cache cannot prove absence: the pod may just not match.
+        found = await self._read(PODS, name, namespace)
+        return found if found is None or isinstance(found, ProbeError) else pod_view(found)
+
+    async def node(self, name: str) -> NodeFact:
+        if self.nodes.synced:
+            cached = self.nodes.get(name)
+            return None if cached is None else node_view(cached)
+        found = await self._read(NODES, name, None)
+        return found if found is None or isinstance(found, ProbeError) else node_view(found)
+
+    async def _read(self, kind: Kind, name: str,
+                    namespace: str | None) -> dict[str, object] | ProbeError | None:
+        try:
+            return await self.api.get(kind, name, namespace=namespace)
+        except ApiNotFound:
+            return None
+        except KubeApiError as exc:
+            return probe_error(exc)

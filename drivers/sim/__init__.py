@@ -1,0 +1,13 @@
+"""A simulated Kubernetes cluster for tests, demos and benchmarks (loopback only).
+
+``SimCluster`` serves the core/v1 REST subset the control plane uses (namespaces, pods,
+nodes, events: get, list, watch, create, update, patch, delete, the status subresource)
+with a simulated scheduler and kubelets, fault hooks and a workload marker. See
+``docs/simulator.md``. Run it as a process with ``python -m drivers.sim up``.
+"""
+
+from drivers.sim.cluster import SimCluster
+from drivers.sim.faults import Faults
+from drivers.sim.objects import MARKER, ApiError
+
+__all__ = ["MARKER", "ApiError", "Faults", "SimCluster"]

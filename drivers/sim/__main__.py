@@ -1,0 +1,60 @@
+"""``python -m drivers.sim up --nodes 3 --kubeconfig PATH``: run the simulator as a process.
+
+Starts a :class:`~drivers.sim.cluster.SimCluster` on loopback, writes a kubeconfig
+pointing at it (if asked), prints one line saying where it listens, and runs until
+SIGTERM or SIGINT. Called by operators, demos and the process-level tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+
+from drivers.sim.cluster import SimCluster
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m drivers.sim",
+                                     description="A simulated Kubernetes API server.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", help="serve a simulated cluster until SIGTERM")
+    up.add_argument("--nodes", type=int, default=3, help="how many Ready nodes (default 3)")
+    up.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any)")
+    up.add_argument("--kubeconfig", help="write a kubeconfig pointing at the simulator here")
+    up.add_argument("--node-cpu", default="4", help="allocatable CPU per node (default 4)")
+    up.add_argument("--node-memory", default="8Gi", help="allocatable memory per node")
+    up.add_argument("--start-seconds", type=float, default=0.0,
+                    help="how long a scheduled pod takes to become Running (default 0)")
+    up.add_argument("--stop-seconds", type=float, default=0.0,
+                    help="how long a deleted pod takes to stop, capped by its grace period")
+    return parser.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with SimCluster(nodes=args.nodes, port=args.port, node_cpu=args.node_cpu,
+                          node_memory=args.node_memory, start_seconds=args.start_seconds,
+                          stop_seconds=args.stop_seconds) as cluster:
+        where = f"simulated cluster listening on {cluster.url} ({args.nodes} nodes)"
+        if args.kubeconfig:
+            path = cluster.write_kubeconfig(args.kubeconfig)
+            where += f"; kubeconfig: {path}"
+        print(where, flush=True)
+        await stop.wait()
+    print("simulated cluster stopped", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    asyncio.run(serve(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

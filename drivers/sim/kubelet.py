@@ -1,0 +1,270 @@
+"""The simulated scheduler, kubelets and node lifecycle of :class:`~drivers.sim.cluster.SimCluster`.
+
+One reconcile loop reacts to store changes (never polls) and, for every pod:
+
+- **schedules** a pending pod with no ``nodeName`` and no ``schedulingGates`` (see
+  :mod:`drivers.sim.scheduling`): binds it and sets ``PodScheduled``, or records
+  ``PodScheduled=False/Unschedulable`` with the scheduler's message, retried whenever a
+  node or pod changes;
+- **runs** a bound pod on a ``Ready`` node after ``start_seconds``: phase ``Running``,
+  ``Ready``/``ContainersReady``/``Initialized`` conditions, ``containerStatuses``,
+  ``podIP``/``hostIP``/``startTime``;
+- **stops** a terminating pod after ``min(stop_seconds, grace period)``, then removes it
+  (a real kubelet's final ``DELETE`` with grace 0; finalizers still hold the object);
+- follows its node: a ``NotReady`` node turns its pods ``Ready=False`` (and holds their
+  deletion, like a real partition); a deleted node's pods are removed (pod GC).
+
+Node operations for tests and fault campaigns: :meth:`add_node`, :meth:`fail_node`,
+:meth:`recover_node`, :meth:`cordon`, :meth:`uncordon`, :meth:`taint`, :meth:`drain`.
+Called by :class:`~drivers.sim.cluster.SimCluster`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping
+
+from controlplane.logs import get_logger
+from drivers.sim import scheduling
+from drivers.sim.objects import (
+    HOSTNAME_LABEL,
+    ApiError,
+    Obj,
+    is_true,
+    meta,
+    set_condition,
+    timestamp,
+)
+from drivers.sim.store import Change, Store
+
+_Step = Callable[[Obj], None]
+log = get_logger("drivers.sim.kubelet")
+
+
+class Kubelets:
+    """The scheduler and every node's kubelet, driven by store changes."""
+
+    def __init__(self, store: Store, *, start_seconds: float = 0.0,
+                 stop_seconds: float = 0.0) -> None:
+        self.store = store
+        self.start_seconds = start_seconds
+        self.stop_seconds = stop_seconds
+        self._wake = asyncio.Event()
+        self._timers: dict[tuple[str, str], asyncio.TimerHandle] = {}  # (step, uid) -> timer
+        self._task: asyncio.Task[None] | None = None
+        self._unsubscribe = store.subscribe(self._on_change)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-kubelets")
+        self._wake.set()
+
+    async def stop(self) -> None:
+        self._unsubscribe()
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def _on_change(self, change: Change) -> None:
+        if change.resource in ("pods", "nodes"):
+            self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                self.reconcile()
+            except Exception as exc:  # one bad object must not stop every kubelet
+                log.error("simulated kubelets: reconcile failed", error=repr(exc))
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """One pass over every pod (idempotent: an unchanged pod costs no write)."""
+        nodes = self.store.peek("nodes")
+        by_name = {str(meta(n)["name"]): n for n in nodes}
+        pods = self.store.peek("pods")
+        used = scheduling.usage(pods)
+        for pod in pods:
+            m = meta(pod)
+            node_name = (pod.get("spec") or {}).get("nodeName")
+            node = by_name.get(node_name) if node_name else None
+            if node_name and node is None:
+                self._finish(pod)  # the node is gone: garbage-collect its pods
+            elif m.get("deletionTimestamp") is not None:
+                if node is not None and is_true(node, "Ready"):
+                    grace = m.get("deletionGracePeriodSeconds")
+                    delay = min(self.stop_seconds, grace if isinstance(grace, int) else 0)
+                    self._later("stop", pod, delay, self._finish)
+            elif not node_name:
+                if (pod.get("status") or {}).get("phase", "Pending") == "Pending" and \
+                        not (pod.get("spec") or {}).get("schedulingGates"):
+                    self._schedule(pod, nodes, used)
+            elif node is not None:
+                self._follow_node(pod, node)
+
+    def _later(self, step: str, pod: Obj, delay: float, then: _Step) -> None:
+        """Run ``then`` on this pod (same UID) after ``delay``; one timer per step and pod."""
+        key = (step, str(meta(pod)["uid"]))
+        if delay <= 0:
+            then(pod)
+            return
+        if key not in self._timers:
+            def fire() -> None:
+                self._timers.pop(key, None)
+                current = self.store.find("pods", str(meta(pod)["namespace"]),
+                                          str(meta(pod)["name"]))
+                if current is not None and meta(current).get("uid") == key[1]:
+                    then(current)
+            self._timers[key] = asyncio.get_running_loop().call_later(delay, fire)
+
+    def _schedule(self, pod: Obj, nodes: list[Obj], used: dict[str, dict[str, float]]) -> None:
+        chosen, why = scheduling.choose(pod, nodes, used)
+        uid = str(meta(pod)["uid"])
+
+        def bind(obj: Obj) -> None:
+            obj["spec"]["nodeName"] = chosen
+            set_condition(obj.setdefault("status", {}), "PodScheduled", True)
+
+        def refuse(obj: Obj) -> None:
+            set_condition(obj.setdefault("status", {}), "PodScheduled", False,
+                          reason="Unschedulable", message=why)
+
+        self.store.mutate("pods", str(meta(pod)["namespace"]), str(meta(pod)["name"]),
+                          bind if chosen else refuse, uid=uid)
+        if chosen:
+            slot = used.setdefault(chosen, {"cpu": 0.0, "memory": 0.0, "pods": 0.0})
+            for key, value in scheduling.pod_requests(pod).items():
+                slot[key] += value
+            slot["pods"] += 1
+
+    def _follow_node(self, pod: Obj, node: Obj) -> None:
+        phase = (pod.get("status") or {}).get("phase", "Pending")
+        ready = is_true(node, "Ready")
+        if phase == "Pending" and ready:
+            self._later("start", pod, self.start_seconds, lambda p: self._run_pod(p, node))
+        elif phase == "Running" and is_true(pod, "Ready") != ready:
+            self._set_ready(pod, ready)
+
+    # --- pod transitions -------------------------------------------------------------------
+
+    def _run_pod(self, pod: Obj, node: Obj) -> None:
+        addresses = (node.get("status") or {}).get("addresses") or []
+        host_ip = next((a.get("address") for a in addresses if a.get("type") == "InternalIP"),
+                       "10.0.0.1")
+        started = timestamp()
+
+        def run(obj: Obj) -> None:
+            status = obj.setdefault("status", {})
+            if status.get("phase", "Pending") != "Pending" or meta(obj).get("deletionTimestamp"):
+                return
+            status.update(phase="Running", hostIP=host_ip, startTime=started,
+                          podIP=_pod_ip(host_ip, str(meta(obj)["uid"])))
+            for type_ in ("PodScheduled", "Initialized", "ContainersReady", "Ready"):
+                set_condition(status, type_, True)
+            status["containerStatuses"] = [
+                {"name": c["name"], "image": c["image"], "imageID": f"sim://{c['image']}",
+                 "containerID": f"sim://{str(meta(obj)['uid'])[:8]}-{c['name']}",
+                 "ready": True, "started": True, "restartCount": 0,
+                 "state": {"running": {"startedAt": started}}}
+                for c in (obj.get("spec") or {}).get("containers") or []]
+
+        self.store.mutate("pods", str(meta(pod)["namespace"]), str(meta(pod)["name"]), run,
+                          uid=str(meta(pod)["uid"]))
+
+    def _set_ready(self, pod: Obj, ready: bool) -> None:
+        def change(obj: Obj) -> None:
+            status = obj.setdefault("status", {})
+            why = "" if ready else "NodeNotReady"
+            set_condition(status, "Ready", ready, reason=why)
+            set_condition(status, "ContainersReady", ready, reason=why)
+            for c in status.get("containerStatuses") or []:
+                c["ready"] = ready
+
+        self.store.mutate("pods", str(meta(pod)["namespace"]), str(meta(pod)["name"]), change,
+                          uid=str(meta(pod)["uid"]))
+
+    def _finish(self, pod: Obj) -> None:
+        """The containers stopped: the kubelet's final delete (grace 0, same UID)."""
+        m = meta(pod)
+        with contextlib.suppress(ApiError):  # already gone, or another pod by now
+            self.store.delete("pods", str(m["namespace"]), str(m["name"]), uid=str(m["uid"]),
+                              grace=0)
+
+    # --- node operations -------------------------------------------------------------------
+
+    def add_node(self, name: str, *, cpu: str = "4", memory: str = "8Gi", pods: int = 110,
+                 labels: Mapping[str, str] | None = None) -> Obj:
+        index = len(self.store.select("nodes")[0]) + 1
+        capacity = {"cpu": cpu, "memory": memory, "pods": str(pods)}
+        return self.store.create("nodes", "", {
+            "metadata": {"name": name, "labels": {
+                HOSTNAME_LABEL: name, "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64", **(labels or {})}},
+            "spec": {},
+            "status": {"capacity": capacity, "allocatable": dict(capacity),
+                       "addresses": [{"type": "InternalIP", "address": f"10.0.0.{index}"},
+                                     {"type": "Hostname", "address": name}],
+                       "conditions": [{"type": "Ready", "status": "True",
+                                       "reason": "KubeletReady",
+                                       "message": "kubelet is posting ready status",
+                                       "lastTransitionTime": timestamp()}],
+                       "nodeInfo": {"kubeletVersion": "v1.31.0-sim",
+                                    "containerRuntimeVersion": "sim://1"}}})
+
+    def _node(self, name: str, change: _Step) -> Obj:
+        self.store.get("nodes", "", name)  # 404 for an unknown node
+        out = self.store.mutate("nodes", "", name, change)
+        assert out is not None
+        return out
+
+    def fail_node(self, name: str) -> Obj:
+        """The node stops reporting: ``Ready=False`` (``NotReady``)."""
+        return self._node(name, lambda n: set_condition(
+            n.setdefault("status", {}), "Ready", False, reason="NodeStatusUnknown",
+            message="Kubelet stopped posting node status."))
+
+    def recover_node(self, name: str) -> Obj:
+        return self._node(name, lambda n: set_condition(
+            n.setdefault("status", {}), "Ready", True, reason="KubeletReady",
+            message="kubelet is posting ready status"))
+
+    def cordon(self, name: str, unschedulable: bool = True) -> Obj:
+        def change(node: Obj) -> None:
+            node.setdefault("spec", {})["unschedulable"] = unschedulable
+            if not unschedulable:
+                node["spec"].pop("unschedulable")
+        return self._node(name, change)
+
+    def uncordon(self, name: str) -> Obj:
+        return self.cordon(name, unschedulable=False)
+
+    def taint(self, name: str, key: str, value: str = "", effect: str = "NoSchedule") -> Obj:
+        def change(node: Obj) -> None:
+            taints = [t for t in node.setdefault("spec", {}).get("taints") or []
+                      if t.get("key") != key]
+            node["spec"]["taints"] = [*taints, {"key": key, "value": value, "effect": effect}]
+        return self._node(name, change)
+
+    def drain(self, name: str, *, grace: int | None = None) -> list[str]:
+        """Cordon the node and delete (evict) its pods; returns their ``namespace/name``."""
+        self.cordon(name)
+        evicted: list[str] = []
+        for pod in self.store.select("pods")[0]:
+            m = meta(pod)
+            if (pod.get("spec") or {}).get("nodeName") == name and not m.get("deletionTimestamp"):
+                self.store.delete("pods", str(m["namespace"]), str(m["name"]),
+                                  uid=str(m["uid"]), grace=grace)
+                evicted.append(f"{m['namespace']}/{m['name']}")
+        return evicted
+
+
+def _pod_ip(host_ip: str, uid: str) -> str:
+    third = host_ip.rsplit(".", 1)[-1]
+    return f"10.244.{third}.{int(uid.replace('-', '')[:4], 16) % 250 + 2}"
+

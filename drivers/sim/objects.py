@@ -1,0 +1,158 @@
+"""The simulator's vocabulary: served resources, ``Status`` errors, timestamps, quantities.
+
+Objects are kept as parsed JSON (``Obj``: a ``dict[str, Any]``), exactly what travels on
+the wire; typed views live in the driver, not here. :class:`ApiError` is how every layer
+of the simulator refuses a request: the server renders it as a Kubernetes ``Status``
+object with the same ``reason`` and ``code`` a real API server would send.
+
+Used by every module of :mod:`drivers.sim`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeAlias
+
+#: A Kubernetes object as parsed JSON (what the wire carries).
+Obj: TypeAlias = dict[str, Any]
+
+MARKER = "sim.controlplane.dev/marker"
+"""The simulated workload state of a pod: tests set it, a migration must carry it over."""
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One served resource of core/v1."""
+
+    plural: str
+    kind: str
+    namespaced: bool
+    has_status: bool
+
+    @property
+    def list_kind(self) -> str:
+        return f"{self.kind}List"
+
+
+RESOURCES: dict[str, Resource] = {
+    r.plural: r for r in (
+        Resource("pods", "Pod", namespaced=True, has_status=True),
+        Resource("nodes", "Node", namespaced=False, has_status=True),
+        Resource("namespaces", "Namespace", namespaced=False, has_status=True),
+        Resource("events", "Event", namespaced=True, has_status=False),
+    )
+}
+
+REASONS: dict[int, str] = {
+    400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound",
+    405: "MethodNotAllowed", 409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType",
+    422: "Invalid", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+class ApiError(Exception):
+    """A refused request, rendered as a ``Status`` object with ``code`` and ``reason``."""
+
+    def __init__(self, code: int, message: str, *, reason: str | None = None,
+                 details: Obj | None = None, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason or REASONS.get(code, "Unknown")
+        self.message = message
+        self.details = details or {}
+        self.retry_after = retry_after
+
+    def status(self) -> Obj:
+        details = dict(self.details)
+        if self.retry_after is not None:
+            details["retryAfterSeconds"] = self.retry_after
+        body: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                     "status": "Failure", "message": self.message, "reason": self.reason,
+                     "code": self.code}
+        if details:
+            body["details"] = details
+        return body
+
+
+def not_found(resource: Resource, name: str) -> ApiError:
+    return ApiError(404, f'{resource.plural} "{name}" not found',
+                    details={"name": name, "kind": resource.plural})
+
+
+def already_exists(resource: Resource, name: str) -> ApiError:
+    return ApiError(409, f'{resource.plural} "{name}" already exists', reason="AlreadyExists",
+                    details={"name": name, "kind": resource.plural})
+
+
+def conflict(resource: Resource, name: str, why: str) -> ApiError:
+    return ApiError(409, f'Operation cannot be fulfilled on {resource.plural} "{name}": {why}',
+                    details={"name": name, "kind": resource.plural})
+
+
+def invalid(resource: Resource, name: str, field: str, why: str) -> ApiError:
+    return ApiError(422, f'{resource.kind} "{name}" is invalid: {field}: {why}',
+                    details={"name": name, "kind": resource.kind,
+                             "causes": [{"reason": "FieldValueInvalid", "message": why,
+                                         "field": field}]})
+
+
+def timestamp(at: datetime | None = None) -> str:
+    """RFC 3339 in UTC, second precision, like ``metadata.creationTimestamp``."""
+    return (at or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+_QUANTITY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
+_SUFFIX = {"": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+           "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
+
+
+def quantity(value: object) -> float:
+    """A resource quantity (``500m``, ``2``, ``1Gi``) as a number of base units."""
+    match = _QUANTITY.match(str(value).strip())
+    if not match or match[2] not in _SUFFIX:
+        raise ValueError(f"invalid quantity {value!r}")
+    return float(match[1]) * _SUFFIX[match[2]]
+
+
+def meta(obj: Obj) -> Obj:
+    """``obj.metadata``, created empty if missing."""
+    m = obj.get("metadata")
+    if not isinstance(m, dict):
+        m = obj["metadata"] = {}
+    return m
+
+
+def condition(obj: Obj, type_: str) -> Obj | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if isinstance(c, dict) and c.get("type") == type_:
+            return c
+    return None
+
+
+def set_condition(status: Obj, type_: str, value: bool, *, reason: str = "",
+                  message: str = "") -> None:
+    """Set one condition in ``status.conditions``; transition time moves only on change."""
+    conditions = status.setdefault("conditions", [])
+    text = "True" if value else "False"
+    found = next((c for c in conditions if c.get("type") == type_), None)
+    if found is None:
+        found = {"type": type_}
+        conditions.append(found)
+    if found.get("status") != text:
+        found["lastTransitionTime"] = timestamp()
+    found["status"] = text
+    for key, detail in (("reason", reason), ("message", message)):
+        if detail:
+            found[key] = detail
+        else:
+            found.pop(key, None)
+
+
+def is_true(obj: Obj, type_: str) -> bool:
+    c = condition(obj, type_)
+    return c is not None and c.get("status") == "True"

@@ -1,0 +1,273 @@
+"""The simulated API server's HTTP face: the core/v1 REST subset over aiohttp.web.
+
+Serves ``/api/v1`` for ``namespaces``, ``pods``, ``nodes`` and ``events`` like a real
+API server: GET (one or LIST with ``labelSelector``, ``fieldSelector``, ``limit`` +
+``continue``), WATCH (``?watch=1``, see :mod:`drivers.sim.watch`), POST, PUT, PATCH
+(strategic merge, merge, JSON patch), DELETE (``DeleteOptions`` with
+``preconditions`` and ``gracePeriodSeconds``, in the body or the query), the ``status``
+subresource, plus ``/version``, ``/api``, ``/apis``, ``/api/v1`` discovery and
+``/healthz``. Every refusal is a ``Status`` object with the real ``reason`` and ``code``
+(429 carries ``Retry-After``). ``dryRun`` is refused (400) rather than silently applied.
+
+Every request is counted by verb (``requests``) and passes the fault hooks first.
+Called by :class:`~drivers.sim.cluster.SimCluster`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from controlplane.logs import get_logger
+from drivers.sim import selectors
+from drivers.sim.faults import Faults
+from drivers.sim.objects import RESOURCES, ApiError, Obj, Resource, meta
+from drivers.sim.store import Store
+from drivers.sim.watch import WatchHub, stream, stream_error
+
+log = get_logger("drivers.sim.server")
+
+VERSION = {"major": "1", "minor": "31", "gitVersion": "v1.31.0-sim", "platform": "linux/amd64"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a ``/api/v1/...`` path names."""
+
+    resource: Resource
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+
+
+def parse_path(tail: str) -> Target:
+    parts = [p for p in tail.strip("/").split("/") if p]
+    if not parts:
+        raise ApiError(404, "the server could not find the requested resource")
+    if parts[0] == "namespaces" and len(parts) >= 3 and parts[2] != "status":
+        namespace, rest = parts[1], parts[2:]
+    else:
+        namespace, rest = None, parts
+    resource = RESOURCES.get(rest[0])
+    if resource is None or len(rest) > 3 or (namespace is not None and not resource.namespaced):
+        raise ApiError(404, "the server could not find the requested resource")
+    name = rest[1] if len(rest) > 1 else None
+    sub = rest[2] if len(rest) > 2 else None
+    if resource.namespaced and namespace is None and name is not None:
+        raise ApiError(404, "the server could not find the requested resource")
+    if sub is not None and (sub != "status" or not resource.has_status):
+        raise ApiError(404, f"the server could not find the requested resource ({sub})")
+    return Target(resource, namespace, name, sub)
+
+
+def verb_of(method: str, target: Target, watch: bool) -> str:
+    if method == "GET":
+        return "get" if target.name else ("watch" if watch else "list")
+    if method == "DELETE" and not target.name:
+        return "deletecollection"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
+        method, method.lower())
+
+
+def _number(value: str | None, name: str) -> float | None:
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise ApiError(400, f"invalid {name} {value!r}: not a number") from None
+
+
+def _flag(value: str | None) -> bool:
+    return (value or "").lower() in ("1", "true")
+
+
+def _json(body: Obj, status: int = 200) -> web.Response:
+    return web.json_response(body, status=status)
+
+
+def _static(body: Obj | str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(_: web.Request) -> web.StreamResponse:
+        return web.Response(text=body) if isinstance(body, str) else _json(body)
+    return handler
+
+
+def error_response(error: ApiError) -> web.Response:
+    response = _json(error.status(), error.code)
+    if error.retry_after is not None:
+        response.headers["Retry-After"] = str(error.retry_after)
+    return response
+
+
+class SimServer:
+    """The aiohttp application over one store, its watch hub and fault hooks."""
+
+    def __init__(self, store: Store, hub: WatchHub, faults: Faults) -> None:
+        self.store = store
+        self.hub = hub
+        self.faults = faults
+        self.requests: Counter[str] = Counter()  # verb -> requests served or refused
+        self.requests_by_resource: Counter[tuple[str, str]] = Counter()
+        self.closing = asyncio.Event()
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/version", _static(dict(VERSION)))
+        for probe in ("/healthz", "/readyz", "/livez"):
+            app.router.add_get(probe, _static("ok"))
+        app.router.add_get("/api", _static(
+            {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}))
+        app.router.add_get("/apis", _static(
+            {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}))
+        app.router.add_get("/api/v1", _static(self._discovery()))
+        app.router.add_route("*", "/api/v1/{tail:.+}", self._dispatch)
+        return app
+
+    def _discovery(self) -> Obj:
+        verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
+        listed = [{"name": r.plural, "singularName": r.kind.lower(), "namespaced": r.namespaced,
+                   "kind": r.kind, "verbs": verbs} for r in RESOURCES.values()]
+        listed += [{"name": f"{r.plural}/status", "singularName": "", "namespaced": r.namespaced,
+                    "kind": r.kind, "verbs": ["get", "patch", "update"]}
+                   for r in RESOURCES.values() if r.has_status]
+        return {"kind": "APIResourceList", "groupVersion": "v1", "resources": listed}
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        try:
+            target = parse_path(request.match_info["tail"])
+            query = request.query
+            verb = verb_of(request.method, target, _flag(query.get("watch")))
+            self.requests[verb] += 1
+            self.requests_by_resource[(verb, target.resource.plural)] += 1
+            rule = self.faults.take(verb, target.resource.plural)
+            if rule is not None:
+                if rule.delay > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.closing.wait(), rule.delay)
+                error = rule.error()
+                if error is not None:
+                    raise error
+            if query.get("dryRun"):
+                raise ApiError(400, "dryRun is not supported by the simulator")
+            return await self._serve(request, target, verb)
+        except ApiError as exc:
+            return error_response(exc)
+        except selectors.SelectorError as exc:
+            return error_response(ApiError(400, str(exc)))
+        except Exception as exc:  # a simulator bug still answers like an API server
+            log.error("simulated API server: request failed", path=request.path,
+                      error=repr(exc))
+            return error_response(ApiError(500, f"internal error: {exc!r}"))
+
+    async def _body(self, request: web.Request) -> Any:
+        raw = await request.read()
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
+
+    async def _serve(self, request: web.Request, t: Target, verb: str) -> web.StreamResponse:
+        plural, ns, name, query = t.resource.plural, t.namespace or "", t.name or "", request.query
+        if verb in ("list", "watch", "deletecollection"):
+            selector = selectors.parse(query.get("labelSelector"), query.get("fieldSelector"))
+            if verb == "watch":
+                timeout = query.get("timeoutSeconds")
+                _number(timeout, "timeoutSeconds")
+                try:
+                    watch = self.hub.open(t.resource, t.namespace, selector,
+                                          resource_version=query.get("resourceVersion"),
+                                          bookmarks=_flag(query.get("allowWatchBookmarks")))
+                except ApiError as exc:
+                    if exc.code != 410:
+                        raise
+                    return await stream_error(request, exc)
+                return await stream(request, self.hub, watch,
+                                    timeout_seconds=_number(timeout, "timeoutSeconds"))
+            if verb == "list":
+                return _json(self._list(t, selector, query.get("limit"), query.get("continue")))
+            items, _ = self.store.select(plural, t.namespace, selector)
+            for obj in items:
+                self.store.delete(plural, str(meta(obj).get("namespace") or ""),
+                                  str(meta(obj)["name"]))
+            return self._list_response(t.resource, items, None)
+        if verb == "get":
+            return _json(self.store.get(plural, ns, name))
+        if verb == "create":
+            if t.resource.namespaced and t.namespace is None:
+                raise ApiError(405, f"create {plural} needs a namespace in the path")
+            body = await self._body(request)
+            if not isinstance(body, dict):
+                raise ApiError(400, "the request body must be a JSON object")
+            return _json(self.store.create(plural, ns, body), 201)
+        if verb == "update":
+            body = await self._body(request)
+            if not isinstance(body, dict):
+                raise ApiError(400, "the request body must be a JSON object")
+            if meta(body).get("name") not in (None, name):
+                raise ApiError(400, "the name of the object does not match the name on the URL")
+            return _json(self.store.update(plural, ns, name, body, subresource=t.subresource))
+        if verb == "patch":
+            content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
+            body = await self._body(request)
+            return _json(self.store.patch(plural, ns, name, content_type, body,
+                                          subresource=t.subresource))
+        if verb == "delete":
+            return _json(self._delete(t, await self._body(request), query))
+        raise ApiError(405, f"method {request.method} is not allowed here")
+
+    def _delete(self, t: Target, body: Any, query: Any) -> Obj:
+        options = body if isinstance(body, dict) else {}
+        preconditions = options.get("preconditions") or {}
+        grace = options.get("gracePeriodSeconds", query.get("gracePeriodSeconds"))
+        try:
+            seconds = None if grace is None else int(grace)
+        except ValueError:
+            raise ApiError(400, f"invalid gracePeriodSeconds {grace!r}") from None
+        return self.store.delete(t.resource.plural, t.namespace or "", t.name or "",
+                                 uid=preconditions.get("uid"),
+                                 resource_version=preconditions.get("resourceVersion"),
+                                 grace=seconds)
+
+    def _list(self, t: Target, selector: selectors.Selector, limit: str | None,
+              token: str | None) -> Obj:
+        items, rv = self.store.select(t.resource.plural, t.namespace, selector)
+        if token:
+            try:
+                start = json.loads(base64.urlsafe_b64decode(token.encode()))["start"]
+            except (ValueError, KeyError, TypeError, binascii.Error):
+                raise ApiError(400, "invalid continue token") from None
+            items = [o for o in items if _sort_key(o) > tuple(start)]
+        next_token = None
+        size = int(_number(limit, "limit") or 0)
+        if size > 0 and len(items) > size:
+            items = items[:size]
+            start = list(_sort_key(items[-1]))
+            next_token = base64.urlsafe_b64encode(json.dumps({"start": start}).encode()).decode()
+        return self._list_body(t.resource, items, rv, next_token)
+
+    def _list_body(self, resource: Resource, items: list[Obj], rv: int | None,
+                   token: str | None) -> Obj:
+        metadata: Obj = {"resourceVersion": str(self.store.rv if rv is None else rv)}
+        if token:
+            metadata["continue"] = token
+        return {"kind": resource.list_kind, "apiVersion": "v1", "metadata": metadata,
+                "items": items}
+
+    def _list_response(self, resource: Resource, items: list[Obj],
+                       token: str | None) -> web.Response:
+        return _json(self._list_body(resource, items, None, token))
+
+
+def _sort_key(obj: Obj) -> tuple[str, str]:
+    return (str(meta(obj).get("namespace") or ""), str(meta(obj).get("name") or ""))

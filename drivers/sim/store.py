@@ -1,0 +1,286 @@
+"""The simulated API server's storage: objects, resourceVersions, the change history.
+
+Like etcd behind a real API server, one global counter versions every write; each write
+is a :class:`Change` appended to a bounded history that watches replay from a
+``resourceVersion``. Resuming from a version older than the history (after
+:meth:`Store.compact`, or once the bounded history has moved on) fails with
+``410 Expired``, as a real server does after etcd compaction.
+
+Semantics kept from Kubernetes:
+
+- ``create``: ``name`` or ``generateName``; ``409 AlreadyExists``; the namespace must exist
+  (404) and not be terminating (403); ``uid``, ``creationTimestamp``, ``resourceVersion``.
+- ``update``/``patch``: a ``metadata.resourceVersion`` in the body (or put there by the
+  patch) is a precondition (409 ``Conflict`` when stale); a write that changes nothing
+  does not bump the version nor emit an event.
+- ``delete``: ``preconditions.uid``/``resourceVersion`` (409 on mismatch), graceful
+  deletion (``deletionTimestamp`` + ``deletionGracePeriodSeconds``) for pods on a node,
+  finalizers hold an object until an update empties them. Deleting a namespace deletes
+  what it holds.
+
+All methods are synchronous (one event loop, no awaits inside), so every write and the
+fan-out of its change to listeners is atomic. Called by the HTTP server, the simulated
+scheduler/kubelet and :class:`~drivers.sim.cluster.SimCluster`.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from drivers.sim import patch as patches
+from drivers.sim import strategies
+from drivers.sim.objects import (
+    RESOURCES,
+    ApiError,
+    Obj,
+    Resource,
+    already_exists,
+    conflict,
+    meta,
+    not_found,
+    timestamp,
+)
+from drivers.sim.selectors import EVERYTHING, Selector
+
+STRATEGIC = "application/strategic-merge-patch+json"
+MERGE = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+PATCH_TYPES = (STRATEGIC, MERGE, JSON_PATCH)
+
+Key = tuple[str, str]  # (namespace or "", name)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One write: ``type`` is ADDED, MODIFIED or DELETED; ``prev`` the object before."""
+
+    rv: int
+    resource: str
+    type: str
+    obj: Obj
+    prev: Obj | None
+
+
+Listener = Callable[[Change], None]
+
+
+class Store:
+    """Objects of every served resource, versioned by one counter, with a change history."""
+
+    def __init__(self, *, history_limit: int = 100_000) -> None:
+        self.rv = 0
+        self._objects: dict[str, dict[Key, Obj]] = {plural: {} for plural in RESOURCES}
+        self._history: deque[Change] = deque()
+        self._history_limit = history_limit
+        self._compacted = 0  # changes up to this version are gone from the history
+        self._listeners: list[Listener] = []
+
+    # --- reading ---------------------------------------------------------------------
+
+    def resource(self, plural: str) -> Resource:
+        found = RESOURCES.get(plural)
+        if found is None:
+            raise ApiError(404, f"the server could not find the requested resource ({plural})")
+        return found
+
+    def get(self, plural: str, namespace: str, name: str) -> Obj:
+        return copy.deepcopy(self._find(plural, namespace, name))
+
+    def find(self, plural: str, namespace: str, name: str) -> Obj | None:
+        obj = self._objects[plural].get((namespace, name))
+        return None if obj is None else copy.deepcopy(obj)
+
+    def select(self, plural: str, namespace: str | None = None,
+             selector: Selector = EVERYTHING) -> tuple[list[Obj], int]:
+        """Matching objects sorted by (namespace, name), and the list's version."""
+        items = [copy.deepcopy(obj) for key, obj in sorted(self._objects[plural].items())
+                 if (namespace is None or key[0] == namespace) and selector.matches(obj)]
+        return items, self.rv
+
+    def peek(self, plural: str) -> list[Obj]:
+        """The stored objects themselves, sorted by key: READ-ONLY (no copies, for the
+        simulated kubelets' reconcile pass; write through :meth:`mutate`)."""
+        return [obj for _, obj in sorted(self._objects[plural].items())]
+
+    def changes_since(self, rv: int) -> list[Change]:
+        """Every change after version ``rv``; ``410 Expired`` if the history lost some."""
+        if rv < self._compacted:
+            raise ApiError(410, f"too old resource version: {rv} ({self._compacted + 1})",
+                           reason="Expired")
+        return [c for c in self._history if c.rv > rv]
+
+    # --- listening --------------------------------------------------------------------
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def compact(self) -> int:
+        """Forget the whole history (etcd compaction): older resumes get 410."""
+        self._history.clear()
+        self._compacted = self.rv
+        return self.rv
+
+    # --- writing ----------------------------------------------------------------------
+
+    def create(self, plural: str, namespace: str, body: Obj) -> Obj:
+        resource = self.resource(plural)
+        obj = copy.deepcopy(body)
+        m = meta(obj)
+        if resource.namespaced:
+            self._check_namespace(namespace)
+            if m.get("namespace") not in (None, "", namespace):
+                raise ApiError(400, "the namespace of the provided object does not match "
+                               "the namespace sent on the request")
+            m["namespace"] = namespace
+        else:
+            m.pop("namespace", None)
+        if not m.get("name"):
+            if not m.get("generateName"):
+                raise ApiError(422, f"{resource.kind} is invalid: metadata.name: Required value",
+                               reason="Invalid")
+            m["name"] = f"{m['generateName']}{uuid.uuid4().hex[:5]}"
+        key = (namespace if resource.namespaced else "", str(m["name"]))
+        if key in self._objects[plural]:
+            raise already_exists(resource, key[1])
+        strategies.prepare_create(resource, obj)
+        for field in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion"):
+            m.pop(field, None)
+        m["uid"] = str(uuid.uuid4())
+        m["creationTimestamp"] = timestamp()
+        return self._write(resource, key, obj, None)
+
+    def update(self, plural: str, namespace: str, name: str, body: Obj, *,
+               subresource: str | None = None) -> Obj:
+        resource = self.resource(plural)
+        old = self._find(plural, namespace, name)
+        wanted = str(meta(body).get("resourceVersion") or "")
+        if wanted and wanted != meta(old).get("resourceVersion"):
+            raise conflict(resource, name, "the object has been modified; please apply your "
+                           "changes to the latest version and try again")
+        new = strategies.prepare_update(resource, old, body, subresource=subresource)
+        return self._replace(resource, old, new)
+
+    def patch(self, plural: str, namespace: str, name: str, content_type: str, body: object, *,
+              subresource: str | None = None) -> Obj:
+        resource = self.resource(plural)
+        current = self.get(plural, namespace, name)
+        try:
+            if content_type == STRATEGIC:
+                patched = patches.strategic_merge_patch(current, body)
+            elif content_type == MERGE:
+                patched = patches.merge_patch(current, body)
+            elif content_type == JSON_PATCH:
+                patched = patches.json_patch(current, body)
+            else:
+                raise ApiError(415, f"the body of the request was in an unknown format - "
+                               f"accepted media types include: {', '.join(PATCH_TYPES)}")
+        except patches.PatchError as exc:
+            raise ApiError(exc.code, f"the server rejected our request due to an error in our "
+                           f"request: {exc}", details={"causes": [{"message": str(exc)}]},
+                           ) from exc
+        if not isinstance(patched, dict):
+            raise ApiError(422, f"the patch turned {resource.kind} {name} into a non-object")
+        return self.update(plural, namespace, name, patched, subresource=subresource)
+
+    def mutate(self, plural: str, namespace: str, name: str, change: Callable[[Obj], None], *,
+               uid: str | None = None) -> Obj | None:
+        """A system write (scheduler, kubelet): ``change`` edits a copy; no API rules.
+
+        Returns ``None`` when the object is gone (or is another one than ``uid``).
+        """
+        old = self._objects[plural].get((namespace, name))
+        if old is None or (uid is not None and meta(old).get("uid") != uid):
+            return None
+        new = copy.deepcopy(old)
+        change(new)
+        return self._replace(self.resource(plural), old, new)
+
+    def delete(self, plural: str, namespace: str, name: str, *, uid: str | None = None,
+               resource_version: str | None = None, grace: int | None = None) -> Obj:
+        resource = self.resource(plural)
+        old = self._find(plural, namespace, name)
+        m = meta(old)
+        if uid and uid != m.get("uid"):
+            raise conflict(resource, name, f"Precondition failed: UID in precondition: {uid}, "
+                           f"UID in object meta: {m.get('uid')}")
+        if resource_version and resource_version != m.get("resourceVersion"):
+            raise conflict(resource, name, "Precondition failed: ResourceVersion in "
+                           f"precondition: {resource_version}, ResourceVersion in object meta: "
+                           f"{m.get('resourceVersion')}")
+        if plural == "namespaces":
+            for inner in RESOURCES.values():
+                if inner.namespaced:
+                    for key in [k for k in self._objects[inner.plural] if k[0] == name]:
+                        self._remove(inner, key)
+        seconds = strategies.deletion_grace(resource, old, grace)
+        if m.get("deletionTimestamp") is not None:
+            current = m.get("deletionGracePeriodSeconds")
+            seconds = min(seconds, current if isinstance(current, int) else seconds)
+            if seconds == current:
+                return copy.deepcopy(old)
+        if seconds == 0 and not m.get("finalizers"):
+            key = (namespace if resource.namespaced else "", name)
+            return self._remove(resource, key)
+        new = copy.deepcopy(old)
+        meta(new)["deletionGracePeriodSeconds"] = seconds
+        if meta(new).get("deletionTimestamp") is None or seconds == 0:
+            meta(new)["deletionTimestamp"] = timestamp(datetime.now(UTC)
+                                                       + timedelta(seconds=seconds))
+        return self._replace(resource, old, new)
+
+    # --- internals --------------------------------------------------------------------
+
+    def _find(self, plural: str, namespace: str, name: str) -> Obj:
+        resource = self.resource(plural)
+        obj = self._objects[plural].get((namespace if resource.namespaced else "", name))
+        if obj is None:
+            raise not_found(resource, name)
+        return obj
+
+    def _check_namespace(self, namespace: str) -> None:
+        ns = self._objects["namespaces"].get(("", namespace))
+        if ns is None:
+            raise not_found(RESOURCES["namespaces"], namespace)
+        if meta(ns).get("deletionTimestamp"):
+            raise ApiError(403, f"unable to create new content in namespace {namespace} "
+                           "because it is being terminated")
+
+    def _replace(self, resource: Resource, old: Obj, new: Obj) -> Obj:
+        key = (str(meta(old).get("namespace") or ""), str(meta(old)["name"]))
+        meta(new)["resourceVersion"] = meta(old).get("resourceVersion")
+        if new == old:
+            return copy.deepcopy(old)
+        m = meta(new)
+        if (m.get("deletionTimestamp") is not None and not m.get("finalizers")
+                and m.get("deletionGracePeriodSeconds") in (0, None)):
+            return self._remove(resource, key, last=new)
+        return self._write(resource, key, new, old)
+
+    def _write(self, resource: Resource, key: Key, obj: Obj, prev: Obj | None) -> Obj:
+        self.rv += 1
+        meta(obj)["resourceVersion"] = str(self.rv)
+        self._objects[resource.plural][key] = obj
+        self._emit(Change(self.rv, resource.plural, "MODIFIED" if prev else "ADDED",
+                          copy.deepcopy(obj), prev))
+        return copy.deepcopy(obj)
+
+    def _remove(self, resource: Resource, key: Key, *, last: Obj | None = None) -> Obj:
+        prev = self._objects[resource.plural].pop(key)
+        self.rv += 1
+        gone = copy.deepcopy(last if last is not None else prev)
+        meta(gone)["resourceVersion"] = str(self.rv)
+        self._emit(Change(self.rv, resource.plural, "DELETED", gone, prev))
+        return copy.deepcopy(gone)
+
+    def _emit(self, change: Change) -> None:
+        self._history.append(change)
+        while len(self._history) > self._history_limit:
+            self._compacted = self._history.popleft().rv
+        for listener in list(self._listeners):
+            listener(change)

@@ -1,0 +1,193 @@
+"""Watches of the simulated API server: change fan-out, bookmarks, 410, streaming.
+
+A :class:`Watch` is one open ``?watch=1`` request. The :class:`WatchHub` subscribes to the
+store and offers every change to every open watch, which filters it like the real
+server: by resource, namespace and selectors, turning "stopped matching" into
+``DELETED`` and "started matching" into ``ADDED``. :func:`stream` writes a watch as
+newline-delimited JSON events (``ADDED``, ``MODIFIED``, ``DELETED``, ``BOOKMARK``,
+``ERROR``):
+
+- ``resourceVersion`` unset or ``"0"``: synthetic ``ADDED`` for every current object, then
+  live changes; otherwise the changes after that version, replayed from the history, or
+  (like the real server, past authorization) an HTTP 200 whose only event is an
+  ``ERROR`` carrying a ``410 Expired`` Status when the history lost them;
+- ``allowWatchBookmarks=true``: a ``BOOKMARK`` every ``bookmark_seconds`` and before a
+  ``timeoutSeconds`` close, carrying only ``metadata.resourceVersion``;
+- fault hooks: :meth:`WatchHub.drop` (end every stream, or cut the connection) and
+  :meth:`WatchHub.expire` (an ``ERROR 410`` on every stream, then close).
+
+Called by :mod:`drivers.sim.server`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from drivers.sim.objects import ApiError, Obj, Resource, meta
+from drivers.sim.selectors import Selector
+from drivers.sim.store import Change, Store
+
+
+@dataclass(frozen=True)
+class _Signal:
+    kind: str  # "drop", "cut" (drop the connection), "expire"
+
+
+@dataclass(eq=False)  # identity: watches live in a set
+class Watch:
+    """One open watch: what it filters on and the queue of events to send."""
+
+    resource: Resource
+    namespace: str | None
+    selector: Selector
+    bookmarks: bool
+    queue: asyncio.Queue[Obj | _Signal] = field(default_factory=asyncio.Queue)
+
+    def offer(self, change: Change) -> None:
+        event = self.event_for(change)
+        if event is not None:
+            self.queue.put_nowait(event)
+
+    def event_for(self, change: Change) -> Obj | None:
+        if change.resource != self.resource.plural:
+            return None
+        if self.namespace is not None and meta(change.obj).get("namespace") != self.namespace:
+            return None
+        now = change.type != "DELETED" and self.selector.matches(change.obj)
+        before = change.prev is not None and self.selector.matches(change.prev)
+        if change.type == "DELETED":
+            return {"type": "DELETED", "object": change.obj} if before else None
+        if now and before:
+            return {"type": "MODIFIED", "object": change.obj}
+        if now:
+            return {"type": "ADDED", "object": change.obj}
+        if before:
+            return {"type": "DELETED", "object": change.obj}
+        return None
+
+
+class WatchHub:
+    """Every open watch of one server, fed by the store."""
+
+    def __init__(self, store: Store, *, bookmark_seconds: float) -> None:
+        self.store = store
+        self.bookmark_seconds = bookmark_seconds
+        self.watches: set[Watch] = set()
+        self._unsubscribe = store.subscribe(self._fan_out)
+
+    def _fan_out(self, change: Change) -> None:
+        for watch in list(self.watches):
+            watch.offer(change)
+
+    def open(self, resource: Resource, namespace: str | None, selector: Selector, *,
+             resource_version: str | None, bookmarks: bool) -> Watch:
+        """Register a watch and queue its start (synthetic adds or the replayed history).
+
+        Raises a 410 :class:`ApiError` when ``resource_version`` was compacted away.
+        """
+        watch = Watch(resource, namespace, selector, bookmarks)
+        if resource_version in (None, "", "0"):
+            items, _ = self.store.select(resource.plural, namespace, selector)
+            for obj in items:
+                watch.queue.put_nowait({"type": "ADDED", "object": obj})
+        else:
+            try:
+                since = int(str(resource_version))
+            except ValueError:
+                raise ApiError(400, f"invalid resourceVersion {resource_version!r}") from None
+            for change in self.store.changes_since(since):
+                watch.offer(change)
+        self.watches.add(watch)
+        return watch
+
+    def close(self, watch: Watch) -> None:
+        self.watches.discard(watch)
+
+    def bookmark(self, resource: Resource) -> Obj:
+        return {"type": "BOOKMARK", "object": {
+            "kind": resource.kind, "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(self.store.rv)}}}
+
+    def send_bookmarks(self) -> int:
+        """Queue a bookmark on every watch that allows them; returns how many."""
+        sent = 0
+        for watch in list(self.watches):
+            if watch.bookmarks:
+                watch.queue.put_nowait(self.bookmark(watch.resource))
+                sent += 1
+        return sent
+
+    def drop(self, *, abrupt: bool = False) -> int:
+        """End every open watch (``abrupt``: cut the connection mid-stream)."""
+        return self._signal(_Signal("cut" if abrupt else "drop"))
+
+    def expire(self) -> int:
+        """Send ``ERROR 410 Expired`` on every open watch, then end it."""
+        return self._signal(_Signal("expire"))
+
+    def _signal(self, signal: _Signal) -> int:
+        for watch in list(self.watches):
+            watch.queue.put_nowait(signal)
+        return len(self.watches)
+
+    def shutdown(self) -> None:
+        self.drop()
+        self._unsubscribe()
+
+
+def _line(event: Obj) -> bytes:
+    return (json.dumps(event, separators=(",", ":")) + "\n").encode()
+
+
+async def stream_error(request: web.Request, error: ApiError) -> web.StreamResponse:
+    """A watch that fails once started (e.g. 410): 200, one ``ERROR`` event, the end."""
+    response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+    await response.prepare(request)
+    await response.write(_line({"type": "ERROR", "object": error.status()}))
+    await response.write_eof()
+    return response
+
+
+async def stream(request: web.Request, hub: WatchHub, watch: Watch, *,
+                 timeout_seconds: float | None) -> web.StreamResponse:
+    """Write ``watch`` to the client until its timeout, a signal or a disconnect."""
+    response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_seconds is None else loop.time() + timeout_seconds
+    try:
+        while True:
+            wait = hub.bookmark_seconds if watch.bookmarks else None
+            if deadline is not None:
+                left = deadline - loop.time()
+                if left <= 0:
+                    if watch.bookmarks:
+                        await response.write(_line(hub.bookmark(watch.resource)))
+                    break
+                wait = left if wait is None else min(wait, left)
+            try:
+                item = await asyncio.wait_for(watch.queue.get(), wait)
+            except TimeoutError:
+                if watch.bookmarks and (deadline is None or deadline > loop.time()):
+                    await response.write(_line(hub.bookmark(watch.resource)))
+                continue
+            if isinstance(item, _Signal):
+                if item.kind == "expire":
+                    status = ApiError(410, "too old resource version", reason="Expired").status()
+                    await response.write(_line({"type": "ERROR", "object": status}))
+                elif item.kind == "cut" and request.transport is not None:
+                    request.transport.close()
+                    return response
+                break
+            await response.write(_line(item))
+        await response.write_eof()
+    except ConnectionResetError:
+        pass  # the client went away: nothing left to tell it
+    finally:
+        hub.close(watch)
+    return response

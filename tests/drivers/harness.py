@@ -1,0 +1,168 @@
+"""The cluster a driver contract test runs against: the simulator, or a real cluster.
+
+A :class:`Harness` gives a test a kubeconfig, a namespace, node names, an independent
+"admin" client (to change the world behind the driver's back), unique pod names, and
+the simulator's fault hooks — a test that needs them is skipped on a real cluster, with
+that reason. Pods a test creates are deleted (grace 0) when it ends.
+
+Real cluster: set ``CONTROLPLANE_TEST_KUBECONFIG`` (and optionally
+``CONTROLPLANE_TEST_CONTEXT``, ``CONTROLPLANE_TEST_NAMESPACE`` (default ``default``),
+``CONTROLPLANE_TEST_IMAGE``). The credentials need get/list/watch/create/patch/delete on
+pods and events in that namespace and get/list/watch on nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import ApiClient
+
+from drivers.kube.client import KubeClient, KubeObject
+from drivers.kube.config import KubeSettings, load_configuration
+from drivers.kube.driver import KubeDriver
+from drivers.kube.errors import ApiNotFound
+from drivers.kube.resources import NODES, PODS, CoreV1
+from drivers.sim import SimCluster
+from drivers.sim.faults import Faults
+
+REAL_KUBECONFIG = "CONTROLPLANE_TEST_KUBECONFIG"
+PAUSE_IMAGE = os.environ.get("CONTROLPLANE_TEST_IMAGE", "registry.k8s.io/pause:3.9")
+
+
+class Wakes:
+    """Records ``on_pod_change`` calls; :meth:`wait_for` awaits one without polling."""
+
+    def __init__(self) -> None:
+        self.uids: list[str] = []
+        self._seen = asyncio.Event()
+
+    def __call__(self, uid: str) -> None:
+        self.uids.append(uid)
+        self._seen.set()
+
+    async def wait_for(self, uid: str, *, limit_seconds: float, after: int = 0) -> None:
+        """Until ``uid`` was woken (at or after call number ``after``)."""
+        async with asyncio.timeout(limit_seconds):
+            while uid not in self.uids[after:]:
+                self._seen.clear()
+                await self._seen.wait()
+
+
+@dataclass
+class Harness:
+    kubeconfig: Path
+    context: str | None
+    namespace: str
+    admin: CoreV1
+    cluster: SimCluster | None
+    patience: float  # how long a condition may take (a real cluster pulls images)
+    nodes: list[str] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)
+
+    @property
+    def faults(self) -> Faults:
+        if self.cluster is None:
+            pytest.skip("needs the simulator's fault hooks (not available on a real cluster)")
+        return self.cluster.faults
+
+    def name(self, base: str) -> str:
+        return f"{base}-{uuid.uuid4().hex[:6]}"
+
+    def pod_body(self, name: str, *, node: str | None = None,
+                 annotations: Mapping[str, str] | None = None) -> KubeObject:
+        spec: KubeObject = {"containers": [{"name": "main", "image": PAUSE_IMAGE}],
+                            "terminationGracePeriodSeconds": 1}
+        if node is not None:
+            spec["affinity"] = {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                           "values": [node]}]}]}}}
+        return {"metadata": {"name": name, "labels": {"test": "driver-contract"},
+                             "annotations": dict(annotations or {})}, "spec": spec}
+
+    async def make_pod(self, name: str, *, node: str | None = None,
+                       annotations: Mapping[str, str] | None = None) -> KubeObject:
+        self.created.append(name)
+        return await self.admin.create(PODS, self.pod_body(name, node=node,
+                                                           annotations=annotations),
+                                       namespace=self.namespace)
+
+    async def delete_now(self, name: str) -> None:
+        with contextlib.suppress(ApiNotFound):
+            await self.admin.delete(PODS, name, namespace=self.namespace,
+                                    grace_period_seconds=0)
+
+    async def pod(self, name: str) -> KubeObject | None:
+        try:
+            return await self.admin.get(PODS, name, namespace=self.namespace)
+        except ApiNotFound:
+            return None
+
+    def settings(self, **overrides: Any) -> KubeSettings:
+        # Scoped to the test namespace: namespaced RBAC is enough on a real cluster.
+        base = KubeSettings(backoff_initial=0.05, backoff_max=0.5, sync_timeout=self.patience,
+                            namespace=self.namespace)
+        return dataclasses.replace(base, **overrides)
+
+    @contextlib.asynccontextmanager
+    async def driver(self, wakes: Wakes | None = None,
+                     **overrides: Any) -> AsyncIterator[KubeDriver]:
+        kube = await KubeDriver.connect(kubeconfig=str(self.kubeconfig), context=self.context,
+                                        settings=self.settings(**overrides),
+                                        on_pod_change=wakes)
+        async with kube:
+            yield kube
+
+
+async def _admin(kubeconfig: Path, context: str | None) -> CoreV1:
+    loaded = await load_configuration(kubeconfig=str(kubeconfig), context=context)
+    return CoreV1(KubeClient(ApiClient(loaded.configuration), request_timeout=30))
+
+
+@contextlib.asynccontextmanager
+async def open_harness(kind: str, tmp_path: Path) -> AsyncIterator[Harness]:
+    if kind == "sim":
+        async with SimCluster(nodes=3) as cluster:
+            path = cluster.write_kubeconfig(tmp_path / "kubeconfig")
+            admin = await _admin(path, None)
+            harness = Harness(path, None, "default", admin, cluster, patience=10.0,
+                              nodes=list(cluster.node_names))
+            try:
+                yield harness
+            finally:
+                await admin.client.close()
+        return
+    raw = os.environ.get(REAL_KUBECONFIG)
+    if not raw:
+        pytest.skip(f"{REAL_KUBECONFIG} is not set: no real cluster to run the contract on")
+    context = os.environ.get("CONTROLPLANE_TEST_CONTEXT") or None
+    admin = await _admin(Path(raw), context)
+    nodes, _ = await admin.list_all(NODES)
+    harness = Harness(Path(raw), context, os.environ.get("CONTROLPLANE_TEST_NAMESPACE",
+                                                         "default"),
+                      admin, None, patience=120.0,
+                      nodes=sorted(str(n["metadata"]["name"]) for n in nodes if _usable(n)))
+    try:
+        yield harness
+    finally:
+        for name in harness.created:
+            await harness.delete_now(name)
+        await admin.client.close()
+
+
+def _usable(node: KubeObject) -> bool:
+    """A Ready, schedulable node without NoSchedule taints (test pods can land there)."""
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (node.get("status") or {}).get("conditions") or [])
+    spec = node.get("spec") or {}
+    tainted = any(t.get("effect") in ("NoSchedule", "NoExecute") for t in spec.get("taints") or [])
+    return ready and not spec.get("unschedulable") and not tainted

@@ -1,0 +1,127 @@
+"""Pure pieces of the driver: request bodies, typed views, error mapping, request counts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from controlplane.worker.errors import RetryableActionError, TerminalActionError
+from drivers.kube import bodies, errors
+from drivers.kube.metrics import RequestCounter
+from drivers.kube.views import node_view, pod_view
+
+HOST = "kubernetes.io/hostname"
+
+
+def test_required_affinity_replaces_any_pin_to_the_old_node() -> None:
+    """nodeName, a hostname nodeSelector, hostname expressions and metadata.name fields
+    are removed; other constraints are kept and the target is ANDed into each term."""
+    spec = {
+        "nodeName": "old", "nodeSelector": {HOST: "old", "disk": "ssd"},
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": HOST, "operator": "In", "values": ["old"]},
+                                      {"key": "zone", "operator": "In", "values": ["a"]}]},
+                {"matchFields": [{"key": "metadata.name", "operator": "In",
+                                  "values": ["old"]}]}]}}},
+    }
+    out = bodies.require_node(spec, "new")
+    pin = {"key": HOST, "operator": "In", "values": ["new"]}
+    assert "nodeName" not in out
+    assert out["nodeSelector"] == {"disk": "ssd"}
+    terms = out["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]},
+                                           pin]},
+                     {"matchExpressions": [pin]}]
+    assert spec["nodeName"] == "old", "the template is not modified"
+
+
+def test_restore_pod_merges_action_metadata_over_the_template() -> None:
+    pod = bodies.restore_pod(
+        namespace="ns", name="p-restored",
+        template={"metadata": {"labels": {"app": "a", "tier": "x"}, "annotations": {"k": "1"},
+                               "uid": "old-uid"},
+                  "spec": {"containers": [{"name": "c", "image": "i"}]}},
+        node=None, annotations={"k": "2"}, labels={"app": "b"})
+    assert pod["metadata"] == {"name": "p-restored", "namespace": "ns",
+                               "labels": {"app": "b", "tier": "x"}, "annotations": {"k": "2"}}
+    assert "affinity" not in pod["spec"]
+
+
+def test_annotation_patch_carries_the_uid_precondition() -> None:
+    assert bodies.annotation_patch("u1", {"a": "1", "b": None}) == {
+        "metadata": {"uid": "u1", "annotations": {"a": "1", "b": None}}}
+
+
+def test_event_names_are_deterministic_per_action_key_and_valid() -> None:
+    first = bodies.event_name("pod-a", "m1/event/finished")
+    assert first == bodies.event_name("pod-a", "m1/event/finished")
+    assert first != bodies.event_name("pod-a", "m1/event/failed")
+    long = bodies.event_name("x" * 300, "k")
+    assert len(long) <= 253
+    assert long.startswith("x")
+    event = bodies.event_body(namespace="ns", name=first,
+                              involved={"kind": "Pod", "name": "pod-a", "uid": None},
+                              type_="Normal", reason="Done", message="ok", component="cp",
+                              at=datetime(2026, 1, 1, tzinfo=UTC))
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "name": "pod-a",
+                                       "namespace": "ns"}
+    assert event["firstTimestamp"] == "2026-01-01T00:00:00Z"
+    assert event["count"] == 1
+
+
+def test_views_keep_what_machines_decide_on() -> None:
+    pod = pod_view({"metadata": {"namespace": "ns", "name": "p", "uid": "u",
+                                 "resourceVersion": "7", "annotations": {"a": "1"},
+                                 "deletionTimestamp": "2026-01-01T00:00:00Z"},
+                    "spec": {"nodeName": "n1"},
+                    "status": {"phase": "Running", "conditions": [
+                        {"type": "Ready", "status": "True"}]}})
+    assert (pod.uid, pod.node, pod.phase, pod.ready, pod.deleting, pod.resource_version) == (
+        "u", "n1", "Running", True, True, "7")
+    assert pod_view({"metadata": {"name": "q"}}).phase == "Pending"
+    node = node_view({"metadata": {"name": "n1", "labels": {"a": "b"}},
+                      "spec": {"unschedulable": True},
+                      "status": {"conditions": [{"type": "Ready", "status": "False"}]}})
+    assert (node.ready, node.unschedulable, dict(node.labels)) == (False, True, {"a": "b"})
+
+
+def test_status_bodies_map_to_typed_errors() -> None:
+    def status(code: int, reason: str) -> dict[str, object]:
+        return {"kind": "Status", "code": code, "reason": reason, "message": "m"}
+
+    assert type(errors.from_status(409, status(409, "AlreadyExists"), verb="create",
+                                   path="/p")) is errors.ApiAlreadyExists
+    assert type(errors.from_status(409, status(409, "Conflict"), verb="update",
+                                   path="/p")) is errors.ApiConflict
+    assert type(errors.from_status(410, status(410, "Expired"), verb="watch",
+                                   path="/p")) is errors.ApiGone
+    assert type(errors.from_status(504, b"gateway", verb="get", path="/p")) is errors.ApiTimeout
+    assert type(errors.from_status(503, "", verb="get", path="/p")) is errors.ApiServerError
+    throttled = errors.from_status(429, status(429, "TooManyRequests"), verb="get", path="/p",
+                                   retry_after="3")
+    assert throttled.retry_after == 3.0
+    assert throttled.retryable
+
+
+def test_action_errors_keep_retryability_and_the_api_reason() -> None:
+    forbidden = errors.ApiForbidden("no", status=403, reason="Forbidden")
+    busy = errors.ApiServerError("busy", status=500, reason="InternalError")
+    terminal, retryable = errors.action_error(forbidden, "x"), errors.action_error(busy, "y")
+    assert isinstance(terminal, TerminalActionError)
+    assert terminal.error_class == "Forbidden"
+    assert isinstance(retryable, RetryableActionError)
+    assert retryable.error_class == "InternalError"
+
+
+def test_request_counts_by_verb_and_since_a_snapshot() -> None:
+    counter = RequestCounter()
+    counter.sent("list", "pods")
+    before = counter.snapshot()
+    counter.sent("patch", "pods")
+    counter.sent("patch", "pods")
+    counter.failed("patch", 409)
+    assert counter.since(before) == {"patch": 2}
+    assert counter.by_resource[("patch", "pods")] == 2
+    assert counter.errors["patch 409"] == 1
+    assert list(before) == ["get", "list", "watch", "create", "update", "patch", "delete"]
