@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from controlplane import logs
 from controlplane.cli import commands, demo
+from controlplane.cli import sim as sim_module
 from controlplane.errors import ControlPlaneError
 from controlplane.store.database import default_url
 
@@ -111,6 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
     wk.add_argument("--until-done", action="store_true",
                     help="exit once every machine is settled (terminal, its actions "
                     "performed, its lease released)")
+
+    sim = sub.add_parser("sim", help="run a simulated Kubernetes cluster on loopback")
+    simsub = sim.add_subparsers(dest="sim_verb", required=True, parser_class=_Parser,
+                                metavar="VERB")
+    up = simsub.add_parser("up", help="serve a simulated cluster on 127.0.0.1 until SIGTERM "
+                           "and write a kubeconfig for it")
+    up.add_argument("--nodes", type=_positive_int, default=3, help="Ready nodes (default 3)")
+    up.add_argument("--kubeconfig", default="var/sim-kubeconfig.yaml",
+                    help="where to write the kubeconfig (default var/sim-kubeconfig.yaml)")
+    up.add_argument("--port", type=int, default=0, help="port (default: any free one)")
+    up.set_defaults(handler=sim_module.sim_cmd)
 
     d = verb("demo", demo.demo_cmd, "run the engine end to end on the embedded default and "
              "print a history (under a minute)")

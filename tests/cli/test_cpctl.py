@@ -133,3 +133,31 @@ def test_help_explains_verbs_and_exit_codes() -> None:
     assert result.returncode == 0
     for word in ("submit", "history", "replay", "worker", "demo", "exit codes"):
         assert word in result.stdout
+
+
+def test_sim_up_serves_a_cluster_with_the_asked_nodes_until_sigterm(tmp_path: Path) -> None:
+    import signal
+    import urllib.request
+
+    kubeconfig = tmp_path / "kube.yaml"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controlplane.cli.main", "sim", "up", "--nodes", "2",
+         "--kubeconfig", str(kubeconfig)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # blocks until the server is up
+        assert "listening on http://127.0.0.1:" in line
+        url = line.split("listening on ")[1].split()[0]
+        assert url in kubeconfig.read_text()
+        with urllib.request.urlopen(f"{url}/api/v1/nodes", timeout=10) as resp:
+            nodes = json.loads(resp.read())["items"]
+        assert len(nodes) == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.communicate()  # drain and close the pipes
