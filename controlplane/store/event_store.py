@@ -23,19 +23,17 @@ from sqlalchemy import (
     Integer,
     String,
     bindparam,
-    column,
     delete,
     insert,
     select,
     update,
-    values,
 )
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.engine.decider import QUEUED, SUBMITTED, Action, Event
 from controlplane.engine.jsonvalue import JsonObject
-from controlplane.store import schema
+from controlplane.store import pg_batch, schema
 from controlplane.store.admission import LiveOperation, live_operations_txn, lock_admission_txn
 from controlplane.store.database import Database
 from controlplane.store.errors import (
@@ -181,16 +179,18 @@ async def commit_many_txn(
             outcomes.append(await _explain_refusal_txn(conn, r))
     # Only guarded-in machines get events: a refused one leaves no trace in the batch.
     if accepted:
-        await conn.execute(insert(schema.events), [
-            row for r in accepted
-            for row in _event_rows(r.machine_id, r.expected_version + 1, r.events, r.now,
-                                   r.worker_id)
-        ])
-        await conn.execute(insert(schema.decisions), [
-            {"machine_id": r.machine_id, "first_seq": r.expected_version + 1,
-             "cause": r.cause, "input": r.decision_input, "decided_at": r.now}
-            for r in accepted
-        ])
+        event_rows = [row for r in accepted
+                      for row in _event_rows(r.machine_id, r.expected_version + 1, r.events,
+                                             r.now, r.worker_id)]
+        decision_rows = [{"machine_id": r.machine_id, "first_seq": r.expected_version + 1,
+                          "cause": r.cause, "input": r.decision_input, "decided_at": r.now}
+                         for r in accepted]
+        if conn.dialect.name == "postgresql":
+            await pg_batch.insert_events(conn, event_rows)
+            await pg_batch.insert_decisions(conn, decision_rows)
+        else:
+            await conn.execute(insert(schema.events), event_rows)
+            await conn.execute(insert(schema.decisions), decision_rows)
         for r in accepted:
             if r.projection.wake_keys is not None:
                 await _replace_keys_txn(conn, r.machine_id, r.projection.wake_keys)
@@ -224,27 +224,14 @@ _COMMIT_COMMAND = update(m).where(*_SAME_VERSION).values(
 async def _update_leased_batch_txn(
     conn: AsyncConnection, requests: Sequence[CommitRequest]
 ) -> set[str]:
-    """``UPDATE machines ... FROM (VALUES ...) RETURNING id``: each row keeps its guard."""
-    v = values(
-        column("id", String), column("expected", Integer), column("token", String),
-        column("now", schema.UtcDateTime), column("version", Integer),
-        column("phase", String), column("state", schema.Json), column("terminal", Boolean),
-        column("pending", schema.Json), name="v",
-    ).data([
-        (r.machine_id, r.expected_version, r.lease.token if r.lease else "", r.now,
-         r.new_version, r.projection.phase, r.projection.state, r.projection.terminal,
-         [action_to_json(a) for a in r.outbox])
+    """One constant statement for the whole batch (PostgreSQL, see ``pg_batch``)."""
+    return await pg_batch.update_leased(conn, [
+        {"id": r.machine_id, "expected": r.expected_version,
+         "token": r.lease.token if r.lease else "", "now": r.now, "version": r.new_version,
+         "phase": r.projection.phase, "state": r.projection.state,
+         "terminal": r.projection.terminal, "pending": [action_to_json(a) for a in r.outbox]}
         for r in requests
     ])
-    stmt = (
-        update(m)
-        .where(m.c.id == v.c.id, m.c.version == v.c.expected, m.c.lease_token == v.c.token,
-               m.c.lease_expires_at > v.c.now)
-        .values(version=v.c.version, phase=v.c.phase, state=v.c.state,
-                terminal=v.c.terminal, updated_at=v.c.now, pending_actions=v.c.pending)
-        .returning(m.c.id)
-    )
-    return set((await conn.execute(stmt)).scalars())
 
 
 def _set_params(r: CommitRequest) -> dict[str, Any]:

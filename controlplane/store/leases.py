@@ -20,20 +20,16 @@ from sqlalchemy import (
     ColumnElement,
     Integer,
     Row,
-    String,
     and_,
     bindparam,
     case,
-    cast,
-    column,
     or_,
     select,
     update,
-    values,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from controlplane.store import schema
+from controlplane.store import pg_batch, schema
 from controlplane.store.database import Database
 from controlplane.store.errors import LeaseLost
 from controlplane.store.records import Claimed, Lease, MachineRecord
@@ -192,27 +188,12 @@ async def release_many_txn(
 async def _release_batch_txn(
     conn: AsyncConnection, requests: Sequence[ReleaseRequest]
 ) -> set[str]:
-    """One ``UPDATE ... FROM (VALUES ...)`` for a batch of releases (PostgreSQL)."""
-    v = values(
-        column("id", String), column("token", String), column("wake_seq", Integer),
-        column("now", UtcDateTime), column("wake_at", UtcDateTime), column("reset", Boolean),
-        name="v",
-    ).data([(r.lease.machine_id, r.lease.token, r.lease.wake_seq, r.now, r.wake_at,
-             r.reset_attempts) for r in requests])
-    # A column that is NULL in every row has no type in VALUES: cast where it is used.
-    wake_at = cast(v.c.wake_at, UtcDateTime)
-    stmt = (
-        update(m)
-        .where(m.c.id == v.c.id, m.c.lease_token == v.c.token)
-        .values(
-            lease_owner=None, lease_token=None, lease_expires_at=None, pending_actions=[],
-            next_wake_at=case((m.c.terminal.is_(True), None),
-                              (m.c.wake_seq != v.c.wake_seq, v.c.now), else_=wake_at),
-            attempts=case((v.c.reset.is_(True), 0), else_=m.c.attempts),
-        )
-        .returning(m.c.id)
-    )
-    return set((await conn.execute(stmt)).scalars())
+    """One constant statement for a batch of releases (PostgreSQL, see ``pg_batch``)."""
+    return await pg_batch.release(conn, [
+        {"id": r.lease.machine_id, "token": r.lease.token, "wake_seq": r.lease.wake_seq,
+         "now": r.now, "wake_at": r.wake_at, "reset": r.reset_attempts}
+        for r in requests
+    ])
 
 
 async def wake_by_key(db: Database, *, key: str, now: datetime) -> int:
