@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from controlplane.machines import protocol
 from drivers.kube.client import KubeObject
 
 HOSTNAME = "kubernetes.io/hostname"
@@ -66,7 +67,11 @@ def restore_pod(*, namespace: str, name: str, template: Mapping[str, Any], node:
     body_spec = require_node(spec, node) if node else {
         k: copy.deepcopy(v) for k, v in spec.items() if k != "nodeName"}
     merged_labels = {**_strings((meta or {}).get("labels")), **labels}
-    merged_annotations = {**_strings((meta or {}).get("annotations")), **annotations}
+    # A saved template may carry the source's protocol annotations (a capture request, a
+    # report, a restore-failure): they describe the old pod, never the new one.
+    inherited = {k: v for k, v in _strings((meta or {}).get("annotations")).items()
+                 if not k.startswith(protocol.PREFIX)}
+    merged_annotations = {**inherited, **annotations}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": merged_labels,
                          "annotations": merged_annotations},

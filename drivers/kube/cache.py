@@ -18,7 +18,10 @@
 The cache is :attr:`synced` once a list succeeded and while the watch is healthy; after
 a watch error or a 410, until a watch or list succeeds again, it is not, and readers
 must not trust an absence (the observer then reads through; see
-:mod:`drivers.kube.observer`). Called by :mod:`drivers.kube.driver`.
+:mod:`drivers.kube.observer`). :attr:`last_error` keeps the failure it is recovering
+from; :meth:`wait_synced` gives up at once, raising it, when the FIRST list is refused
+for a reason no retry fixes (unreachable server, 401, 403: see :data:`FATAL_AT_START`).
+Called by :mod:`drivers.kube.driver`.
 """
 
 from __future__ import annotations
@@ -32,13 +35,27 @@ from dataclasses import dataclass
 from controlplane.logs import get_logger
 from drivers.kube.client import KubeObject
 from drivers.kube.config import KubeSettings
-from drivers.kube.errors import ApiGone, KubeApiError, from_status
+from drivers.kube.errors import (
+    ApiForbidden,
+    ApiGone,
+    ApiUnauthorized,
+    ApiUnreachable,
+    KubeApiError,
+    from_status,
+)
 from drivers.kube.ratelimit import Monotonic, Sleep
 from drivers.kube.resources import CoreV1, Kind
 
 log = get_logger("drivers.kube.cache")
 
 ChangeHook = Callable[[KubeObject | None, KubeObject | None], None]
+
+#: Failures of the first list that end :meth:`WatchCache.wait_synced` at once. A
+#: control plane started against a wrong address or without RBAC should say so now,
+#: not after ``sync_timeout``; once synced, the same failures are retried with backoff
+#: (an API server restart must not take the driver down).
+FATAL_AT_START: tuple[type[KubeApiError], ...] = (ApiUnreachable, ApiUnauthorized,
+                                                   ApiForbidden)
 
 
 def object_key(obj: KubeObject) -> str:
@@ -81,6 +98,7 @@ class WatchCache:
         self.on_change = on_change
         self.stats = CacheStats()
         self.resource_version = ""
+        self.last_error: KubeApiError | None = None  # what it is recovering from, if anything
         self._objects: dict[str, KubeObject] = {}
         self._by_uid: dict[str, str] = {}
         self._listed = False
@@ -126,8 +144,22 @@ class WatchCache:
                                f"{limit_seconds}s") from None
 
     async def wait_synced(self, *, limit_seconds: float) -> None:
-        await self.wait_until(lambda: self.synced, limit_seconds=limit_seconds,
-                              what="first sync")
+        """Until synced; raises the first list's failure at once if it is fatal."""
+        def done() -> bool:
+            return self.synced or self._fatal() is not None
+        try:
+            await self.wait_until(done, limit_seconds=limit_seconds, what="first sync")
+        except TimeoutError as exc:
+            if self.last_error is not None:
+                raise TimeoutError(f"{exc}; last error: {self.last_error}") from self.last_error
+            raise
+        fatal = self._fatal()
+        if fatal is not None and not self.synced:
+            raise fatal
+
+    def _fatal(self) -> KubeApiError | None:
+        error = self.last_error
+        return error if not self._listed and isinstance(error, FATAL_AT_START) else None
 
     # --- running -------------------------------------------------------------------------
 
@@ -162,12 +194,14 @@ class WatchCache:
                 backoff = s.backoff_initial
             except ApiGone as exc:
                 self.stats.expired += 1
+                self.last_error = exc
                 self._set_health(False)
                 need_list = True
                 log.info("watch expired, relisting", resource=self.kind.plural, error=str(exc))
             except KubeApiError as exc:
                 self.stats.errors += 1
-                self._set_health(False)
+                self.last_error = exc
+                self._set_health(False, force_pulse=True)
                 log.warning("watch cache error, backing off", resource=self.kind.plural,
                             error=str(exc), backoff=backoff)
                 await self._sleep(backoff)
@@ -195,6 +229,7 @@ class WatchCache:
         self.stats.lists += 1
         self.stats.relists += relist
         self._listed = True
+        self.last_error = None
         self._set_health(True)
         for key in sorted(before.keys() | fresh.keys()):
             old, new = before.get(key), fresh.get(key)
@@ -209,6 +244,7 @@ class WatchCache:
                                   timeout_seconds=timeout_seconds, bookmarks=True) as events:
             self.stats.watches += 1
             self._healthy = True
+            self.last_error = None
             self._pulse_now()
             async for event in events:
                 self._apply(event)
@@ -220,7 +256,8 @@ class WatchCache:
             return
         if kind == "ERROR":
             raise from_status(int(obj.get("code") or 500), obj, verb="watch",
-                              path=self.kind.plural)
+                              path=self.kind.plural, resource=self.kind.plural,
+                              namespace=self.namespace)
         version = _version(obj)
         if kind == "BOOKMARK":
             self.stats.bookmarks += 1
@@ -259,8 +296,9 @@ class WatchCache:
         except Exception as exc:  # a hook's bug must not stop the cache
             log.error("watch cache hook failed", resource=self.kind.plural, error=repr(exc))
 
-    def _set_health(self, healthy: bool) -> None:
-        if healthy != self._healthy:
+    def _set_health(self, healthy: bool, *, force_pulse: bool = False) -> None:
+        # force_pulse: a failure is news to wait_synced even when health did not change.
+        if healthy != self._healthy or force_pulse:
             self._healthy = healthy
             self._pulse_now()
 

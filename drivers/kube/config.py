@@ -4,7 +4,9 @@
 order: an explicit kubeconfig path (and optional context); in-cluster service-account
 config when asked or when ``KUBERNETES_SERVICE_HOST`` is set and no kubeconfig was
 named; otherwise ``$KUBECONFIG`` / ``~/.kube/config``. It returns the kubeconfig loader
-too, so exec-plugin and GCP tokens can be refreshed in the background.
+too, so exec-plugin and GCP tokens can be refreshed in the background. A kubeconfig that
+does not exist, or cannot be read, is a :class:`KubeConfigError` naming the file, where
+its name came from, and what to pass instead.
 
 :class:`KubeSettings` holds the driver's knobs (rate limit, timeouts, watch and resync
 periods, scope, delete grace period). Called by :mod:`drivers.kube.driver` and tests.
@@ -78,7 +80,11 @@ async def load_configuration(*, kubeconfig: str | None = None, context: str | No
                                   hint="run inside a pod with a service account, or pass "
                                        "--kubeconfig") from exc
         return Loaded(configuration, None, "in-cluster")
-    path = kubeconfig or env.get("KUBECONFIG") or _default_kubeconfig()
+    path, origin = _kubeconfig_path(kubeconfig, env)
+    if not _exists(path):
+        raise KubeConfigError(f"kubeconfig {path} ({origin}) does not exist",
+                              hint="pass --kubeconfig PATH (and --context) or set KUBECONFIG "
+                                   "to an existing file")
     try:
         loader = await load_kube_config(config_file=path, context=context,
                                         client_configuration=configuration,
@@ -91,5 +97,16 @@ async def load_configuration(*, kubeconfig: str | None = None, context: str | No
     return Loaded(configuration, loader, where)
 
 
-def _default_kubeconfig() -> str:
-    return os.path.expanduser("~/.kube/config")
+def _exists(path: str) -> bool:
+    """Whether any file of a ``KUBECONFIG``-style list exists (a stat each: the loader
+    then reads the file synchronously anyway)."""
+    return any(os.path.exists(os.path.expanduser(p)) for p in path.split(os.pathsep) if p)
+
+
+def _kubeconfig_path(explicit: str | None, env: Mapping[str, str]) -> tuple[str, str]:
+    """The kubeconfig to read and where its name came from (for the error message)."""
+    if explicit:
+        return explicit, "as given"
+    if env.get("KUBECONFIG"):
+        return env["KUBECONFIG"], "from $KUBECONFIG"
+    return os.path.expanduser("~/.kube/config"), "the default"

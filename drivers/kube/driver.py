@@ -35,7 +35,7 @@ from drivers.kube.client import KubeClient, KubeObject
 from drivers.kube.config import KubeSettings, load_configuration
 from drivers.kube.handlers import PodActions
 from drivers.kube.metrics import RequestCounter
-from drivers.kube.observer import KubeObserver
+from drivers.kube.observer import KubeObserver, ReadThroughObserver
 from drivers.kube.ratelimit import TokenBucket
 from drivers.kube.resources import NODES, PODS, CoreV1
 from drivers.kube.wakes import PodChangeCallback, WakeDispatcher
@@ -57,6 +57,8 @@ class KubeDriver:
                                label_selector=s.pod_label_selector, on_change=self._pod_changed)
         self.nodes = WatchCache(self.api, NODES, settings=s)
         self.observer = KubeObserver(self.api, pods=self.pods, nodes=self.nodes)
+        #: For submissions: reads the API server, never the (possibly lagging) cache.
+        self.fresh_observer = ReadThroughObserver(self.observer)
         self.actions = PodActions(self.api, clock=clock,
                                   delete_grace_seconds=s.delete_grace_seconds,
                                   component=s.event_component)

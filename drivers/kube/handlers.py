@@ -8,8 +8,10 @@ action                      request, and what counts as done
                             ``metadata.uid`` (the name now belongs to another pod, which
                             must NOT be patched: UID provenance, safety gate 4)
 ``DeletePod``               DELETE with ``preconditions.uid`` (+ ``gracePeriodSeconds`` if
-                            configured); done: accepted, 404, or 409 (the pod with that
-                            UID is gone; a same-named newcomer is untouched)
+                            configured); done: accepted, 404, or 409 on the UID
+                            precondition (the pod with that UID is gone; a same-named
+                            newcomer is untouched). Any other 409 (a conflict storm) is
+                            checked with one GET: done if that UID is gone, else retryable
 ``CreatePod``               POST of the deterministic name with REQUIRED node affinity;
                             done: created, or 409 ``AlreadyExists``
 ``EmitEvent``               POST of a core/v1 Event named from the action key; done:
@@ -75,6 +77,16 @@ def uid_mismatch(exc: KubeApiError) -> bool:
         any(c.get("field") == "metadata.uid" for c in exc.causes()) or "metadata.uid" in str(exc))
 
 
+def uid_precondition_failed(exc: KubeApiError) -> bool:
+    """A 409 because ``preconditions.uid`` named another pod than the one there now.
+
+    A real API server says ``Operation cannot be fulfilled on pods "x": Precondition
+    failed: UID in precondition: <a>, UID in object meta: <b>`` (pinned by the contract
+    suite); other 409s on DELETE are transient conflicts.
+    """
+    return isinstance(exc, ApiConflict) and "Precondition failed: UID in precondition" in str(exc)
+
+
 class PodActions:
     """The five handlers over one :class:`CoreV1`; :meth:`handlers` maps type -> handler."""
 
@@ -128,10 +140,23 @@ class PodActions:
                                   grace_period_seconds=self.delete_grace_seconds)
         except ApiNotFound:
             return
-        except ApiConflict:
-            log.info("pod with that uid is gone; a newcomer is untouched", key=action.key)
+        except ApiConflict as exc:
+            if uid_precondition_failed(exc) or not await self._still_there(namespace, name, uid):
+                log.info("pod with that uid is gone; a newcomer is untouched", key=action.key)
+                return
+            raise action_error(exc, f"DeletePod {namespace}/{name} (uid {uid})") from exc
         except KubeApiError as exc:
             raise action_error(exc, f"DeletePod {namespace}/{name} (uid {uid})") from exc
+
+    async def _still_there(self, namespace: str, name: str, uid: str) -> bool:
+        """Whether the pod with ``uid`` still exists; when unsure, assume it does."""
+        try:
+            current = await self.api.get(PODS, name, namespace=namespace)
+        except ApiNotFound:
+            return False
+        except KubeApiError:
+            return True  # the caller retries; claiming "deleted" unproven is never safe
+        return str((current.get("metadata") or {}).get("uid") or "") == uid
 
     async def create_pod(self, action: Action, /) -> None:
         namespace, name = _text(action, "namespace"), _text(action, "name")

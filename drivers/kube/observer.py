@@ -71,6 +71,19 @@ class KubeObserver:
         found = await self._read(NODES, name, None)
         return found if found is None or isinstance(found, ProbeError) else node_view(found)
 
+    async def read_pod(self, key: str) -> PodFact:
+        """The pod as the API server has it now (no cache)."""
+        namespace, sep, name = key.partition("/")
+        if not sep or not namespace or not name:
+            return ProbeError("BadKey", f"pod key {key!r} is not namespace/name", False)
+        found = await self._read(PODS, name, namespace)
+        return found if found is None or isinstance(found, ProbeError) else pod_view(found)
+
+    async def read_node(self, name: str) -> NodeFact:
+        """The node as the API server has it now (no cache)."""
+        found = await self._read(NODES, name, None)
+        return found if found is None or isinstance(found, ProbeError) else node_view(found)
+
     async def _read(self, kind: Kind, name: str,
                     namespace: str | None) -> dict[str, object] | ProbeError | None:
         try:
@@ -79,3 +92,23 @@ class KubeObserver:
             return None
         except KubeApiError as exc:
             return probe_error(exc)
+
+
+class ReadThroughObserver:
+    """Pods and nodes read from the API server every time, never from a cache.
+
+    For decisions that must not rest on a cache that may lag the server by a watch
+    event: refusing a submission as "unknown pod" because the pod was created a moment
+    ago would be wrong. Machines use :class:`KubeObserver` (no request per machine per
+    tick); submission uses this one (a few requests per submission).
+    """
+
+    def __init__(self, observer: KubeObserver) -> None:
+        self._observer = observer
+
+    async def observe(self, interests: Interests) -> Observation:
+        pods = {key: await self._observer.read_pod(key) for key in sorted(interests.pods)}
+        nodes = {name: await self._observer.read_node(name)
+                 for name in sorted(interests.nodes)}
+        tags: dict[str, TagFact] = {ref: NO_REGISTRY for ref in interests.tags}
+        return Observation(pods=pods, tags=tags, nodes=nodes)

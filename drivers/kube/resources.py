@@ -67,7 +67,7 @@ class CoreV1:
 
     async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> KubeObject:
         return await self.client.request("get", "GET", path(kind, namespace, name),
-                                         resource=kind.plural)
+                                         resource=kind.plural, namespace=namespace)
 
     async def list_page(self, kind: Kind, *, namespace: str | None = None,
                         label_selector: str | None = None, field_selector: str | None = None,
@@ -78,7 +78,7 @@ class CoreV1:
         if continue_:
             query.append(("continue", continue_))
         return await self.client.request("list", "GET", path(kind, namespace),
-                                         resource=kind.plural, query=query)
+                                         resource=kind.plural, namespace=namespace, query=query)
 
     async def list_all(self, kind: Kind, *, namespace: str | None = None,
                        label_selector: str | None = None, field_selector: str | None = None,
@@ -110,20 +110,20 @@ class CoreV1:
         if bookmarks:
             query.append(("allowWatchBookmarks", "true"))
         return self.client.stream(path(kind, namespace), resource=kind.plural, query=query,
-                                  idle_timeout=timeout_seconds + 30.0)
+                                  idle_timeout=timeout_seconds + 30.0, namespace=namespace)
 
     async def create(self, kind: Kind, body: KubeObject, *,
                      namespace: str | None = None) -> KubeObject:
         return await self.client.request("create", "POST", path(kind, namespace),
-                                         resource=kind.plural, body=body)
+                                         resource=kind.plural, namespace=namespace, body=body)
 
     async def patch(self, kind: Kind, name: str, body: object, *, namespace: str | None = None,
                     patch_type: str = STRATEGIC_MERGE,
                     subresource: str | None = None) -> KubeObject:
         return await self.client.request("patch", "PATCH",
                                          path(kind, namespace, name, subresource),
-                                         resource=kind.plural, body=body,
-                                         content_type=patch_type)
+                                         resource=kind.plural, namespace=namespace,
+                                         body=body, content_type=patch_type)
 
     async def delete(self, kind: Kind, name: str, *, namespace: str | None = None,
                      uid: str | None = None, grace_period_seconds: int | None = None,
@@ -135,4 +135,5 @@ class CoreV1:
         if grace_period_seconds is not None:
             options["gracePeriodSeconds"] = grace_period_seconds
         return await self.client.request("delete", "DELETE", path(kind, namespace, name),
-                                         resource=kind.plural, body=options)
+                                         resource=kind.plural, namespace=namespace,
+                                         body=options)

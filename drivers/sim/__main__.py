@@ -1,8 +1,10 @@
 """``python -m drivers.sim up --nodes 3 --kubeconfig PATH``: run the simulator as a process.
 
 Starts a :class:`~drivers.sim.cluster.SimCluster` on loopback, writes a kubeconfig
-pointing at it (if asked), prints one line saying where it listens, and runs until
-SIGTERM or SIGINT. Called by operators, demos and the process-level tests.
+pointing at it (if asked), installs the standing faults of ``--fault`` flags (see
+:mod:`drivers.sim.faultspec`; ``--seed`` fixes their random sequence), prints one line
+saying where it listens, and runs until SIGTERM or SIGINT. Called by operators, demos,
+fault campaigns, ``cpctl sim up`` and the process-level tests.
 """
 
 from __future__ import annotations
@@ -13,7 +15,15 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from drivers.sim import faultspec
 from drivers.sim.cluster import SimCluster
+
+
+def _fault(text: str) -> faultspec.FaultSpec:
+    try:
+        return faultspec.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -30,6 +40,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="how long a scheduled pod takes to become Running (default 0)")
     up.add_argument("--stop-seconds", type=float, default=0.0,
                     help="how long a deleted pod takes to stop, capped by its grace period")
+    up.add_argument("--fault", type=_fault, action="append", default=[], metavar="SPEC",
+                    help="a standing fault, e.g. error,verb=patch,rate=0.1,code=503 or "
+                         "latency,seconds=0.05 or drop-watches,rate=0.01 or "
+                         "conflicts,name=app,seconds=30 or forbid,verb=delete,resource=pods "
+                         "(repeatable; see docs/simulator.md)")
+    up.add_argument("--seed", type=int, default=0,
+                    help="seed of the faults' random sequence (default 0)")
     return parser.parse_args(argv)
 
 
@@ -40,8 +57,12 @@ async def serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     async with SimCluster(nodes=args.nodes, port=args.port, node_cpu=args.node_cpu,
                           node_memory=args.node_memory, start_seconds=args.start_seconds,
-                          stop_seconds=args.stop_seconds) as cluster:
+                          stop_seconds=args.stop_seconds, seed=args.seed) as cluster:
+        for spec in args.fault:
+            spec.install(cluster.faults)
         where = f"simulated cluster listening on {cluster.url} ({args.nodes} nodes)"
+        if args.fault:
+            where += f", {len(args.fault)} standing fault(s), seed {args.seed}"
         if args.kubeconfig:
             path = cluster.write_kubeconfig(args.kubeconfig)
             where += f"; kubeconfig: {path}"

@@ -10,7 +10,8 @@ Test conveniences act on the store directly (not counted as API requests): pods
 (:meth:`create_pod`, :meth:`pod`), the simulated workload state (:meth:`set_marker`,
 :meth:`marker`: the ``sim.controlplane.dev/marker`` annotation a migration must carry
 over), node operations (:meth:`fail_node`, :meth:`drain`...), fault hooks
-(:attr:`faults`) and :meth:`wait_for` (await a condition on store changes, no polling).
+(:attr:`faults`), :meth:`wait_for` (await a condition on store changes, no polling) and
+:meth:`settle` (run the kubelets until quiescent, when transitions take no time).
 
 Called by tests, demos, benchmarks and ``python -m drivers.sim up``.
 """
@@ -44,7 +45,8 @@ class SimCluster:
                  port: int = 0, node_cpu: str = "4", node_memory: str = "8Gi",
                  namespaces: Sequence[str] = ("default", "kube-system"),
                  start_seconds: float = 0.0, stop_seconds: float = 0.0,
-                 bookmark_seconds: float = 30.0, history_limit: int = 100_000) -> None:
+                 bookmark_seconds: float = 30.0, history_limit: int = 100_000,
+                 seed: int = 0) -> None:
         if host not in ("127.0.0.1", "::1", "localhost"):
             raise ValueError("the simulator serves loopback only")
         self.node_names = ([f"node-{i}" for i in range(1, nodes + 1)] if isinstance(nodes, int)
@@ -52,7 +54,7 @@ class SimCluster:
         self.host, self._port = host, port
         self.store = Store(history_limit=history_limit)
         self.hub = WatchHub(self.store, bookmark_seconds=bookmark_seconds)
-        self.faults = Faults(self.store, self.hub)
+        self.faults = Faults(self.store, self.hub, seed=seed)
         self.server = SimServer(self.store, self.hub, self.faults)
         self.kubelets = Kubelets(self.store, start_seconds=start_seconds,
                                  stop_seconds=stop_seconds)
@@ -177,6 +179,10 @@ class SimCluster:
             raise TimeoutError(f"{what} not reached within {limit_seconds}s") from None
         finally:
             unsubscribe()
+
+    def settle(self) -> int:
+        """Run the scheduler and kubelets until nothing changes (see ``Kubelets.settle``)."""
+        return self.kubelets.settle()
 
     def fail_node(self, name: str) -> Obj:
         return self.kubelets.fail_node(name)

@@ -1,22 +1,43 @@
 """Fault injection for the simulated API server: the hooks fault campaigns and tests use.
 
+One-shot faults, for tests that need one failure at one point:
+
 - :meth:`Faults.fail_next`: the next ``times`` requests of a verb (``get``, ``list``,
-  ``watch``, ``create``, ``update``, ``patch``, ``delete`` or ``*``), optionally of one
-  resource (``pods``...), are answered with a ``Status`` error of ``code`` (409, 429 with
-  ``Retry-After``, 500, 403...) instead of being served; ``times=None``: until
-  :meth:`Faults.clear`.
-- :meth:`Faults.delay_next`: the next requests wait ``seconds`` before being served (to
-  exercise client timeouts; the wait ends early when the server stops).
+  ``watch``, ``create``, ``update``, ``patch``, ``delete``, ``deletecollection`` or ``*``),
+  optionally of one resource, namespace or object, are answered with a ``Status`` error
+  of ``code`` instead of being served; ``times=None``: until :meth:`Faults.clear`.
+- :meth:`Faults.delay_next`: the next requests wait ``seconds`` before being served.
 - :meth:`Faults.drop_watches` ends every open watch (``abrupt=True`` cuts the connection),
   :meth:`Faults.expire_watches` sends them ``ERROR 410 Expired``, :meth:`Faults.compact`
   forgets the change history so resuming from an older ``resourceVersion`` gets 410.
 
-Rules are matched in the order they were added; each match consumes one use. Called by
-the server's middleware (:meth:`take`) and by tests through ``SimCluster.faults``.
+Standing faults, for reliability campaigns (until :meth:`Faults.clear` or
+:meth:`Faults.remove`):
+
+- :meth:`Faults.error_rate`: each matching request fails with probability ``rate``;
+- :meth:`Faults.latency`: each matching request waits ``seconds`` (+ up to ``jitter``);
+- :meth:`Faults.drop_watch_rate`: after each event a watch sends, the stream ends with
+  probability ``rate``;
+- :meth:`Faults.conflict_storm`: writes (to one object, or to every object of a resource)
+  get ``409 Conflict`` for ``times`` requests and/or ``seconds``;
+- :meth:`Faults.forbid`: a request the RBAC of a real cluster would refuse (403, with
+  the real server's message).
+
+Randomness comes from one ``random.Random(seed)``, so a campaign replays exactly when its
+requests arrive in the same order; time windows read an injectable ``clock``. A request
+takes at most one delay rule and one error rule, each the first that hits in the order
+added; each hit uses one of the rule's ``times``. ``injected`` counts what was injected.
+Called by the server's middleware (:meth:`Faults.take`), the watch streams
+(:meth:`Faults.watch_interrupt`), ``python -m drivers.sim up --fault`` (see
+:mod:`drivers.sim.faultspec`) and tests through ``SimCluster.faults``.
 """
 
 from __future__ import annotations
 
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from drivers.sim.objects import REASONS, ApiError
@@ -24,73 +45,218 @@ from drivers.sim.store import Store
 from drivers.sim.watch import WatchHub
 
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+WRITES = ("update", "patch", "delete")
+SERVICE_ACCOUNT = "system:serviceaccount:default:controlplane"
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one API request names (the server's middleware builds it)."""
+
+    verb: str
+    resource: str
+    namespace: str | None = None
+    name: str | None = None
 
 
 @dataclass
 class Rule:
-    """One injected fault: which requests it hits, what they get, how many times more."""
+    """One injected fault: which requests it hits, what they get, how long it lasts."""
 
-    verb: str
+    verbs: tuple[str, ...]  # ("*",) for every verb
     resource: str | None
-    remaining: int | None
-    code: int = 0  # 0: serve normally (after ``delay``)
+    remaining: int | None  # None: no count limit
+    namespace: str | None = None
+    name: str | None = None
+    code: int = 0  # 0: serve normally (after the delay)
     reason: str | None = None
     message: str = ""
     retry_after: int | None = None
     delay: float = 0.0
+    jitter: float = 0.0
+    rate: float = 1.0  # probability that a matching request is hit
+    until: float | None = None  # on the faults' clock; None: no deadline
+    user: str = SERVICE_ACCOUNT  # who a 403 says was refused
 
-    def hits(self, verb: str, resource: str) -> bool:
-        return (self.verb in ("*", verb) and self.resource in (None, resource)
-                and (self.remaining is None or self.remaining > 0))
+    def matches(self, request: Request, now: float) -> bool:
+        return ("*" in self.verbs or request.verb in self.verbs) and \
+            self.resource in (None, request.resource) and \
+            self.namespace in (None, request.namespace) and \
+            self.name in (None, request.name) and self.live(now)
 
-    def error(self) -> ApiError | None:
+    def live(self, now: float) -> bool:
+        return (self.remaining is None or self.remaining > 0) and \
+            (self.until is None or now < self.until)
+
+    def error(self, request: Request) -> ApiError | None:
+        """The refusal for ``request``, worded as a real API server words it."""
         if not self.code:
             return None
         reason = self.reason or REASONS.get(self.code, "Unknown")
-        return ApiError(self.code, self.message or f"injected fault: {reason}", reason=reason,
-                        retry_after=self.retry_after)
+        details = {"kind": request.resource, **({"name": request.name} if request.name else {})}
+        message = self.message
+        if not message and self.code == 403:
+            message = forbidden_message(request, self.user)
+        elif not message and self.code == 409 and reason == "Conflict":
+            message = (f'Operation cannot be fulfilled on {request.resource} '
+                       f'"{request.name or ""}": the object has been modified; please apply '
+                       "your changes to the latest version and try again")
+        return ApiError(self.code, message or f"injected fault: {reason}", reason=reason,
+                        retry_after=self.retry_after, details=details)
+
+
+def forbidden_message(request: Request, user: str) -> str:
+    """A real API server's RBAC refusal (``pods "x" is forbidden: User ... cannot ...``)."""
+    subject = f'{request.resource} "{request.name}"' if request.name else request.resource
+    where = f'in the namespace "{request.namespace}"' if request.namespace else \
+        "at the cluster scope"
+    return (f'{subject} is forbidden: User "{user}" cannot {request.verb} resource '
+            f'"{request.resource}" in API group "" {where}')
+
+
+@dataclass(frozen=True)
+class Hit:
+    """What the middleware does to one request: wait ``delay``, then fail with ``error``."""
+
+    delay: float = 0.0
+    error: ApiError | None = None
 
 
 class Faults:
     """The fault hooks of one simulated cluster."""
 
-    def __init__(self, store: Store, hub: WatchHub) -> None:
+    def __init__(self, store: Store, hub: WatchHub, *, seed: int = 0,
+                 clock: Clock = time.monotonic) -> None:
         self._store = store
         self._hub = hub
+        self.clock = clock
+        self.rng = random.Random(seed)
         self.rules: list[Rule] = []
+        self.watch_drop: tuple[float, bool] = (0.0, False)  # (rate, abrupt)
+        self.injected: Counter[str] = Counter()  # "error 409", "delay", "watch drop"...
+        hub.interrupt = self.watch_interrupt
 
-    def fail_next(self, verb: str, *, times: int | None = 1, code: int = 500,
-                  resource: str | None = None, reason: str | None = None, message: str = "",
+    def seed(self, seed: int) -> None:
+        """Restart the random sequence (a campaign replays from here)."""
+        self.rng.seed(seed)
+
+    # --- one-shot --------------------------------------------------------------------
+
+    def fail_next(self, verb: str | Sequence[str], *, times: int | None = 1, code: int = 500,
+                  resource: str | None = None, namespace: str | None = None,
+                  name: str | None = None, reason: str | None = None, message: str = "",
                   retry_after: int | None = None) -> Rule:
         """Answer the next ``times`` matching requests with a ``code`` Status error."""
-        _check_verb(verb)
         if code == 429 and retry_after is None:
             retry_after = 1
-        rule = Rule(verb, resource, times, code=code, reason=reason, message=message,
-                    retry_after=retry_after)
-        self.rules.append(rule)
-        return rule
+        return self._add(Rule(check_verbs(verb), resource, times, namespace=namespace, name=name,
+                              code=code, reason=reason, message=message,
+                              retry_after=retry_after))
 
-    def delay_next(self, verb: str, seconds: float, *, times: int | None = 1,
+    def delay_next(self, verb: str | Sequence[str], seconds: float, *, times: int | None = 1,
                    resource: str | None = None) -> Rule:
         """Hold the next ``times`` matching requests ``seconds`` before serving them."""
-        _check_verb(verb)
-        rule = Rule(verb, resource, times, delay=seconds)
-        self.rules.append(rule)
+        return self._add(Rule(check_verbs(verb), resource, times, delay=seconds))
+
+    # --- standing (campaigns) --------------------------------------------------------
+
+    def error_rate(self, verb: str | Sequence[str], rate: float, *, code: int = 500,
+                   resource: str | None = None, namespace: str | None = None,
+                   reason: str | None = None, message: str = "",
+                   retry_after: int | None = None) -> Rule:
+        """Fail each matching request with probability ``rate`` (seeded, reproducible)."""
+        rule = self.fail_next(verb, times=None, code=code, resource=resource,
+                              namespace=namespace, reason=reason, message=message,
+                              retry_after=retry_after)
+        rule.rate = check_rate(rate)
         return rule
 
-    def clear(self) -> None:
-        self.rules.clear()
+    def latency(self, verb: str | Sequence[str], seconds: float, *, jitter: float = 0.0,
+                resource: str | None = None) -> Rule:
+        """Every matching request waits ``seconds`` plus a uniform share of ``jitter``."""
+        if seconds < 0 or jitter < 0:
+            raise ValueError("latency and jitter must not be negative")
+        rule = self.delay_next(verb, seconds, times=None, resource=resource)
+        rule.jitter = jitter
+        return rule
 
-    def take(self, verb: str, resource: str) -> Rule | None:
-        """The first rule hitting this request, with one use consumed (server middleware)."""
+    def conflict_storm(self, resource: str = "pods", *, namespace: str | None = None,
+                       name: str | None = None, times: int | None = None,
+                       seconds: float | None = None,
+                       verbs: Sequence[str] = WRITES) -> Rule:
+        """``409 Conflict`` on writes to ``name`` (or any object of ``resource``) for the
+        next ``times`` writes and/or ``seconds`` of the clock, whichever ends first."""
+        if times is None and seconds is None:
+            raise ValueError("a conflict storm needs times= or seconds= (or both)")
+        rule = self.fail_next(tuple(verbs), times=times, code=409, resource=resource,
+                              namespace=namespace, name=name, reason="Conflict")
+        if seconds is not None:
+            rule.until = self.clock() + seconds
+        return rule
+
+    def forbid(self, verb: str | Sequence[str], resource: str, *,
+               namespace: str | None = None, user: str = SERVICE_ACCOUNT) -> Rule:
+        """Refuse ``verb`` on ``resource`` as a real cluster's RBAC would (403)."""
+        rule = self.fail_next(verb, times=None, code=403, resource=resource,
+                              namespace=namespace, reason="Forbidden")
+        rule.user = user
+        return rule
+
+    def drop_watch_rate(self, rate: float, *, abrupt: bool = False) -> None:
+        """After each event a watch sends, end the stream with probability ``rate``
+        (``abrupt``: cut the connection, losing what was in flight). 0 turns it off."""
+        self.watch_drop = (check_rate(rate), abrupt)
+
+    def remove(self, rule: Rule) -> None:
+        if rule in self.rules:
+            self.rules.remove(rule)
+
+    def clear(self) -> None:
+        """Remove every rule and the watch drop rate."""
+        self.rules.clear()
+        self.watch_drop = (0.0, False)
+
+    # --- applied by the server ---------------------------------------------------------
+
+    def take(self, request: Request) -> Hit:
+        """What to do to ``request``: at most one delay and one error rule apply."""
+        now = self.clock()
+        delay: Rule | None = None
+        error: Rule | None = None
         for rule in self.rules:
-            if rule.hits(verb, resource):
-                if rule.remaining is not None:
-                    rule.remaining -= 1
-                self.rules = [r for r in self.rules if r.remaining != 0]
-                return rule
-        return None
+            if (rule.code and error is not None) or (not rule.code and delay is not None):
+                continue
+            if not rule.matches(request, now):
+                continue
+            if rule.rate < 1.0 and self.rng.random() >= rule.rate:
+                continue
+            if rule.remaining is not None:
+                rule.remaining -= 1
+            if rule.code:
+                error = rule
+            else:
+                delay = rule
+        self.rules = [r for r in self.rules if r.live(now)]
+        seconds = 0.0
+        if delay is not None:
+            seconds = delay.delay + (self.rng.uniform(0.0, delay.jitter) if delay.jitter else 0.0)
+            self.injected["delay"] += 1
+        refusal = None if error is None else error.error(request)
+        if refusal is not None:
+            self.injected[f"error {refusal.code}"] += 1
+        return Hit(seconds, refusal)
+
+    def watch_interrupt(self) -> str | None:
+        """After a watch event: ``"drop"``/``"cut"`` to end the stream, or ``None``."""
+        rate, abrupt = self.watch_drop
+        if rate <= 0.0 or self.rng.random() >= rate:
+            return None
+        self.injected["watch drop"] += 1
+        return "cut" if abrupt else "drop"
+
+    # --- watches and history -----------------------------------------------------------
 
     def drop_watches(self, *, abrupt: bool = False) -> int:
         """End every open watch stream; returns how many."""
@@ -108,7 +274,22 @@ class Faults:
         """A ``BOOKMARK`` now on every watch that allows them (not a fault; a nudge)."""
         return self._hub.send_bookmarks()
 
+    def _add(self, rule: Rule) -> Rule:
+        self.rules.append(rule)
+        return rule
 
-def _check_verb(verb: str) -> None:
-    if verb != "*" and verb not in VERBS:
-        raise ValueError(f"unknown verb {verb!r}: one of {', '.join(VERBS)} or '*'")
+
+def check_verbs(verb: str | Sequence[str]) -> tuple[str, ...]:
+    """``verb`` as a tuple of known verbs (or ``*``); ``ValueError`` otherwise."""
+    verbs = (verb,) if isinstance(verb, str) else tuple(verb)
+    for v in verbs:
+        if v != "*" and v not in VERBS:
+            raise ValueError(f"unknown verb {v!r}: one of {', '.join(VERBS)} or '*'")
+    return verbs
+
+
+def check_rate(rate: float) -> float:
+    """``rate`` if it is a probability; ``ValueError`` otherwise."""
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"a rate is a probability in [0, 1], got {rate}")
+    return rate

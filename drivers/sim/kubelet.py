@@ -82,6 +82,20 @@ class Kubelets:
             except Exception as exc:  # one bad object must not stop every kubelet
                 log.error("simulated kubelets: reconcile failed", error=repr(exc))
 
+    def settle(self, *, max_passes: int = 50) -> int:
+        """Reconcile until a pass writes nothing; returns the passes that wrote.
+
+        With ``start_seconds`` and ``stop_seconds`` at 0 every transition happens within a
+        pass, so afterwards the cluster is quiescent: tests compare against a still world
+        without waiting. (Timed transitions still happen later, on their timers.)
+        """
+        for done in range(max_passes):
+            before = self.store.rv
+            self.reconcile()
+            if self.store.rv == before:
+                return done
+        raise RuntimeError(f"the simulated kubelets did not settle in {max_passes} passes")
+
     # --- the loop ------------------------------------------------------------------------
 
     def reconcile(self) -> None:

@@ -29,7 +29,7 @@ from aiohttp import web
 
 from controlplane.logs import get_logger
 from drivers.sim import selectors
-from drivers.sim.faults import Faults
+from drivers.sim.faults import Faults, Request
 from drivers.sim.objects import RESOURCES, ApiError, Obj, Resource, meta
 from drivers.sim.store import Store
 from drivers.sim.watch import WatchHub, stream, stream_error
@@ -148,14 +148,13 @@ class SimServer:
             verb = verb_of(request.method, target, _flag(query.get("watch")))
             self.requests[verb] += 1
             self.requests_by_resource[(verb, target.resource.plural)] += 1
-            rule = self.faults.take(verb, target.resource.plural)
-            if rule is not None:
-                if rule.delay > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.closing.wait(), rule.delay)
-                error = rule.error()
-                if error is not None:
-                    raise error
+            hit = self.faults.take(Request(verb, target.resource.plural, target.namespace,
+                                           target.name))
+            if hit.delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.closing.wait(), hit.delay)
+            if hit.error is not None:
+                raise hit.error
             if query.get("dryRun"):
                 raise ApiError(400, "dryRun is not supported by the simulator")
             return await self._serve(request, target, verb)

@@ -13,8 +13,10 @@ newline-delimited JSON events (``ADDED``, ``MODIFIED``, ``DELETED``, ``BOOKMARK`
   ``ERROR`` carrying a ``410 Expired`` Status when the history lost them;
 - ``allowWatchBookmarks=true``: a ``BOOKMARK`` every ``bookmark_seconds`` and before a
   ``timeoutSeconds`` close, carrying only ``metadata.resourceVersion``;
-- fault hooks: :meth:`WatchHub.drop` (end every stream, or cut the connection) and
-  :meth:`WatchHub.expire` (an ``ERROR 410`` on every stream, then close).
+- fault hooks: :meth:`WatchHub.drop` (end every stream, or cut the connection),
+  :meth:`WatchHub.expire` (an ``ERROR 410`` on every stream, then close), and
+  :attr:`WatchHub.interrupt`, asked after every event sent whether to end that stream
+  (the fault layer's random watch drops; see :mod:`drivers.sim.faults`).
 
 Called by :mod:`drivers.sim.server`.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -77,6 +80,8 @@ class WatchHub:
         self.store = store
         self.bookmark_seconds = bookmark_seconds
         self.watches: set[Watch] = set()
+        # After each event sent: None to go on, "drop" to end the stream, "cut" to cut it.
+        self.interrupt: Callable[[], str | None] = lambda: None
         self._unsubscribe = store.subscribe(self._fan_out)
 
     def _fan_out(self, change: Change) -> None:
@@ -185,6 +190,12 @@ async def stream(request: web.Request, hub: WatchHub, watch: Watch, *,
                     return response
                 break
             await response.write(_line(item))
+            stop = hub.interrupt()
+            if stop == "cut" and request.transport is not None:
+                request.transport.close()
+                return response
+            if stop is not None:
+                break
         await response.write_eof()
     except ConnectionResetError:
         pass  # the client went away: nothing left to tell it

@@ -125,3 +125,19 @@ def test_request_counts_by_verb_and_since_a_snapshot() -> None:
     assert counter.by_resource[("patch", "pods")] == 2
     assert counter.errors["patch 409"] == 1
     assert list(before) == ["get", "list", "watch", "create", "update", "patch", "delete"]
+
+
+def test_a_restored_pod_does_not_inherit_the_sources_protocol_annotations() -> None:
+    """An inherited restore-failure or capture request would describe the old pod."""
+    from controlplane.machines import protocol
+    from drivers.kube.bodies import restore_pod
+
+    template = {"metadata": {"annotations": {"team": "a", protocol.PREFIX + "restore-failure":
+                                             "x", protocol.PREFIX + "capture-checkpoint-id":
+                                             "c1"}},
+                "spec": {"containers": [{"name": "m", "image": "i"}]}}
+    body = restore_pod(namespace="ns", name="p", template=template, node="n2",
+                       annotations={protocol.PREFIX + "restore-artifact": "r@sha256:x"},
+                       labels={})
+    assert body["metadata"]["annotations"] == {
+        "team": "a", protocol.PREFIX + "restore-artifact": "r@sha256:x"}

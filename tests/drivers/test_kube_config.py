@@ -37,10 +37,31 @@ async def test_in_cluster_config_outside_a_pod_says_what_to_do(tmp_path: Path) -
     assert "--kubeconfig" in caught.value.hint
 
 
-async def test_a_missing_kubeconfig_says_what_to_do(tmp_path: Path) -> None:
+async def test_a_missing_kubeconfig_names_the_file_and_what_to_pass(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
     with pytest.raises(KubeConfigError) as caught:
-        await load_configuration(kubeconfig=str(tmp_path / "nope"), environ={})
+        await load_configuration(kubeconfig=str(missing), environ={})
+    assert str(caught.value).startswith(f"kubeconfig {missing} (as given) does not exist")
+    assert "\n" not in str(caught.value)
+    assert "--kubeconfig" in caught.value.hint
     assert "KUBECONFIG" in caught.value.hint
+
+
+async def test_a_missing_kubeconfig_from_the_environment_says_where_it_came_from(
+        tmp_path: Path) -> None:
+    missing = tmp_path / "absent"
+    with pytest.raises(KubeConfigError) as caught:
+        await load_configuration(environ={"KUBECONFIG": str(missing)})
+    assert f"kubeconfig {missing} (from $KUBECONFIG) does not exist" in str(caught.value)
+
+
+async def test_an_unreadable_kubeconfig_names_the_file(tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.write_text("clusters: []\n")
+    with pytest.raises(KubeConfigError) as caught:
+        await load_configuration(kubeconfig=str(broken), environ={})
+    assert f"cannot load kubeconfig {broken}" in str(caught.value)
+    assert "\n" not in str(caught.value)
 
 
 async def test_the_simulators_kubeconfig_points_at_it(tmp_path: Path) -> None:

@@ -5,6 +5,10 @@ real cluster (see ``harness.py``); tests that need fault injection skip on the r
 Invariants pinned: observations come from the watch cache and tell a recreated pod by
 its UID; no action ever touches a pod whose UID is not the one named (gate 4); every
 action is idempotent; watch changes wake by pod UID; the cache heals a 410 by relisting.
+
+Each docstring's "Pins" line names the real API-server behaviour the test holds the
+simulator to (run it on a real cluster to check both); ``test_kube_api_semantics`` pins
+the lower-level behaviours the driver's code paths depend on.
 """
 
 from __future__ import annotations
@@ -47,7 +51,11 @@ async def _recreate(h: Harness, kube: KubeDriver, name: str) -> tuple[str, str]:
 
 async def test_observer_answers_pods_and_nodes_from_the_cache(harness: Harness) -> None:
     """A running pod is observed with its UID, node, phase and readiness; a missing pod is
-    ``None``; a node is ready; registry tags are a ProbeError, never "absent"."""
+    ``None``; a node is ready; registry tags are a ProbeError, never "absent".
+
+    Pins: the scheduler honours required node affinity; a running pod has ``nodeName``,
+    phase ``Running`` and condition ``Ready=True``; a node's ``Ready`` condition; LIST +
+    WATCH of pods and nodes sync without any further GET."""
     h = harness
     name = h.name("observed")
     async with h.driver() as kube:
@@ -76,7 +84,10 @@ async def test_observer_answers_pods_and_nodes_from_the_cache(harness: Harness) 
 async def test_a_recreated_pod_is_observed_with_its_new_uid_and_wakes_both(
         harness: Harness) -> None:
     """Same name, new UID: the observation carries the newcomer's UID, and the watch wakes
-    the machines of the old UID (it was deleted) and of the new one."""
+    the machines of the old UID (it was deleted) and of the new one.
+
+    Pins: a pod recreated under the same name gets a new ``metadata.uid``; the watch sends
+    the old one's ``DELETED`` (with its UID) before the newcomer's ``ADDED``."""
     h, wakes = harness, Wakes()
     name = h.name("reborn")
     async with h.driver(wakes) as kube:
@@ -93,7 +104,11 @@ async def test_a_recreated_pod_is_observed_with_its_new_uid_and_wakes_both(
 async def test_annotating_with_a_stale_uid_leaves_the_recreated_pod_untouched(
         harness: Harness) -> None:
     """AnnotatePod / RemovePodAnnotations with the old UID are done without patching the
-    newcomer; with the current UID they apply."""
+    newcomer; with the current UID they apply.
+
+    Pins: a strategic merge patch carrying another ``metadata.uid`` is refused (422,
+    immutable field); ``null`` in a strategic merge patch removes an annotation, and
+    removing one that is absent is not an error."""
     h = harness
     name = h.name("stale")
     async with h.driver() as kube:
@@ -122,15 +137,21 @@ async def test_annotating_with_a_stale_uid_leaves_the_recreated_pod_untouched(
 
 async def test_delete_with_a_uid_precondition_spares_a_newcomer(harness: Harness) -> None:
     """DeletePod of the old UID is done and leaves the same-named newcomer alone; of the
-    current UID it deletes; a repeat on the gone pod (404) is done too."""
+    current UID it deletes; a repeat on the gone pod (404) is done too.
+
+    Pins: ``preconditions.uid`` of another pod is ``409`` "Precondition failed: UID in
+    precondition" (recognised without a GET) and deletes nothing; a DELETE of a gone pod
+    is 404."""
     h = harness
     name = h.name("victim")
     key = f"{h.namespace}/{name}"
     async with h.driver() as kube:
         old, new = await _recreate(h, kube, name)
         delete = kube.handlers()["DeletePod"]
+        before = kube.requests.snapshot()
         await delete(_act("DeletePod", "d/1", namespace=h.namespace, name=name, uid=old,
                           reason="test"))
+        assert kube.requests.since(before) == {"delete": 1}, "recognised without a GET"
         survivor = await h.pod(name)
         assert survivor is not None
         assert survivor["metadata"]["uid"] == new
@@ -145,7 +166,10 @@ async def test_delete_with_a_uid_precondition_spares_a_newcomer(harness: Harness
 async def test_create_pod_is_idempotent_and_places_by_required_affinity(
         harness: Harness) -> None:
     """CreatePod twice makes one pod (AlreadyExists is done); it carries REQUIRED node
-    affinity to the target instead of nodeName, and the scheduler puts it there."""
+    affinity to the target instead of nodeName, and the scheduler puts it there.
+
+    Pins: a second POST of a name is ``409 AlreadyExists`` (not ``Conflict``); the API
+    server stores the affinity terms as sent; the scheduler binds by required affinity."""
     h = harness
     name = h.name("restored")
     target = h.nodes[-1]
@@ -179,7 +203,10 @@ async def test_create_pod_is_idempotent_and_places_by_required_affinity(
 
 
 async def test_emit_event_creates_one_event_per_action_key(harness: Harness) -> None:
-    """EmitEvent twice with one key makes one core/v1 Event about the pod."""
+    """EmitEvent twice with one key makes one core/v1 Event about the pod.
+
+    Pins: core/v1 Events accept a client-chosen name (so a repeat is AlreadyExists) and
+    field selectors on ``involvedObject.name`` and ``reason``."""
     h = harness
     name = h.name("noted")
     async with h.driver() as kube:
@@ -200,7 +227,9 @@ async def test_emit_event_creates_one_event_per_action_key(harness: Harness) -> 
 
 
 async def test_a_watched_change_wakes_with_the_pod_uid(harness: Harness) -> None:
-    """A change made by someone else reaches ``on_pod_change(uid)`` through the watch."""
+    """A change made by someone else reaches ``on_pod_change(uid)`` through the watch.
+
+    Pins: an annotation patch is a ``MODIFIED`` watch event carrying the pod's UID."""
     h, wakes = harness, Wakes()
     name = h.name("watched")
     async with h.driver(wakes) as kube:
@@ -215,7 +244,10 @@ async def test_a_watched_change_wakes_with_the_pod_uid(harness: Harness) -> None
 
 
 async def test_requests_are_counted_by_verb(harness: Harness) -> None:
-    """Benchmarks read API requests by verb: one create, one patch, one delete here."""
+    """Benchmarks read API requests by verb: one create, one patch, one delete here.
+
+    Pins: each handler is exactly one request when nothing fails (no read-before-write),
+    on any API server."""
     h = harness
     name = h.name("counted")
     h.created.append(name)
@@ -242,7 +274,9 @@ async def test_requests_are_counted_by_verb(harness: Harness) -> None:
 async def test_a_label_scoped_cache_reads_through_for_pods_it_does_not_hold(
         harness: Harness) -> None:
     """With a pod label selector the cache cannot prove absence: a pod outside it is read
-    from the API server, not reported missing."""
+    from the API server, not reported missing.
+
+    Pins: LIST/WATCH with a ``labelSelector`` leave out non-matching pods; GET ignores it."""
     h = harness
     name = h.name("unlabelled")
     async with h.driver(pod_label_selector=f"test={h.name('elsewhere')}") as kube:

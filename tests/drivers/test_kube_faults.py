@@ -6,6 +6,9 @@ pinned: the cache heals a compacted history by relisting and resumes from bookma
 without relisting; every API failure is a typed error chained from the transport error,
 retryable or not by type; handlers turn them into the worker's retryable/terminal
 errors; an unsynced cache never answers "absent" by itself.
+
+The "Pins" lines name the real API-server behaviour each fault imitates: the fault is
+injected by the simulator, but what it sends is what a real server sends.
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ async def _watching(h: Harness, kube: KubeDriver) -> None:
 
 async def test_the_cache_relists_after_a_410_and_sees_what_it_missed(harness: Harness) -> None:
     """History compacted + watch expired: the cache relists (no events lost) and wakes the
-    UID of a pod created meanwhile."""
+    UID of a pod created meanwhile.
+
+    Pins: after etcd compaction a real server ends a watch with an ``ERROR`` event whose
+    object is a ``Status`` with code 410, reason ``Expired`` (HTTP status still 200)."""
     h, wakes = harness, Wakes()
     faults = h.faults
     async with h.driver(wakes) as kube:
@@ -49,7 +55,10 @@ async def test_the_cache_relists_after_a_410_and_sees_what_it_missed(harness: Ha
 async def test_a_dropped_watch_resuming_into_compacted_history_relists(
         harness: Harness) -> None:
     """The watch connection is cut while the history is compacted away: resuming from
-    the old resourceVersion gets 410, so the cache relists and catches up."""
+    the old resourceVersion gets 410, so the cache relists and catches up.
+
+    Pins: a watch from a compacted ``resourceVersion`` is answered 200 with one ``ERROR``
+    410 event ("too old resource version"), not an HTTP 410."""
     h = harness
     faults = h.faults
     async with h.driver() as kube:
@@ -68,7 +77,10 @@ async def test_a_dropped_watch_resuming_into_compacted_history_relists(
 
 async def test_a_watch_resumes_from_its_bookmark_without_relisting(harness: Harness) -> None:
     """A bookmark moves the cache's resourceVersion past writes it does not watch (nodes),
-    so after compaction a dropped watch resumes from there: no 410, no relist."""
+    so after compaction a dropped watch resumes from there: no 410, no relist.
+
+    Pins: with ``allowWatchBookmarks`` a real server sends ``BOOKMARK`` events carrying
+    only ``metadata.resourceVersion``, a version from the one global etcd counter."""
     h = harness
     faults = h.faults
     assert h.cluster is not None
@@ -107,7 +119,10 @@ async def test_a_watch_resumes_from_its_bookmark_without_relisting(harness: Harn
 async def test_api_failures_are_typed_and_chained(harness: Harness, code: int,
                                                   expected: type[errors.KubeApiError],
                                                   retryable: bool) -> None:
-    """Each status maps to its error class, chained from the client's ApiException."""
+    """Each status maps to its error class, chained from the client's ApiException.
+
+    Pins: a real server's refusals are ``Status`` bodies with ``code`` and ``reason``;
+    429 carries ``Retry-After`` (and ``details.retryAfterSeconds``)."""
     h = harness
     name = h.name("typed")
     await h.make_pod(name)
@@ -125,6 +140,8 @@ async def test_api_failures_are_typed_and_chained(harness: Harness, code: int,
 
 
 async def test_a_second_create_is_already_exists_not_a_conflict(harness: Harness) -> None:
+    """Pins (no fault: runs on a real cluster too): POST of an existing name is 409 with
+    reason ``AlreadyExists``, which the driver keeps apart from a retryable conflict."""
     h = harness
     name = h.name("twice")
     body = h.pod_body(name)
@@ -136,6 +153,7 @@ async def test_a_second_create_is_already_exists_not_a_conflict(harness: Harness
 
 
 async def test_a_slow_server_is_a_retryable_timeout(harness: Harness) -> None:
+    """Pins: nothing of the server; the client's own ``request_timeout`` bounds a call."""
     h = harness
     h.faults.delay_next("get", 30.0)
     h.admin.client.request_timeout = 0.2
@@ -155,7 +173,10 @@ async def test_a_slow_server_is_a_retryable_timeout(harness: Harness) -> None:
 async def test_handlers_turn_api_failures_into_worker_errors(
         harness: Harness, verb: str, code: int, action_type: str,
         expected: type[Exception], error_class: str) -> None:
-    """Retryable by type, the API reason as ``error_class``, chained from the typed error."""
+    """Retryable by type, the API reason as ``error_class``, chained from the typed error.
+
+    Pins: the reasons a real server gives (``Forbidden``, ``InternalError``,
+    ``TooManyRequests``, ``ServiceUnavailable``) become the recorded ``error_class``."""
     h = harness
     name = h.name("failing")
     uid = (await h.make_pod(name))["metadata"]["uid"]
@@ -178,6 +199,7 @@ async def test_handlers_turn_api_failures_into_worker_errors(
 
 
 async def test_malformed_action_params_are_terminal(harness: Harness) -> None:
+    """Pins: nothing of the server; bad params never reach it."""
     h = harness
     async with h.driver() as kube:
         with pytest.raises(TerminalActionError):
@@ -187,7 +209,10 @@ async def test_malformed_action_params_are_terminal(harness: Harness) -> None:
 async def test_an_unsynced_cache_reads_through_and_never_says_absent_on_error(
         harness: Harness) -> None:
     """While the watch is failing, the observer reads through; a failed read is a
-    ProbeError with the API reason, never ``None``."""
+    ProbeError with the API reason, never ``None``.
+
+    Pins: a GET of an existing pod answers it even while watches fail; a 403 is a
+    ``Forbidden`` Status (never a 404 that would read as "absent")."""
     h = harness
     faults = h.faults
     name = h.name("through")
