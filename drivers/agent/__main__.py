@@ -1,0 +1,118 @@
+"""``python -m drivers.agent --node NAME ...``: run one node agent as a process.
+
+In a cluster it runs as a DaemonSet pod (``--node`` from the downward API's
+``spec.nodeName``, in-cluster config, the node's checkpoint directory mounted); next to
+the simulator it runs once per simulated node. It connects to the API server
+(kubeconfig or in-cluster), watches the pods of its node, serves capture and restore
+requests with the chosen dumper, pushes to the chosen registry (an OCI layout directory,
+or registries over HTTP), prints one line when it serves, and runs until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from drivers.agent.agent import AgentSettings
+from drivers.agent.kubelet import KubeletDumper, KubeletSettings, token_from_file
+from drivers.agent.pods import PodPatcher
+from drivers.agent.runner import DumperFactory, node_agent
+from drivers.agent.sim import SimDumper
+from drivers.kube import KubeDriver, KubeSettings
+from drivers.registry import Credentials, OciLayout, RegistryClient, RegistrySettings
+from drivers.registry.port import Registry
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m drivers.agent",
+                                description="The checkpoint node agent of one node.")
+    p.add_argument("--node", default=os.environ.get("NODE_NAME", ""),
+                   help="the node this agent serves (default: $NODE_NAME)")
+    p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, $KUBECONFIG)")
+    p.add_argument("--context", help="kubeconfig context")
+    p.add_argument("--namespace", help="serve only pods of this namespace (default: all)")
+    p.add_argument("--workdir", default="/var/lib/checkpoint-agent",
+                   help="node-local scratch space for archives")
+    p.add_argument("--layout", help="push to / pull from OCI layouts under this directory "
+                                    "(the embedded default) instead of registries over HTTP")
+    p.add_argument("--plain-http", action="append", default=[], metavar="HOST",
+                   help="speak plain HTTP to this registry host (loopback always is)")
+    p.add_argument("--credentials", nargs=3, action="append", default=[],
+                   metavar=("HOST", "USER", "PASSWORD_FILE"),
+                   help="basic credentials for a registry host (also for its token endpoint)")
+    p.add_argument("--dumper", choices=("sim", "kubelet"), default="kubelet")
+    p.add_argument("--kubelet-url", default="https://127.0.0.1:10250")
+    p.add_argument("--kubelet-token-file",
+                   default="/var/run/secrets/kubernetes.io/serviceaccount/token")
+    p.add_argument("--kubelet-ca", default="", help="CA bundle of the kubelet's certificate")
+    p.add_argument("--kubelet-insecure", action="store_true",
+                   help="do not verify the kubelet's serving certificate")
+    p.add_argument("--checkpoint-dir", default="/var/lib/kubelet/checkpoints",
+                   help="the node's kubelet checkpoint directory, as mounted in the agent")
+    p.add_argument("--capture-timeout", type=float, default=600.0)
+    p.add_argument("--restore-timeout", type=float, default=600.0)
+    args = p.parse_args(argv)
+    if not args.node:
+        p.error("--node (or $NODE_NAME) is required")
+    return args
+
+
+def registry_from(args: argparse.Namespace) -> Registry:
+    if args.layout:
+        return OciLayout(Path(args.layout))
+    creds = {host: Credentials(user, Path(path).read_text().strip())
+             for host, user, path in args.credentials}
+    return RegistryClient(RegistrySettings(plain_http=frozenset(args.plain_http),
+                                           credentials=creds))
+
+
+def dumper_from(args: argparse.Namespace) -> DumperFactory:
+    if args.dumper == "sim":
+        return SimDumper
+    token_file = Path(args.kubelet_token_file)
+    settings = KubeletSettings(url=args.kubelet_url,
+                               token=token_from_file(token_file) if token_file.exists() else "",
+                               ca_file=args.kubelet_ca, insecure=args.kubelet_insecure,
+                               checkpoint_dir=Path(args.checkpoint_dir))
+
+    def build(patcher: PodPatcher) -> KubeletDumper:
+        return KubeletDumper(settings)
+
+    return build
+
+
+async def serve(args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    kube_settings = KubeSettings(namespace=args.namespace)
+    kube = await KubeDriver.connect(kubeconfig=args.kubeconfig, context=args.context,
+                                    settings=kube_settings)
+    registry = registry_from(args)
+    settings = AgentSettings(args.node, Path(args.workdir),
+                             capture_timeout=args.capture_timeout,
+                             restore_timeout=args.restore_timeout)
+    try:
+        async with node_agent(client=kube.client, settings=settings, registry=registry,
+                              dumper=dumper_from(args), kube=kube_settings):
+            print(f"node agent serving {args.node} with the {args.dumper} dumper", flush=True)
+            await stop.wait()
+    finally:
+        await registry.close()
+        await kube.close()
+    print("node agent stopped", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    asyncio.run(serve(parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,433 @@
+"""The node agent: performs the capture and restore requests on the pods of its node.
+
+One agent per node (a DaemonSet in a cluster, an asyncio task per simulated node). It
+watches the pods bound to its node (:mod:`drivers.agent.pods`) and, on every change,
+decides synchronously (no I/O while deciding, so two events cannot race) and starts
+at most one job per pod:
+
+**Capture** (the pod carries ``capture-checkpoint-id``...): judged first
+(:func:`~drivers.agent.requests.judge_capture`: UID and node provenance, version,
+artifact) — a refused request gets a ``Failed`` report with the reason. Otherwise one
+capture job per checkpoint (the in-flight lock: the same request seen again, or
+reissued, captures once; a report ``Pushed``/``Failed`` for it on the pod means it is
+done, which survives agent restarts). The job reports ``Capturing`` (with the stage in
+``report-reason``), runs the dumper, releases the workload at once unless the request
+quiesces it, pushes the artifact (:func:`~drivers.registry.checkpoints.push_checkpoint`,
+provenance in the manifest), and reports ``Pushed`` with the digest. The job has a
+deadline (``capture_timeout``). On any failure — dumper, registry, deadline — it reports
+``Failed`` with the reason and releases the workload (the unstick): a workload is never
+left stopped by a capture that did not succeed. A request removed while its job runs
+(withdrawn) cancels the job, releases the workload and reports ``Failed: Withdrawn``; a
+request removed after a quiesced capture releases the workload (wake in place).
+
+**Restore** (a pod created with ``restore-artifact`` = ``registry/repo@sha256:...``): one
+job per pod: pull the artifact by digest (digests verified), check it is the checkpoint
+the request names, let the dumper restore, and mark the pod with ``restored-from-digest``
+and a fresh ``instance-id`` (``<pod uid>.<random>``: bound to this pod, so marks copied
+from a template never count), or ``restore-failure``.
+
+Built by :mod:`drivers.agent.runner` (kube connection, registry, dumper) or by tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controlplane.clock import Clock, SystemClock, new_id
+from controlplane.engine.observation import PodView
+from controlplane.logs import get_logger
+from controlplane.machines import protocol
+from controlplane.machines.refs import ArtifactRef
+from drivers.agent.dumper import Container, Dumper, DumpRequest, RestoreRequest, Workload
+from drivers.agent.errors import AgentError, RequestRefused, RestoreFailed
+from drivers.agent.pods import PodPatcher
+from drivers.agent.requests import (
+    CaptureRequest,
+    capture_request,
+    judge_capture,
+    restore_done,
+    restore_request,
+)
+from drivers.kube.client import KubeObject
+from drivers.kube.errors import KubeApiError
+from drivers.kube.views import pod_view
+from drivers.registry.artifact import Provenance
+from drivers.registry.checkpoints import pull_checkpoint, push_checkpoint
+from drivers.registry.errors import RegistryError
+from drivers.registry.port import Registry
+
+log = get_logger("drivers.agent")
+REMEMBERED = 4096  # finished captures kept in memory (the pod's report covers the rest)
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    node: str
+    workdir: Path  # node-local scratch space for archives
+    capture_timeout: float = 600.0  # the whole capture: queueing + dump + push + reports
+    restore_timeout: float = 600.0  # pull + restore + report
+    parallel: int = 4  # captures dumping/pushing at once on this node (the rest queue)
+
+
+@dataclass
+class _Capture:
+    """One capture job; ``cancel_reason`` says why it was cancelled (empty: agent stop)."""
+
+    checkpoint_id: str
+    task: asyncio.Task[None] | None = None
+    cancel_reason: str = ""
+    previous: asyncio.Task[None] | None = None  # a superseded job: let it unstick first
+
+
+@dataclass
+class AgentStats:
+    captures: int = 0
+    pushed: int = 0
+    failed: int = 0
+    refused: int = 0
+    restores: int = 0
+    restore_failures: int = 0
+    reports: list[tuple[str, str, str]] = field(default_factory=list)  # (pod, state, reason)
+
+
+class NodeAgent:
+    """Serves capture and restore requests on one node."""
+
+    def __init__(self, settings: AgentSettings, *, patcher: PodPatcher, registry: Registry,
+                 dumper: Dumper, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.node = settings.node
+        self.patcher = patcher
+        self.registry = registry
+        self.dumper = dumper
+        self.clock = clock or SystemClock()
+        self.stats = AgentStats()
+        self._pods: dict[str, KubeObject] = {}  # uid -> latest object seen
+        self._captures: dict[str, _Capture] = {}  # pod uid -> the job in flight
+        self._finished: OrderedDict[tuple[str, str], str] = OrderedDict()  # (uid, id) -> how
+        self._held: dict[str, str] = {}  # pod uid -> checkpoint id left stopped (quiesce)
+        self._seen: set[str] = set()
+        self._restoring: dict[str, asyncio.Task[None]] = {}  # pod uid -> the job in flight
+        self._restored: dict[str, str] = {}  # pod uid -> "restored" | "failed"
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._slots = asyncio.Semaphore(max(1, settings.parallel))
+
+    # --- the watch hook ------------------------------------------------------------------
+
+    def on_change(self, old: KubeObject | None, new: KubeObject | None) -> None:
+        """The pod cache's hook: decide about the pod that changed (never blocks)."""
+        if new is None:
+            uid = _uid(old)
+            self._pods.pop(uid, None)
+            self._cancel_capture(uid, "PodGone: the pod was deleted during the capture")
+            restoring = self._restoring.pop(uid, None)
+            if restoring is not None:
+                restoring.cancel()
+            self._held.pop(uid, None)
+            self._restored.pop(uid, None)
+            self._seen.discard(uid)
+            return
+        if old is not None and _uid(old) != _uid(new):
+            self.on_change(old, None)
+        self.reconcile(new)
+
+    def reconcile(self, obj: KubeObject) -> None:
+        pod = pod_view(obj)
+        if pod.node != self.node:
+            return
+        self._pods[pod.uid] = obj
+        first_sight = pod.uid not in self._seen
+        self._seen.add(pod.uid)
+        if pod.deleting:
+            self._cancel_capture(pod.uid, "PodGone: the pod is terminating")
+            return
+        self._reconcile_capture(pod, first_sight=first_sight)
+        self._reconcile_restore(pod)
+
+    # --- capture -------------------------------------------------------------------------
+
+    def _reconcile_capture(self, pod: PodView, *, first_sight: bool) -> None:
+        request = capture_request(pod)
+        running = self._captures.get(pod.uid)
+        if request is None:
+            if running is not None:
+                self._cancel_capture(pod.uid, "Withdrawn: the request was removed before the "
+                                              "capture finished; the capture was aborted")
+            elif pod.uid in self._held or (first_sight and _reported(pod) in (
+                    protocol.ReportState.CAPTURING, protocol.ReportState.PUSHED)):
+                self._held.pop(pod.uid, None)
+                self._spawn(self._release(pod), f"release {pod.namespace}/{pod.name}")
+            return
+        previous = None
+        if running is not None:
+            if running.checkpoint_id == request.checkpoint_id:
+                return  # in flight: the same request seen again captures once
+            self._cancel_capture(pod.uid, f"Superseded: the pod now asks for checkpoint "
+                                          f"{request.checkpoint_id}")
+            previous = running.task
+        key = (pod.uid, request.checkpoint_id)
+        if key in self._finished:
+            return
+        if protocol.capture_report(pod, request.checkpoint_id) is not None and \
+                _reported(pod) in (protocol.ReportState.PUSHED, protocol.ReportState.FAILED) \
+                and request.source_uid == pod.uid:
+            self._finish(key, "reported")  # done by an earlier incarnation of this agent
+            return
+        try:
+            judge_capture(request, pod, node=self.node)
+        except RequestRefused as exc:
+            self._finish(key, "refused")
+            self.stats.refused += 1
+            log.warning("capture request refused", pod=f"{pod.namespace}/{pod.name}",
+                        checkpoint=request.checkpoint_id, reason=str(exc))
+            self._spawn(self._report(pod, request.checkpoint_id, protocol.ReportState.FAILED,
+                                     reason=exc.report()), "refusal report")
+            return
+        record = _Capture(request.checkpoint_id, previous=previous)
+        record.task = self._spawn(self._capture(pod, request, record),
+                                  f"capture {request.checkpoint_id}")
+        self._captures[pod.uid] = record
+
+    def _cancel_capture(self, uid: str, reason: str) -> None:
+        running = self._captures.get(uid)
+        # Once: the job's own unstick (report, release) must not be cancelled in its turn.
+        if running is not None and running.task is not None and not running.task.done() \
+                and not running.cancel_reason:
+            running.cancel_reason = reason
+            running.task.cancel()
+
+    async def _capture(self, pod: PodView, request: CaptureRequest, record: _Capture) -> None:
+        key = (pod.uid, request.checkpoint_id)
+        workdir = self.settings.workdir / f"capture-{pod.uid}-{_safe(request.checkpoint_id)}"
+        self.stats.captures += 1
+        outcome = "failed"
+        try:
+            if record.previous is not None:  # its release must not undo this capture's freeze
+                await asyncio.wait({record.previous})
+            async with asyncio.timeout(self.settings.capture_timeout):
+                digest = await self._capture_steps(pod, request, workdir)
+            outcome = "pushed"
+            self.stats.pushed += 1
+            log.info("checkpoint pushed", pod=f"{pod.namespace}/{pod.name}",
+                     checkpoint=request.checkpoint_id, digest=digest)
+        except asyncio.CancelledError:
+            if not record.cancel_reason:  # the agent is stopping: the next one takes it over
+                raise
+            outcome = "cancelled"
+            await self._unstick(pod, request, record.cancel_reason)
+        except TimeoutError:
+            await self._unstick(pod, request, f"Timeout: the capture did not finish within "
+                                              f"{self.settings.capture_timeout:g}s")
+        except (AgentError, RegistryError, KubeApiError, OSError) as exc:
+            reason = exc.report() if isinstance(exc, AgentError) else \
+                f"{type(exc).__name__}: {exc}"
+            await self._unstick(pod, request, reason)
+        finally:
+            if self._captures.get(pod.uid) is record:
+                del self._captures[pod.uid]
+            self._finish(key, outcome)
+            await asyncio.to_thread(shutil.rmtree, workdir, True)
+
+    async def _capture_steps(self, pod: PodView, request: CaptureRequest,
+                             workdir: Path) -> str:
+        ref = judge_capture(request, pod, node=self.node)
+        workload = self._workload(pod)
+        wanted = _containers(workload, request.containers)
+        await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+        if self._slots.locked():
+            await self._report(pod, request.checkpoint_id, protocol.ReportState.CAPTURING,
+                               reason="queued: waiting for a capture slot on this node")
+        async with self._slots:
+            return await self._dump_and_push(pod, request, workdir, ref, workload, wanted)
+
+    async def _dump_and_push(self, pod: PodView, request: CaptureRequest, workdir: Path,
+                             ref: ArtifactRef, workload: Workload,
+                             wanted: tuple[Container, ...]) -> str:
+        await self._report(pod, request.checkpoint_id, protocol.ReportState.CAPTURING,
+                           reason=f"dumping {', '.join(c.name for c in wanted)} with the "
+                                  f"{self.dumper.name} dumper")
+        result = await self.dumper.dump(DumpRequest(
+            request.checkpoint_id, workload, wanted, request.quiesce, request.saver, workdir))
+        if request.quiesce:
+            self._held[pod.uid] = request.checkpoint_id
+        else:
+            await self.dumper.release(self._workload(pod))
+        prov = Provenance(checkpoint_id=request.checkpoint_id, source_uid=pod.uid,
+                          node=self.node, namespace=pod.namespace, pod=pod.name,
+                          format=result.format, dumper=self.dumper.name,
+                          created=self.clock.now(), engine=result.engine)
+
+        async def progress(stage: str) -> None:
+            await self._report(pod, request.checkpoint_id, protocol.ReportState.CAPTURING,
+                               reason=stage)
+
+        assert ref.tag is not None
+        pushed = await push_checkpoint(self.registry, ref.repo, ref.tag, result.archives, prov,
+                                       progress=progress)
+        await self._report(pod, request.checkpoint_id, protocol.ReportState.PUSHED,
+                           digest=pushed.digest,
+                           reason=f"pushed {len(result.archives)} archive(s), "
+                                  f"{pushed.archive_bytes} bytes, to {ref}")
+        return pushed.digest
+
+    async def _unstick(self, pod: PodView, request: CaptureRequest, reason: str) -> None:
+        """Report the failure and let the workload run again (never left stopped)."""
+        self.stats.failed += 1
+        self._held.pop(pod.uid, None)
+        log.warning("capture failed; releasing the workload", pod=f"{pod.namespace}/{pod.name}",
+                    checkpoint=request.checkpoint_id, reason=reason)
+        with contextlib.suppress(Exception):
+            await self._report(pod, request.checkpoint_id, protocol.ReportState.FAILED,
+                               reason=reason)
+        await self._release(pod)
+
+    async def _release(self, pod: PodView) -> None:
+        try:
+            await self.dumper.release(self._workload(pod))
+        except Exception as exc:  # the report already says what failed; keep serving
+            log.error("could not release the workload", pod=f"{pod.namespace}/{pod.name}",
+                      error=repr(exc))
+
+    async def _report(self, pod: PodView, checkpoint_id: str, state: protocol.ReportState,
+                      *, reason: str = "", digest: str = "") -> None:
+        self.stats.reports.append((f"{pod.namespace}/{pod.name}", state.value, reason))
+        await self.patcher.annotate(pod.namespace, pod.name, pod.uid, {
+            protocol.REPORT_CHECKPOINT_ID: checkpoint_id, protocol.REPORT_STATE: state.value,
+            protocol.REPORT_DIGEST: digest, protocol.REPORT_REASON: reason[:1024]})
+
+    def _finish(self, key: tuple[str, str], how: str) -> None:
+        self._finished[key] = how
+        while len(self._finished) > REMEMBERED:
+            self._finished.popitem(last=False)
+
+    # --- restore -------------------------------------------------------------------------
+
+    def _reconcile_restore(self, pod: PodView) -> None:
+        # In memory: a job's own patch may arrive after other changes of the pod.
+        if pod.uid in self._restoring or pod.uid in self._restored or restore_done(pod) or \
+                protocol.RESTORE_ARTIFACT not in pod.annotations:
+            return
+        task = self._spawn(self._restore(pod), f"restore {pod.namespace}/{pod.name}")
+        self._restoring[pod.uid] = task
+
+    async def _restore(self, pod: PodView) -> None:
+        workdir = self.settings.workdir / f"restore-{pod.uid}"
+        self.stats.restores += 1
+        try:
+            async with asyncio.timeout(self.settings.restore_timeout):
+                marks = await self._restore_steps(pod, workdir)
+            await self.patcher.annotate(pod.namespace, pod.name, pod.uid, marks)
+            self._restored[pod.uid] = "restored"
+            log.info("pod restored", pod=f"{pod.namespace}/{pod.name}",
+                     digest=marks[protocol.RESTORED_FROM_DIGEST])
+        except asyncio.CancelledError:
+            raise
+        except TimeoutError:
+            await self._restore_failed(pod, f"Timeout: the restore did not finish within "
+                                            f"{self.settings.restore_timeout:g}s")
+        except (AgentError, RegistryError, KubeApiError, OSError) as exc:
+            await self._restore_failed(pod, exc.report() if isinstance(exc, AgentError)
+                                       else f"{type(exc).__name__}: {exc}")
+        finally:
+            self._restoring.pop(pod.uid, None)
+            await asyncio.to_thread(shutil.rmtree, workdir, True)
+
+    async def _restore_steps(self, pod: PodView, workdir: Path) -> dict[str, str | None]:
+        request = restore_request(pod)
+        assert request is not None
+        assert request.artifact.digest is not None
+        digest = request.artifact.digest
+        pulled = await pull_checkpoint(self.registry, request.artifact.repo, digest, workdir)
+        named = pulled.artifact.checkpoint_id
+        if request.checkpoint_id and named != request.checkpoint_id:
+            raise RestoreFailed(f"artifact {request.artifact} is checkpoint {named!r}, not "
+                                f"{request.checkpoint_id!r}")
+        result = await self.dumper.restore(RestoreRequest(
+            self._workload(pod), digest, pulled.artifact, pulled.files, request.loader))
+        marks: dict[str, str | None] = dict(result.annotations)
+        marks.update({protocol.RESTORED_FROM_DIGEST: digest,
+                      protocol.INSTANCE_ID: f"{pod.uid}.{new_id()[:8]}",
+                      protocol.RESTORE_FAILURE: None})
+        return marks
+
+    async def _restore_failed(self, pod: PodView, reason: str) -> None:
+        self.stats.restore_failures += 1
+        self._restored[pod.uid] = "failed"
+        log.warning("restore failed", pod=f"{pod.namespace}/{pod.name}", reason=reason)
+        with contextlib.suppress(Exception):
+            await self.patcher.annotate(pod.namespace, pod.name, pod.uid,
+                                        {protocol.RESTORE_FAILURE: reason[:1024]})
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    def _workload(self, pod: PodView) -> Workload:
+        """The pod as last seen (annotations may have moved on since ``pod`` was read)."""
+        obj = self._pods.get(pod.uid)
+        latest = pod_view(obj) if obj is not None else pod
+        spec = (obj or {}).get("spec") or {}
+        containers = tuple(Container(str(c.get("name")), str(c.get("image") or ""))
+                           for c in spec.get("containers") or [] if isinstance(c, dict))
+        return Workload(latest.namespace, latest.name, latest.uid, self.node, containers,
+                        dict(latest.annotations))
+
+    def _spawn(self, work: Any, name: str) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(work, name=name)
+        self._tasks.add(task)
+        self._idle.clear()
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("agent job failed", job=task.get_name(), error=repr(task.exception()))
+        if not self._tasks:
+            self._idle.set()
+
+    async def idle(self) -> None:
+        """Until no job runs (tests; a graceful stop)."""
+        await self._idle.wait()
+
+    async def stop(self) -> None:
+        """Cancel every job (requests stay on the pods for the next agent to take)."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _uid(obj: KubeObject | None) -> str:
+    return str(((obj or {}).get("metadata") or {}).get("uid") or "")
+
+
+def _reported(pod: PodView) -> protocol.ReportState | None:
+    try:
+        return protocol.ReportState(pod.annotations.get(protocol.REPORT_STATE, ""))
+    except ValueError:
+        return None
+
+
+def _containers(workload: Workload, names: tuple[str, ...]) -> tuple[Container, ...]:
+    if not names:
+        if not workload.containers:
+            raise RequestRefused(f"pod {workload.key} has no containers to capture")
+        return workload.containers
+    known: Mapping[str, Container] = {c.name: c for c in workload.containers}
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise RequestRefused(f"pod {workload.key} has no container(s) {', '.join(missing)}")
+    return tuple(known[n] for n in names)
+
+
+def _safe(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)[:80]

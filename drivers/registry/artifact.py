@@ -1,0 +1,185 @@
+"""The checkpoint artifact format (v1): an OCI image whose layers are checkpoint archives. Pure.
+
+One manifest per checkpoint (``application/vnd.oci.image.manifest.v1+json``):
+
+- ``layers``: one uncompressed tar (``application/vnd.oci.image.layer.v1.tar``) per
+  captured container, in capture order — the checkpoint archive exactly as the dumper
+  produced it (for the kubelet dumper: the CRI ``ContainerCheckpoint`` archive). Each
+  layer's annotations name its container (``org.criu.checkpoint.container.name``) and
+  file (``org.opencontainers.image.title``). A single-container checkpoint is therefore
+  the image CRI-O restores from (a single checkpoint layer plus the annotations below).
+- ``config``: a minimal OCI image config (``rootfs.diff_ids`` = the layer digests, the
+  layers being uncompressed).
+- ``annotations``: what CRI-O / checkpointctl read — ``io.kubernetes.cri-o.annotations.
+  checkpoint.name`` and ``org.criu.checkpoint.container.name`` (single container),
+  ``org.criu.checkpoint.pod.name``/``pod.namespace``, ``org.criu.checkpoint.rootfsImageName``
+  (the container image, when known), ``org.criu.checkpoint.engine.name`` (when the dumper
+  knows it) — plus the control plane's provenance (:mod:`controlplane.machines.protocol`):
+  ``checkpoint-id``, ``source-pod-uid``, ``node``, ``format``, ``protocol-version``, and the
+  agent's details: ``archive-bytes`` (sum of the layers), ``containers``, ``pod``,
+  ``dumper``, ``org.opencontainers.image.created``.
+
+The manifest is serialised canonically (sorted keys, no spaces), so the same capture
+always has the same digest. Used by :mod:`drivers.registry.checkpoints` (push/pull) and
+documented in ``docs/protocol.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from controlplane.machines import protocol
+from drivers.registry.errors import RegistryBadResponse
+from drivers.registry.manifests import parse_manifest
+from drivers.registry.port import OCI_MANIFEST, Descriptor
+
+FORMAT_VERSION = "v1"
+LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar"
+CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
+
+CRIO_CHECKPOINT_NAME = "io.kubernetes.cri-o.annotations.checkpoint.name"
+CRIU_CONTAINER_NAME = "org.criu.checkpoint.container.name"
+CRIU_POD_NAME = "org.criu.checkpoint.pod.name"
+CRIU_POD_NAMESPACE = "org.criu.checkpoint.pod.namespace"
+CRIU_ROOTFS_IMAGE_NAME = "org.criu.checkpoint.rootfsImageName"
+CRIU_ENGINE = "org.criu.checkpoint.engine.name"
+OCI_CREATED = "org.opencontainers.image.created"
+OCI_TITLE = "org.opencontainers.image.title"
+
+ARCHIVE_BYTES = protocol.PREFIX + "archive-bytes"
+CONTAINERS = protocol.PREFIX + "containers"
+POD = protocol.PREFIX + "pod"
+DUMPER = protocol.PREFIX + "dumper"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Who and what a checkpoint is: written into the manifest annotations."""
+
+    checkpoint_id: str
+    source_uid: str
+    node: str
+    namespace: str
+    pod: str
+    format: str  # the dumper's archive format, e.g. "kubelet-checkpoint/v1", "sim-marker/v1"
+    dumper: str
+    created: datetime
+    engine: str = ""
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One container's archive in the artifact."""
+
+    container: str
+    descriptor: Descriptor
+    image: str = ""  # the container's image (rootfs), when known
+
+
+@dataclass(frozen=True)
+class CheckpointArtifact:
+    """A checkpoint manifest read back: its annotations and its layers."""
+
+    annotations: Mapping[str, str]
+    layers: Sequence[Layer] = field(default_factory=tuple)
+
+    @property
+    def format(self) -> str:
+        return self.annotations.get(protocol.MANIFEST_FORMAT, "")
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.annotations.get(protocol.MANIFEST_CHECKPOINT_ID, "")
+
+
+def image_config(layers: Sequence[Layer], *, architecture: str, created: datetime) -> bytes:
+    """A minimal OCI image config whose ``diff_ids`` are the (uncompressed) layers."""
+    config = {"architecture": architecture, "os": "linux", "created": _iso(created),
+              "rootfs": {"type": "layers",
+                         "diff_ids": [layer.descriptor.digest for layer in layers]},
+              "config": {}}
+    return _canonical(config)
+
+
+def manifest_annotations(prov: Provenance, layers: Sequence[Layer]) -> dict[str, str]:
+    total = sum(layer.descriptor.size for layer in layers)
+    out = {
+        protocol.MANIFEST_CHECKPOINT_ID: prov.checkpoint_id,
+        protocol.MANIFEST_SOURCE_POD_UID: prov.source_uid,
+        protocol.MANIFEST_NODE: prov.node,
+        protocol.MANIFEST_FORMAT: prov.format,
+        protocol.MANIFEST_PROTOCOL: protocol.PROTOCOL_VERSION,
+        ARCHIVE_BYTES: str(total),
+        CONTAINERS: ",".join(layer.container for layer in layers),
+        POD: f"{prov.namespace}/{prov.pod}",
+        DUMPER: prov.dumper,
+        OCI_CREATED: _iso(prov.created),
+        CRIU_POD_NAME: prov.pod,
+        CRIU_POD_NAMESPACE: prov.namespace,
+    }
+    if prov.engine:
+        out[CRIU_ENGINE] = prov.engine
+    if len(layers) == 1:
+        out[CRIO_CHECKPOINT_NAME] = layers[0].container
+        out[CRIU_CONTAINER_NAME] = layers[0].container
+        if layers[0].image:
+            out[CRIU_ROOTFS_IMAGE_NAME] = layers[0].image
+    return out
+
+
+def checkpoint_manifest(prov: Provenance, config: Descriptor, layers: Sequence[Layer]) -> bytes:
+    """The manifest's canonical bytes."""
+    if not layers:
+        raise ValueError("a checkpoint has at least one container archive")
+    listed = []
+    for layer in layers:
+        annotations = {CRIU_CONTAINER_NAME: layer.container,
+                       OCI_TITLE: f"{layer.container}.tar"}
+        if layer.image:
+            annotations[CRIU_ROOTFS_IMAGE_NAME] = layer.image
+        listed.append(Descriptor(LAYER_TYPE, layer.descriptor.digest, layer.descriptor.size,
+                                 annotations).to_json())
+    manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                "config": Descriptor(CONFIG_TYPE, config.digest, config.size).to_json(),
+                "layers": listed, "annotations": manifest_annotations(prov, layers)}
+    return _canonical(manifest)
+
+
+def read_checkpoint_manifest(body: bytes) -> CheckpointArtifact:
+    """Parse a checkpoint manifest; ``RegistryBadResponse`` names what is wrong with it."""
+    parsed = parse_manifest(body)
+    if parsed.get("mediaType", OCI_MANIFEST) != OCI_MANIFEST:
+        raise RegistryBadResponse(f"not a checkpoint image manifest: mediaType "
+                                  f"{parsed.get('mediaType')!r}")
+    annotations = parsed.get("annotations") or {}
+    if not isinstance(annotations, dict) or protocol.MANIFEST_FORMAT not in annotations:
+        raise RegistryBadResponse("not a checkpoint artifact: the manifest has no "
+                                  f"{protocol.MANIFEST_FORMAT} annotation")
+    single = str(annotations.get(CRIU_CONTAINER_NAME) or
+                 annotations.get(CRIO_CHECKPOINT_NAME) or "")
+    layers = []
+    raw = parsed.get("layers")
+    if not isinstance(raw, list) or not raw:
+        raise RegistryBadResponse("the checkpoint manifest lists no layers")
+    for item in raw:
+        if not isinstance(item, dict) or not isinstance(item.get("digest"), str):
+            raise RegistryBadResponse("a checkpoint layer has no digest")
+        notes = item.get("annotations") if isinstance(item.get("annotations"), dict) else {}
+        container = str((notes or {}).get(CRIU_CONTAINER_NAME) or single)
+        if not container:
+            raise RegistryBadResponse(f"layer {item['digest']} names no container")
+        layers.append(Layer(container, Descriptor(str(item.get("mediaType", LAYER_TYPE)),
+                                                  item["digest"], int(item.get("size", 0))),
+                            str((notes or {}).get(CRIU_ROOTFS_IMAGE_NAME, ""))))
+    return CheckpointArtifact({str(k): str(v) for k, v in annotations.items()}, tuple(layers))
+
+
+def _canonical(value: object) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
