@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,kube]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -25,6 +25,7 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	scripts/ensure-postgres
+	scripts/ensure-registry
 	$(BIN)/pytest -q
 
 unit: $(STAMP)

@@ -1,81 +1,225 @@
-"""``cpctl demo``: the engine end to end on the embedded default, in seconds.
+"""``cpctl demo``: the product end to end on the embedded default, in under a minute.
 
-Creates (or reuses) the SQLite file, applies the schema, submits a few ``steps``
-machines — one of them gated on a pod UID and woken by key, as a pod watch would —
-runs a worker until all are terminal while printing progress, then prints one
-machine's history and verifies replay. The Kubernetes simulator and the on-disk OCI
-registry join the demo with the cluster and registry issues.
+SQLite file + simulated 3-node cluster + node agents + OCI layout on disk, all in this
+process (``cli.embedded``). It checkpoints a pod, migrates a pod carrying a workload
+marker and proves the marker arrived on the target node, suspends a third pod and
+resumes it from its checkpoint (marker again), showing each operation's progress; then
+prints the migration's history, a report of every operation, and replays the whole
+event log to prove projections and decisions reproduce. Exits non-zero if any of that
+does not hold. Its data lives under ``--workdir`` (default ``var/demo``, recreated).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import shutil
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 from controlplane.cli import render
-from controlplane.cli.commands import build_worker, clock
+from controlplane.cli.commands import clock
 from controlplane.clock import new_id
+from controlplane.engine.jsonvalue import JsonObject
+from controlplane.errors import ControlPlaneError
+from controlplane.machines import protocol
 from controlplane.machines.registry import default_kinds
-from controlplane.operations import submit
+from controlplane.operations import submit_operation
 from controlplane.replay import rebuild, verify
-from controlplane.store import leases, migrate, queries
+from controlplane.store import migrate, queries
 from controlplane.store.database import Database, open_database
-from controlplane.worker.runtime import WorkerConfig
+from controlplane.store.records import MachineRecord
+
+NS = "default"
+MARKER = "sim.controlplane.dev/marker"  # the simulator's workload state (docs/simulator.md)
+
+
+class DemoFailed(ControlPlaneError):
+    """Something the demo promises did not hold."""
+
+
+def say(text: str) -> None:
+    print(f"[demo] {text}", flush=True)
 
 
 async def demo_cmd(args: argparse.Namespace) -> int:
+    from controlplane.cli.embedded import embedded  # loads the drivers only for the demo
+
     started = time.monotonic()
-    db = open_database(args.db)
-    kinds = default_kinds()
+    root = Path(args.workdir)
+    _fresh_directory(root)
+    db = open_database(f"sqlite:///{root / 'controlplane.db'}")
     try:
-        before, after = await migrate.upgrade(db)
-        print(f"[demo] database {db.display_url}: schema {after} (was {before or 'empty'})")
-        ids = []
-        for _n in range(args.machines):
-            ids.append(await submit(db, kinds, kind="steps", spec={"steps": 6,
-                                    "payload_bytes": 200}, machine_id=new_id(), now=clock.now()))
-        gated = await submit(db, kinds, kind="steps", machine_id=new_id(), now=clock.now(),
-                             spec={"steps": 3, "gate_pod": "demo/gate", "gate_pod_uid": "uid-1"})
-        print(f"[demo] submitted {len(ids)} machines of 6 steps, and {gated[:8]} gated on "
-              "pod uid-1")
-        worker = build_worker(db, WorkerConfig(worker_id="demo-worker", poll_seconds=0.05))
-        task = asyncio.create_task(worker.run())
-        try:
-            await _progress(db, ids, started)
-            woke = await leases.wake_by_key(db, key="uid-1", now=clock.now())
-            print(f"[demo] pod uid-1 changed: woke {woke} machine (no polling); it now "
-                  "waits for its gate pod, then times out by its deadline")
-        finally:
-            worker.stop()
-            await task
-        history = await queries.history(db, ids[0])
-        print(f"\n[demo] history of {ids[0]}:")
-        render.table(["seq", "time", "event", "facts (why)", "by"],
-                     [(e.seq, e.recorded_at, e.type, e.facts, e.worker_id) for e in history])
-        report = await rebuild(db, kinds, now=clock.now())
-        vreport = await verify(db, kinds)
-        print(f"\n[demo] replay: {report.machines} machines, {report.events} events, "
-              f"{len(report.mismatches)} projection mismatches, "
-              f"{len(vreport.mismatches)} nondeterministic decisions")
-        print(f"[demo] done in {time.monotonic() - started:.1f}s "
-              f"({worker.transitions} transitions)")
-        return 0 if report.clean and vreport.clean else 5
+        await migrate.upgrade(db)
+        say(f"embedded default: SQLite {root / 'controlplane.db'}, simulated cluster "
+            f"(3 nodes), OCI layout {root / 'registry'}, a node agent per node")
+        async with embedded(db, root, clock) as world:
+            Demo.world = world
+            demo = Demo(db, world, started)
+            await demo.run()
+        ok = await _replay(db)
     finally:
         await db.dispose()
+    say(f"done in {time.monotonic() - started:.1f}s")
+    return 0 if ok else 5
 
 
-async def _progress(db: Database, ids: list[str], started: float) -> None:
-    while True:
-        counts = await queries.count_by_phase(db)
-        steps = {phase: n for (kind, phase), n in counts.items() if kind == "steps"}
-        line = ", ".join(f"{p}={n}" for p, n in sorted(steps.items()))
-        sys.stdout.write(f"\r[demo] {time.monotonic() - started:5.1f}s  {line}   ")
-        sys.stdout.flush()
-        records = [await queries.get_machine(db, i) for i in ids]
-        if all(r.terminal and r.lease_owner is None and r.next_wake_at is None
-               for r in records):
-            sys.stdout.write("\n")
-            return
-        await asyncio.sleep(0.1)
+class Demo:
+    world: Any = None
+
+    def __init__(self, db: Database, world: Any, started: float) -> None:
+        self.db, self.world, self.started = db, world, started
+        self.repo = world.repository("checkpoints/demo")
+        self.klass: JsonObject = {"repository": self.repo, "timeouts": {
+            "capture": 60, "restore": 60, "schedule": 30, "gc": 60}}
+
+    async def run(self) -> None:
+        cluster = self.world.cluster
+        for name, node, marker in (("web", "node-1", "visits=3"), ("app", "node-1",
+                                   "counter=41"), ("sandbox", "node-3", "session=7")):
+            cluster.create_pod(NS, name, node=node, marker=marker)
+        for name in ("web", "app", "sandbox"):
+            await cluster.wait_for(lambda n=name: self._phase(n) == "Running",
+                                   what=f"{NS}/{name} running")
+        say("pods web, app (node-1) and sandbox (node-3) are Running, each with a marker")
+
+        ckpt = await self.submit("checkpoint", {"pod": self._ref("web"), "class": self.klass})
+        record = await self.follow(ckpt, "checkpoint web")
+        self.expect(record.phase == "Succeeded", f"checkpoint ended {record.phase}")
+
+        mig = await self.submit("migration", {
+            "pod": self._ref("app"), "source_node": "node-1", "target_node": "node-2",
+            "template": self._template("app"), "class": self.klass})
+        record = await self.follow(mig, "migrate app node-1 -> node-2")
+        self.expect(record.phase == "Succeeded", f"migration ended {record.phase}")
+        moved = self._restored("app")
+        self.expect(moved["spec"].get("nodeName") == "node-2", "app is not on node-2")
+        marker = moved["metadata"]["annotations"].get(MARKER)
+        self.expect(marker == "counter=41", f"marker after migration: {marker!r}")
+        say(f"app now runs on node-2 as {moved['metadata']['name']}; marker {marker!r} "
+            "survived; source deleted, artifact collected")
+
+        template = self._template("sandbox")
+        sus = await self.submit("suspend", {"pod": self._ref("sandbox"),
+                                            "template": template, "class": self.klass})
+        record = await self.follow(sus, "suspend sandbox")
+        self.expect(record.phase == "Suspended", f"suspend ended {record.phase}")
+        self.expect(self.world.cluster.pod(NS, "sandbox") is None, "sandbox still exists")
+        res = await self.submit("resume", {
+            "namespace": NS, "name": "sandbox", "node": "node-3", "template": template,
+            "candidates": [await self._candidate(sus)], "class": self.klass})
+        record = await self.follow(res, "resume sandbox")
+        self.expect(record.phase == "Resumed", f"resume ended {record.phase}")
+        marker = self._restored("sandbox")["metadata"]["annotations"].get(MARKER)
+        self.expect(marker == "session=7", f"marker after resume: {marker!r}")
+        say(f"sandbox resumed from its checkpoint; marker {marker!r} survived")
+
+        say(f"history of the migration {mig}:")
+        render.table(["seq", "time", "event", "facts (why)"],
+                     [(e.seq, e.recorded_at, e.type, e.facts)
+                      for e in await queries.history(self.db, mig)], max_width=70)
+        say("report: every operation")
+        rows = []
+        for r in reversed(await queries.list_machines(self.db, queries.MachineFilter())):
+            seconds = (r.updated_at - r.created_at).total_seconds()
+            events = len(await queries.history(self.db, r.id))
+            rows.append((r.kind, r.workload, r.source_node, r.phase, f"{seconds:.2f}", events))
+        render.table(["kind", "workload", "source node", "outcome", "seconds", "events"], rows)
+
+    async def submit(self, kind: str, spec: JsonObject) -> str:
+        outcome = await submit_operation(self.db, default_kinds(),
+                                         self.world.submission_observer,
+                                         kind=kind, spec=spec, machine_id=new_id(),
+                                         now=clock.now())
+        self.world.worker.nudge()
+        return outcome.machine_id
+
+    async def follow(self, machine_id: str, label: str) -> MachineRecord:
+        """Show phase and elapsed time until the machine settles."""
+        t0 = time.monotonic()
+        live = sys.stdout.isatty()
+        shown = ""
+        while True:
+            record = await queries.get_machine(self.db, machine_id)
+            elapsed = time.monotonic() - t0
+            if live:  # one line, redrawn; in a log, one line per phase change
+                sys.stdout.write(f"\r[demo] {label}: {record.phase:<18} {elapsed:5.1f}s ")
+            elif record.phase != shown:
+                sys.stdout.write(f"[demo] {label}: {record.phase} at {elapsed:.1f}s\n")
+            shown = record.phase
+            sys.stdout.flush()
+            if record.terminal and record.lease_owner is None and record.next_wake_at is None:
+                sys.stdout.write("\n" if live else "")
+                return record
+            if elapsed > 60:
+                sys.stdout.write("\n" if live else "")
+                raise DemoFailed(f"{label} did not finish within 60 s (phase {record.phase})",
+                                 hint=f"see `cpctl --db sqlite:///... history {machine_id}`")
+            await _sleep(0.1)
+
+    def expect(self, condition: bool, what: str) -> None:
+        if not condition:
+            raise DemoFailed(f"demo check failed: {what}")
+
+    def _pod(self, name: str) -> dict[str, Any]:
+        pod = self.world.cluster.pod(NS, name)
+        self.expect(pod is not None, f"{NS}/{name} is missing")
+        assert pod is not None
+        return dict(pod)
+
+    def _phase(self, name: str) -> str | None:
+        pod = self.world.cluster.pod(NS, name)
+        return None if pod is None else (pod.get("status") or {}).get("phase")
+
+    def _ref(self, name: str) -> JsonObject:
+        return {"namespace": NS, "name": name, "uid": self._pod(name)["metadata"]["uid"]}
+
+    def _template(self, name: str) -> JsonObject:
+        pod = self._pod(name)
+        return {"metadata": {"labels": dict(pod["metadata"].get("labels") or {})},
+                "spec": {"containers": pod["spec"]["containers"]}}
+
+    def _restored(self, original: str) -> dict[str, Any]:
+        """The pod the agent restored for ``original`` (it carries restored-from-digest)."""
+        for pod in self.world.cluster.store.peek("pods"):
+            notes = pod["metadata"].get("annotations") or {}
+            labels = pod["metadata"].get("labels") or {}
+            if protocol.RESTORED_FROM_DIGEST in notes and (
+                    pod["metadata"]["name"].startswith(original) or labels.get("app")
+                    == original):
+                return dict(pod)
+        raise DemoFailed(f"no restored pod for {original}")
+
+    async def _candidate(self, suspend_id: str) -> JsonObject:
+        """The suspend's checkpoint, as a resume candidate (pinned by digest)."""
+        history = await queries.history(self.db, suspend_id)
+        verified = next(e for e in history if e.type == "ArtifactVerified")
+        requested = next(e for e in history if e.type == "CaptureRequested")
+        spec = (await queries.get_machine(self.db, suspend_id)).spec
+        pod = spec["pod"]
+        assert isinstance(pod, dict)
+        return {"artifact": verified.data["pinned"],
+                "checkpoint_id": requested.data["checkpoint_id"], "source_uid": pod["uid"]}
+
+
+def _fresh_directory(root: Path) -> None:
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+
+
+async def _sleep(seconds: float) -> None:
+    import asyncio
+
+    await asyncio.sleep(seconds)
+
+
+async def _replay(db: Database) -> bool:
+    kinds = default_kinds()
+    projections = await rebuild(db, kinds, now=clock.now())
+    decisions = await verify(db, kinds)
+    say(f"replay: {projections.machines} machines, {projections.events} events: "
+        f"{len(projections.mismatches)} projection mismatches, "
+        f"{len(decisions.mismatches)} decisions that would now differ")
+    return projections.clean and decisions.clean

@@ -124,9 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=0, help="port (default: any free one)")
     up.set_defaults(handler=sim_module.sim_cmd)
 
-    d = verb("demo", demo.demo_cmd, "run the engine end to end on the embedded default and "
-             "print a history (under a minute)")
-    d.add_argument("--machines", type=_positive_int, default=20)
+    d = verb("demo", demo.demo_cmd, "run the product end to end on the embedded default "
+             "(SQLite + simulated cluster + node agents + OCI layout on disk): checkpoint, "
+             "migrate with a marker, suspend and resume; print history and a report")
+    d.add_argument("--workdir", default="var/demo",
+                   help="where the demo keeps its database and registry (recreated)")
     return p
 
 

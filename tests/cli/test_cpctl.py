@@ -161,3 +161,20 @@ def test_sim_up_serves_a_cluster_with_the_asked_nodes_until_sigterm(tmp_path: Pa
             proc.kill()
             proc.wait()
         proc.communicate()  # drain and close the pipes
+
+
+def test_demo_migrates_suspends_and_resumes_with_the_markers_surviving(tmp_path: Path) -> None:
+    """README's first command: the product end to end on the embedded default."""
+    result = subprocess.run(
+        [sys.executable, "-m", "controlplane.cli.main", "demo", "--workdir",
+         str(tmp_path / "demo")], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "marker 'counter=41' survived" in out
+    assert "marker 'session=7' survived" in out
+    assert "0 projection mismatches, 0 decisions that would now differ" in out
+    for outcome in ("checkpoint  default/web", "migration   default/app", "Suspended",
+                    "Resumed"):
+        assert outcome in out
+    assert (tmp_path / "demo" / "controlplane.db").exists()
