@@ -132,6 +132,9 @@ def provenance_problem(tag: TagView, *, checkpoint_id: str, source_uid: str) -> 
     if not is_digest(tag.digest):
         return f"digest {tag.digest!r} is not a sha256 digest"
     seen_id = tag.annotations.get(MANIFEST_CHECKPOINT_ID)
+    if seen_id is None:
+        return (f"the manifest {tag.digest[:19]}... is not a checkpoint artifact (it carries "
+                f"no {MANIFEST_CHECKPOINT_ID} annotation); something else owns this tag")
     if seen_id != checkpoint_id:
         return f"manifest names checkpoint {seen_id!r}, not {checkpoint_id!r}"
     seen_uid = tag.annotations.get(MANIFEST_SOURCE_POD_UID)

@@ -50,6 +50,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kubelet-token-file",
                    default="/var/run/secrets/kubernetes.io/serviceaccount/token")
     p.add_argument("--kubelet-ca", default="", help="CA bundle of the kubelet's certificate")
+    p.add_argument("--kubelet-client-cert", default="",
+                   help="client certificate for the kubelet (instead of, or with, the token)")
+    p.add_argument("--kubelet-client-key", default="", help="key of --kubelet-client-cert")
     p.add_argument("--kubelet-insecure", action="store_true",
                    help="do not verify the kubelet's serving certificate")
     p.add_argument("--checkpoint-dir", default="/var/lib/kubelet/checkpoints",
@@ -78,6 +81,8 @@ def dumper_from(args: argparse.Namespace) -> DumperFactory:
     settings = KubeletSettings(url=args.kubelet_url,
                                token=token_from_file(token_file) if token_file.exists() else "",
                                ca_file=args.kubelet_ca, insecure=args.kubelet_insecure,
+                               client_cert=args.kubelet_client_cert,
+                               client_key=args.kubelet_client_key,
                                checkpoint_dir=Path(args.checkpoint_dir))
 
     def build(patcher: PodPatcher) -> KubeletDumper:

@@ -15,10 +15,11 @@ creates a container from the checkpoint image when a pod names it as its image),
 :meth:`KubeletDumper.restore` reports ``RestoreUnsupported``.
 
 Auth: a bearer token (a service account allowed ``nodes/checkpoint``) and/or a client
-certificate; the kubelet's serving certificate is checked against ``ca_file`` unless
-``insecure``. Every call is bounded by ``timeout`` (also passed to the kubelet).
-Errors: 401/403 (not allowed), 404 (no such container, or the feature is off), 500 (the
-runtime failed: its message is kept) become :class:`~drivers.agent.errors.DumpFailed`.
+certificate; the kubelet's serving certificate is checked against ``ca_file`` (the
+system's CAs when empty) unless ``insecure``. Every call is bounded by ``timeout`` (also
+passed to the kubelet). Errors: 401/403 (not allowed), 404 (no such container, or the
+feature is off), 500 (the runtime failed: its message is kept), an untrusted serving
+certificate and unusable TLS files become :class:`~drivers.agent.errors.DumpFailed`.
 """
 
 from __future__ import annotations
@@ -97,15 +98,21 @@ class KubeletDumper:
                f"{quote(w.name, safe='')}/{quote(container, safe='')}")
         headers = {"Authorization": f"Bearer {s.token}"} if s.token else {}
         what = f"kubelet checkpoint of {w.key}/{container}"
+        tls = self._ssl()
         try:
             async with asyncio.timeout(s.timeout + 5), aiohttp.ClientSession(
                     timeout=aiohttp.ClientTimeout(total=s.timeout + 5)) as session, \
                     session.post(url, params={"timeout": str(int(s.timeout))},
-                                 headers=headers, ssl=self._ssl()) as response:
+                                 headers=headers, ssl=tls) as response:
                 body = await response.text()
                 status = response.status
         except TimeoutError as exc:
             raise DumpFailed(f"{what}: no answer within {s.timeout:g}s") from exc
+        except aiohttp.ClientConnectorCertificateError as exc:
+            trusted = f"the CA file {s.ca_file}" if s.ca_file else "the system's CAs"
+            raise DumpFailed(f"{what}: the kubelet's serving certificate is not trusted "
+                             f"(verified against {trusted}; set the kubelet CA): "
+                             f"{exc.certificate_error}") from exc
         except aiohttp.ClientError as exc:
             raise DumpFailed(f"{what}: {type(exc).__name__}: {exc}") from exc
         if status != 200:
@@ -135,12 +142,21 @@ class KubeletDumper:
         s = self.settings
         if not s.url.startswith("https://"):
             return False
-        context = ssl.create_default_context(cafile=s.ca_file or None)
+        # A missing or malformed file is a configuration error: say which file, rather
+        # than let a bare FileNotFoundError/SSLError become the capture's reason.
+        try:
+            context = ssl.create_default_context(cafile=s.ca_file or None)
+        except OSError as exc:  # ssl.SSLError is an OSError
+            raise DumpFailed(f"cannot use the kubelet CA file {s.ca_file!r}: {exc}") from exc
         if s.insecure:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
         if s.client_cert:
-            context.load_cert_chain(s.client_cert, s.client_key or None)
+            try:
+                context.load_cert_chain(s.client_cert, s.client_key or None)
+            except OSError as exc:
+                raise DumpFailed(f"cannot use the kubelet client certificate "
+                                 f"{s.client_cert!r}: {exc}") from exc
         return context
 
 
