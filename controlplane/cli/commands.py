@@ -199,6 +199,14 @@ async def replay_cmd(args: argparse.Namespace) -> int:
 
 
 async def worker_cmd(args: argparse.Namespace) -> int:
+    if args.kubeconfig or args.in_cluster:  # the product against a cluster and a registry
+        from controlplane.cli.cluster import worker_cmd as cluster_worker
+
+        return await cluster_worker(args, WorkerConfig(
+            worker_id=args.worker_id or f"worker-{new_id()[:8]}",
+            concurrency=args.concurrency, batch_size=args.concurrency,
+            lease_seconds=args.lease_seconds, heartbeat_seconds=args.lease_seconds / 3,
+            poll_seconds=args.poll_seconds))
     db = open_database(args.db, pool_size=max(args.concurrency + 2, 5))
     try:
         if args.upgrade_schema:

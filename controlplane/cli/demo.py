@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from controlplane.cli import render
 from controlplane.cli.commands import clock
+from controlplane.cli.progress import follow
 from controlplane.clock import new_id
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import ControlPlaneError
@@ -136,27 +136,7 @@ class Demo:
         return outcome.machine_id
 
     async def follow(self, machine_id: str, label: str) -> MachineRecord:
-        """Show phase and elapsed time until the machine settles."""
-        t0 = time.monotonic()
-        live = sys.stdout.isatty()
-        shown = ""
-        while True:
-            record = await queries.get_machine(self.db, machine_id)
-            elapsed = time.monotonic() - t0
-            if live:  # one line, redrawn; in a log, one line per phase change
-                sys.stdout.write(f"\r[demo] {label}: {record.phase:<18} {elapsed:5.1f}s ")
-            elif record.phase != shown:
-                sys.stdout.write(f"[demo] {label}: {record.phase} at {elapsed:.1f}s\n")
-            shown = record.phase
-            sys.stdout.flush()
-            if record.terminal and record.lease_owner is None and record.next_wake_at is None:
-                sys.stdout.write("\n" if live else "")
-                return record
-            if elapsed > 60:
-                sys.stdout.write("\n" if live else "")
-                raise DemoFailed(f"{label} did not finish within 60 s (phase {record.phase})",
-                                 hint=f"see `cpctl --db sqlite:///... history {machine_id}`")
-            await _sleep(0.1)
+        return await follow(self.db, machine_id, label, limit_seconds=60, prefix="[demo] ")
 
     def expect(self, condition: bool, what: str) -> None:
         if not condition:
@@ -207,12 +187,6 @@ def _fresh_directory(root: Path) -> None:
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
-
-
-async def _sleep(seconds: float) -> None:
-    import asyncio
-
-    await asyncio.sleep(seconds)
 
 
 async def _replay(db: Database) -> bool:

@@ -112,6 +112,32 @@ def build_parser() -> argparse.ArgumentParser:
     wk.add_argument("--until-done", action="store_true",
                     help="exit once every machine is settled (terminal, its actions "
                     "performed, its lease released)")
+    _cluster_options(wk)
+
+    for name, text in [
+        ("checkpoint", "checkpoint a pod into an OCI artifact (the workload keeps running "
+         "unless --quiesce)"),
+        ("migrate", "move a pod to another node: checkpoint, delete the source, restore on "
+         "the target, verify, collect the artifact"),
+        ("suspend", "checkpoint a pod and delete it, keeping its spec and checkpoint"),
+        ("resume", "restore a suspended pod from its latest checkpoint"),
+    ]:
+        op = verb(name, _operation, text + "; prints the operation id")
+        op.add_argument("workload", metavar="NAMESPACE/POD")
+        op.add_argument("--repository", required=True,
+                        help="artifact repository, e.g. registry.example.com/checkpoints")
+        if name == "migrate":
+            op.add_argument("--to", required=True, metavar="NODE", help="target node")
+        if name == "checkpoint":
+            op.add_argument("--quiesce", action="store_true",
+                            help="leave the workload stopped after the capture")
+        if name == "resume":
+            op.add_argument("--node", help="node to resume on (default: where it fits)")
+        op.add_argument("--wait", action="store_true",
+                        help="follow the operation until it settles; exit 1 unless it "
+                        "succeeded")
+        op.add_argument("--wait-seconds", type=_positive_float, default=600.0)
+        _cluster_options(op)
 
     sim = sub.add_parser("sim", help="run a simulated Kubernetes cluster on loopback")
     simsub = sim.add_subparsers(dest="sim_verb", required=True, parser_class=_Parser,
@@ -130,6 +156,18 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--workdir", default="var/demo",
                    help="where the demo keeps its database and registry (recreated)")
     return p
+
+
+def _cluster_options(p: argparse.ArgumentParser) -> None:
+    from controlplane.cli.options import add_cluster_options
+
+    add_cluster_options(p)
+
+
+async def _operation(args: argparse.Namespace) -> int:
+    from controlplane.cli.cluster import operation_cmd  # loads the drivers only when used
+
+    return await operation_cmd(args)
 
 
 def _positive_int(text: str) -> int:

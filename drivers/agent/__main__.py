@@ -24,7 +24,7 @@ from drivers.agent.pods import PodPatcher
 from drivers.agent.runner import DumperFactory, node_agent
 from drivers.agent.sim import SimDumper
 from drivers.kube import KubeDriver, KubeSettings
-from drivers.registry import Credentials, OciLayout, RegistryClient, RegistrySettings
+from drivers.registry.options import registry_from_options
 from drivers.registry.port import Registry
 
 
@@ -66,12 +66,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def registry_from(args: argparse.Namespace) -> Registry:
-    if args.layout:
-        return OciLayout(Path(args.layout))
-    creds = {host: Credentials(user, Path(path).read_text().strip())
-             for host, user, path in args.credentials}
-    return RegistryClient(RegistrySettings(plain_http=frozenset(args.plain_http),
-                                           credentials=creds))
+    return registry_from_options(layout=args.layout, plain_http=args.plain_http,
+                                 credentials=args.credentials)
 
 
 def dumper_from(args: argparse.Namespace) -> DumperFactory:

@@ -1,0 +1,86 @@
+"""The product assembled against a cluster and a registry: the composition root.
+
+``product(...)`` connects the Kubernetes driver (kubeconfig or in-cluster), wraps the
+registry, and builds one worker over every machine kind: pods and nodes observed from the
+watch cache, tags from the registry (``CompositeObserver``), actions performed by the
+kube and registry handlers. Pod watch events wake the machines that indexed the pod's UID
+or (for pods they are about to create) its ``namespace/name``, and nudge the worker — no
+polling of the API server per machine. Submissions validate against ``fresh`` (the API
+server itself, never a cache that may lag).
+
+Used by ``cpctl worker --kubeconfig``, the operator verbs and ``cli.embedded``; the one
+module family in ``controlplane`` allowed to import ``drivers`` (import-linter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from controlplane.clock import Clock
+from controlplane.engine.observation import pod_key
+from controlplane.machines.registry import default_kinds
+from controlplane.machines.steps import WORK_ACTION
+from controlplane.store import leases
+from controlplane.store.database import Database
+from controlplane.worker.actions import ActionRunner, RetryPolicy
+from controlplane.worker.composite import CompositeObserver
+from controlplane.worker.runtime import Worker, WorkerConfig
+from drivers.kube import KubeDriver
+from drivers.registry import ManifestActions, RegistryObserver
+from drivers.registry.port import Registry
+
+
+@dataclass
+class Product:
+    kube: KubeDriver
+    registry: Registry
+    worker: Worker
+    #: What submissions validate against: the API server itself, not the watch cache.
+    fresh: CompositeObserver
+
+
+async def _noop(_action: Any) -> None:
+    return None
+
+
+@contextlib.asynccontextmanager
+async def product(db: Database, clock: Clock, *, registry: Registry, config: WorkerConfig,
+                  kubeconfig: str | None = None, in_cluster: bool | None = None,
+                  run_worker: bool = True) -> AsyncIterator[Product]:
+    workers: list[Worker] = []
+    drivers: list[KubeDriver] = []
+
+    async def wake(uid: str) -> None:
+        await leases.wake_by_key(db, key=uid, now=clock.now())
+        pod = drivers[0].pods.get_by_uid(uid) if drivers else None
+        meta = (pod or {}).get("metadata") or {}
+        if isinstance(meta, dict) and meta.get("namespace") and meta.get("name"):
+            key = pod_key(str(meta["namespace"]), str(meta["name"]))
+            await leases.wake_by_key(db, key=key, now=clock.now())
+        for worker in workers:
+            worker.nudge()
+
+    kube = await KubeDriver.connect(kubeconfig=kubeconfig, in_cluster=in_cluster,
+                                    on_pod_change=wake)
+    drivers.append(kube)
+    async with kube:
+        observer = CompositeObserver(cluster=kube.observer,
+                                     registry=RegistryObserver(registry))
+        handlers = {**kube.handlers(), **ManifestActions(registry).handlers(),
+                    WORK_ACTION: _noop}
+        worker = Worker(db, default_kinds(), observer,
+                        ActionRunner(handlers, RetryPolicy(attempts=3)), clock, config)
+        workers.append(worker)
+        fresh = CompositeObserver(cluster=kube.fresh_observer,
+                                  registry=RegistryObserver(registry))
+        task = asyncio.create_task(worker.run()) if run_worker else None
+        try:
+            yield Product(kube, registry, worker, fresh)
+        finally:
+            if task is not None:
+                worker.stop()
+                await task

@@ -1,0 +1,149 @@
+"""Operators drive the product through separate processes, as in a real deployment:
+``cpctl sim up`` (the cluster), one ``python -m drivers.agent`` per node, ``cpctl worker
+--kubeconfig`` and the verbs ``migrate``, ``suspend``, ``resume`` with ``--wait``."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKER = "sim.controlplane.dev/marker"
+REPO = "localhost:5000/checkpoints"
+pytestmark = pytest.mark.slow
+
+
+class Deployment:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.kubeconfig = tmp / "kube.yaml"
+        self.layout = tmp / "oci"
+        self.db = f"sqlite:///{tmp / 'cp.db'}"
+        self.procs: list[subprocess.Popen[str]] = []
+        self.url = ""
+
+    def start(self, name: str, *args: str) -> subprocess.Popen[str]:
+        with (self.tmp / f"{name}.stderr").open("w") as err:
+            proc = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, text=True,
+                                    stdout=subprocess.PIPE, stderr=err,
+                                    stdin=subprocess.DEVNULL)
+        self.procs.append(proc)
+        return proc
+
+    def cluster_args(self) -> list[str]:
+        return ["--kubeconfig", str(self.kubeconfig), "--registry-layout", str(self.layout)]
+
+    def cpctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "controlplane.cli.main", "--db", self.db,
+                               *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL)
+
+    def api(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method="POST" if body else "GET",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def pods(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.api("/api/v1/namespaces/default/pods")["items"]
+        return items
+
+    def wait(self, check: Any, what: str, limit: float = 30) -> Any:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            found = check()
+            if found:
+                return found
+            time.sleep(0.05)  # other processes: nothing to await
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    d = Deployment(tmp_path)
+    try:
+        sim = d.start("sim", "controlplane.cli.main", "sim", "up", "--nodes", "3",
+                      "--kubeconfig", str(d.kubeconfig))
+        assert sim.stdout is not None
+        d.url = sim.stdout.readline().split("listening on ")[1].split()[0]
+        for node in ("node-1", "node-2", "node-3"):
+            agent = d.start(f"agent-{node}", "drivers.agent", "--node", node,
+                            "--kubeconfig", str(d.kubeconfig), "--layout", str(d.layout),
+                            "--dumper", "sim", "--workdir", str(tmp_path / "work" / node))
+            assert agent.stdout is not None
+            assert agent.stdout.readline()  # one line once it serves
+        assert d.cpctl("db", "upgrade").returncode == 0
+        d.start("worker", "controlplane.cli.main", "--db", d.db, "worker",
+                "--poll-seconds", "0.05", *d.cluster_args())
+        yield d
+    finally:
+        d.stop()
+
+
+def test_migrate_then_suspend_and_resume_keep_the_workload_state(
+    deployment: Deployment,
+) -> None:
+    d = deployment
+    d.api("/api/v1/namespaces/default/pods", {
+        "metadata": {"name": "app", "labels": {"app": "app"},
+                     "annotations": {MARKER: "counter=41"}},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "main", "image": "pause"}]}})
+    d.wait(lambda: any(p["metadata"]["name"] == "app" and p["status"].get("phase") == "Running"
+                       for p in d.pods()), "app running")
+
+    migrated = d.cpctl("migrate", "default/app", "--to", "node-2", "--repository", REPO,
+                       "--wait", "--wait-seconds", "60", *d.cluster_args())
+    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+    assert "migrate default/app: Succeeded" in migrated.stdout
+    [moved] = d.pods()
+    assert moved["spec"]["nodeName"] == "node-2"
+    assert moved["metadata"]["annotations"][MARKER] == "counter=41"
+    name = moved["metadata"]["name"]
+
+    suspended = d.cpctl("suspend", f"default/{name}", "--repository", REPO, "--wait",
+                        *d.cluster_args())
+    assert suspended.returncode == 0, suspended.stdout + suspended.stderr
+    assert d.pods() == []
+    resumed = d.cpctl("resume", f"default/{name}", "--node", "node-3", "--repository", REPO,
+                      "--wait", *d.cluster_args())
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    [back] = d.wait(lambda: [p for p in d.pods() if p["status"].get("phase") == "Running"],
+                    "the resumed pod running")
+    assert back["metadata"]["annotations"][MARKER] == "counter=41"
+    assert back["spec"]["nodeName"] == "node-3"
+
+
+def test_verbs_refuse_bad_requests_with_one_line(deployment: Deployment) -> None:
+    d = deployment
+    for args, fragment in [
+        (("migrate", "default/ghost", "--to", "node-2"), "default/ghost not found"),
+        (("migrate", "nonamespace", "--to", "node-2"), "is not NAMESPACE/POD"),
+        (("resume", "default/never"), "no suspension of default/never"),
+    ]:
+        result = d.cpctl(*args, "--repository", REPO, *d.cluster_args())
+        assert result.returncode == 2, result.stderr
+        assert fragment in result.stderr
+        assert "Traceback" not in result.stderr
