@@ -163,6 +163,15 @@ async def cancel_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+async def retarget_cmd(args: argparse.Namespace) -> int:
+    async with opened(args) as db:
+        version = await send_command(db, default_kinds(), machine_id=args.id,
+                                     command=Command("Retarget", {"node": args.to}),
+                                     now=clock.now())
+    print(f"retarget to {args.to} recorded for {args.id} (version {version})")
+    return 0
+
+
 async def wake_cmd(args: argparse.Namespace) -> int:
     async with opened(args) as db:
         if args.key:

@@ -86,8 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--limit", type=_positive_int, default=100)
     ls.add_argument("-o", "--output", choices=["table", "json"], default="table")
 
-    c = verb("cancel", commands.cancel_cmd, "ask a machine to stop (recorded as an event)")
+    c = verb("cancel", commands.cancel_cmd, "ask an operation to stop (recorded as an event): "
+             "a migration whose source is already gone is restored where it was")
     c.add_argument("id")
+    rt = verb("retarget", commands.retarget_cmd, "change a migration's target node: before "
+              "the source is deleted it re-plans (back to the source node: wakes it in "
+              "place); after, the restore goes to the new node")
+    rt.add_argument("id")
+    rt.add_argument("--to", required=True, metavar="NODE")
 
     w = verb("wake", commands.wake_cmd, "make machines due now, by machine id or by key "
              "(e.g. a pod UID), as a pod watch event does")

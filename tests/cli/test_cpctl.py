@@ -178,3 +178,10 @@ def test_demo_migrates_suspends_and_resumes_with_the_markers_surviving(tmp_path:
                     "Resumed"):
         assert outcome in out
     assert (tmp_path / "demo" / "controlplane.db").exists()
+
+
+def test_retarget_is_refused_for_kinds_that_cannot_move(ready_db: str) -> None:
+    cpctl(ready_db, "submit", "steps", "--spec", '{"steps": 2}', "--id", "s1")
+    assert_one_line_error(cpctl(ready_db, "retarget", "s1", "--to", "node-2"), 2,
+                          "Retarget refused", "only Cancel")
+    assert_one_line_error(cpctl(ready_db, "retarget", "nope", "--to", "node-2"), 2, "nope")

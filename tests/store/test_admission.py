@@ -183,3 +183,18 @@ async def test_a_finished_operation_frees_its_workload(
         decision_input={}, now=clock.now(), worker_id="test")
     await _submit(db, cluster, clock, "second", migration("web", "uid-web"))
     assert (await queries.get_machine(db, "second")).workload == f"{NS}/web"
+
+
+async def test_a_submitted_migration_accepts_retarget_and_records_it(
+    db: Database, cluster: Cluster, clock: FakeClock
+) -> None:
+    from controlplane.engine.decider import Command
+    from controlplane.operations import send_command
+
+    await _submit(db, cluster, clock, "mig", migration("web", "uid-web"))
+    await send_command(db, KINDS, machine_id="mig", command=Command("Retarget",
+                                                                     {"node": "node-d"}),
+                       now=clock.now())
+    history = [e.type for e in await queries.history(db, "mig")]
+    assert history[-1] == "Retargeted"
+    assert (await queries.get_machine(db, "mig")).next_wake_at == clock.now()  # woken
