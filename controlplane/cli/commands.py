@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
 import json
 import signal
 import sys
@@ -25,7 +26,7 @@ from controlplane.machines.registry import default_kinds
 from controlplane.machines.steps import WORK_ACTION
 from controlplane.operations import send_command, submit
 from controlplane.replay import ReplayReport, rebuild, verify
-from controlplane.store import leases, migrate, queries
+from controlplane.store import leases, migrate, queries, reports
 from controlplane.store.database import Database, open_database
 from controlplane.store.records import MachineRecord
 from controlplane.worker.actions import ActionRunner, RetryPolicy
@@ -161,6 +162,28 @@ async def cancel_cmd(args: argparse.Namespace) -> int:
                                      command=Command("Cancel", {}), now=clock.now())
     print(f"cancel recorded for {args.id} (version {version})")
     return 0
+
+
+async def report_cmd(args: argparse.Namespace) -> int:
+    async with opened(args) as db:
+        await migrate.require_current(db)
+        summary = await reports.summary(db, report=args.report, by=args.by,
+                                        since=_since(args.since))
+    if args.output == "json":
+        render.as_json(summary)
+    elif args.output == "csv":
+        writer = csv.writer(sys.stdout)
+        if summary:
+            writer.writerow(list(summary[0]))
+        writer.writerows([list(r.values()) for r in summary])
+    else:
+        headers = list(summary[0]) if summary else [args.by, "count"]
+        render.table(headers, [[_fmt(v) for v in r.values()] for r in summary])
+    return 0
+
+
+def _fmt(value: object) -> object:
+    return f"{value:.3f}" if isinstance(value, float) else value
 
 
 async def retarget_cmd(args: argparse.Namespace) -> int:

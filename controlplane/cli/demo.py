@@ -55,7 +55,6 @@ async def demo_cmd(args: argparse.Namespace) -> int:
         say(f"embedded default: SQLite {root / 'controlplane.db'}, simulated cluster "
             f"(3 nodes), OCI layout {root / 'registry'}, a node agent per node")
         async with embedded(db, root, clock) as world:
-            Demo.world = world
             demo = Demo(db, world, started)
             await demo.run()
         ok = await _replay(db)
@@ -66,7 +65,7 @@ async def demo_cmd(args: argparse.Namespace) -> int:
 
 
 class Demo:
-    world: Any = None
+    """The demo's steps, over a running embedded world."""
 
     def __init__(self, db: Database, world: Any, started: float) -> None:
         self.db, self.world, self.started = db, world, started

@@ -101,6 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--id")
     group.add_argument("--key")
 
+    rp = verb("report", commands.report_cmd, "summarise operations or checkpoints from the "
+              "reporting views: counts, success rate, p50/p95 seconds (SQL: "
+              "docs/reporting.md)")
+    rp.add_argument("report", choices=["operations", "checkpoints"])
+    rp.add_argument("--by", choices=["kind", "node", "day"], default="kind")
+    rp.add_argument("--since", help="only those at or after this ISO time")
+    rp.add_argument("-o", "--output", choices=["table", "json", "csv"], default="table")
+
     r = verb("replay", commands.replay_cmd, "check projections against events (default), "
              "rebuild them (--rebuild), and/or re-run every decision to prove determinism "
              "(--verify); exit 5 on any mismatch")

@@ -50,6 +50,10 @@ def test_submit_run_inspect_and_replay_a_machine_end_to_end(ready_db: str) -> No
     assert "SEQ" in table
     listed = json.loads(cpctl(ready_db, "list", "--kind", "steps", "-o", "json").stdout)
     assert [m["id"] for m in listed] == ["job-1"]
+    report = json.loads(cpctl(ready_db, "report", "operations", "-o", "json").stdout)
+    assert [(r["kind"], r["count"]) for r in report] == [("steps", 1)]
+    csv_out = cpctl(ready_db, "report", "operations", "--by", "day", "-o", "csv").stdout
+    assert csv_out.splitlines()[0].startswith("day,count,succeeded")
     replay = cpctl(ready_db, "replay", "--verify")
     assert replay.returncode == 0, replay.stdout
     assert "0 mismatches" in replay.stdout
