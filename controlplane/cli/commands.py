@@ -79,16 +79,19 @@ def parse_spec(text: str) -> JsonObject:
     return spec
 
 
-#: Kinds whose actions the CLI's worker can perform today. The product kinds need the
-#: Kubernetes and registry drivers (their issues); submitting one now would only wait.
-RUNNABLE_KINDS = ("steps",)
+#: Kinds ``submit`` takes as raw specs. The product kinds go through their own verbs,
+#: which read the pod from the cluster and validate against it.
+RAW_KINDS = ("steps",)
+PRODUCT_VERBS = {"checkpoint": "checkpoint", "migration": "migrate", "suspend": "suspend",
+                 "resume": "resume", "restore": "resume"}
 
 
 async def submit_cmd(args: argparse.Namespace) -> int:
-    if args.kind in default_kinds() and args.kind not in RUNNABLE_KINDS:
-        raise UsageError(f"kind {args.kind!r} is known but cannot run yet: its Kubernetes "
-                         "and registry drivers have not landed",
-                         hint=f"runnable kinds: {', '.join(RUNNABLE_KINDS)}")
+    if args.kind in default_kinds() and args.kind not in RAW_KINDS:
+        raise UsageError(f"{args.kind} operations are submitted with their own verb, which "
+                         "reads the pod from the cluster and validates the request",
+                         hint=f"use `cpctl {PRODUCT_VERBS.get(args.kind, args.kind)} "
+                         "NAMESPACE/POD ...` (see its --help)")
     spec = parse_spec(args.spec)
     async with opened(args) as db:
         await migrate.require_current(db)

@@ -189,3 +189,8 @@ def test_retarget_is_refused_for_kinds_that_cannot_move(ready_db: str) -> None:
     assert_one_line_error(cpctl(ready_db, "retarget", "s1", "--to", "node-2"), 2,
                           "Retarget refused", "only Cancel")
     assert_one_line_error(cpctl(ready_db, "retarget", "nope", "--to", "node-2"), 2, "nope")
+
+
+def test_submitting_a_product_kind_raw_points_to_its_verb(ready_db: str) -> None:
+    assert_one_line_error(cpctl(ready_db, "submit", "migration", "--spec", "{}"), 2,
+                          "cpctl migrate NAMESPACE/POD")
