@@ -12,8 +12,7 @@ restore. A composition root: it imports the drivers (import-linter names the edg
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from controlplane.cli.assembly import Product, product
@@ -25,8 +24,8 @@ from controlplane.errors import UsageError
 from controlplane.machines.registry import default_kinds
 from controlplane.operations import submit_operation
 from controlplane.store import migrate, queries
-from controlplane.store.database import open_database
-from controlplane.worker.runtime import WorkerConfig
+from controlplane.store.database import Database
+from controlplane.worker.runtime import Worker, WorkerConfig
 from drivers.kube import KubeDriver
 from drivers.kube.errors import ApiNotFound
 from drivers.kube.resources import PODS
@@ -51,23 +50,12 @@ def _workload(text: str) -> tuple[str, str]:
     return ns, name
 
 
-async def worker_cmd(args: argparse.Namespace, config: WorkerConfig) -> int:
+async def run_product_worker(db: Database, args: argparse.Namespace, config: WorkerConfig,
+                             drive: Callable[[Worker], Awaitable[None]]) -> None:
     """``cpctl worker --kubeconfig ...``: drive every kind against the cluster."""
-    db = open_database(args.db, pool_size=max(args.concurrency + 2, 5))
-    try:
-        if args.upgrade_schema:
-            await migrate.upgrade(db)
-        else:
-            await migrate.require_current(db)
-        async with product(db, clock, registry=_registry(args), config=config,
-                           run_worker=False, **_connect(args)) as running:
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, running.worker.stop)
-            await running.worker.run()
-    finally:
-        await db.dispose()
-    return 0
+    async with product(db, clock, registry=_registry(args), config=config, run_worker=False,
+                       **_connect(args)) as running:
+        await drive(running.worker)
 
 
 async def _pod(kube: KubeDriver, ns: str, name: str) -> dict[str, Any]:

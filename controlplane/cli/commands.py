@@ -234,36 +234,38 @@ async def replay_cmd(args: argparse.Namespace) -> int:
 
 
 async def worker_cmd(args: argparse.Namespace) -> int:
-    if args.kubeconfig or args.in_cluster:  # the product against a cluster and a registry
-        from controlplane.cli.cluster import worker_cmd as cluster_worker
-
-        return await cluster_worker(args, WorkerConfig(
-            worker_id=args.worker_id or f"worker-{new_id()[:8]}",
-            concurrency=args.concurrency, batch_size=args.concurrency,
-            lease_seconds=args.lease_seconds, heartbeat_seconds=args.lease_seconds / 3,
-            poll_seconds=args.poll_seconds))
+    config = WorkerConfig(
+        worker_id=args.worker_id or f"worker-{new_id()[:8]}",
+        concurrency=args.concurrency, batch_size=args.concurrency,
+        lease_seconds=args.lease_seconds, heartbeat_seconds=args.lease_seconds / 3,
+        poll_seconds=args.poll_seconds,
+    )
     db = open_database(args.db, pool_size=max(args.concurrency + 2, 5))
     try:
         if args.upgrade_schema:
             await migrate.upgrade(db)
         else:
             await migrate.require_current(db)
-        worker = build_worker(db, WorkerConfig(
-            worker_id=args.worker_id or f"worker-{new_id()[:8]}",
-            concurrency=args.concurrency, batch_size=args.concurrency,
-            lease_seconds=args.lease_seconds, heartbeat_seconds=args.lease_seconds / 3,
-            poll_seconds=args.poll_seconds,
-        ))
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stop)
-        if args.until_done:
-            await run_until_done(worker)
-        else:
-            await worker.run()
+        if args.kubeconfig or args.in_cluster:  # the product against a cluster + registry
+            from controlplane.cli.cluster import run_product_worker
+
+            await run_product_worker(db, args, config, lambda w: _drive(w, args.until_done))
+        else:  # the engine's own kinds only
+            await _drive(build_worker(db, config), args.until_done)
     finally:
         await db.dispose()
     return 0
+
+
+async def _drive(worker: Worker, until_done: bool) -> None:
+    """Run ``worker`` until SIGTERM/SIGINT (draining), or until every machine settled."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop)
+    if until_done:
+        await run_until_done(worker)
+    else:
+        await worker.run()
 
 
 async def _noop(_action: Any) -> None:
