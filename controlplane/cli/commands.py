@@ -114,8 +114,8 @@ def _record_json(r: MachineRecord) -> dict[str, Any]:
 async def get_cmd(args: argparse.Namespace) -> int:
     async with opened(args) as db:
         record = await queries.get_machine(db, args.id)
-    if args.output == "json":
-        render.as_json(_record_json(record))
+    if args.output in ("json", "yaml"):
+        render.structured(_record_json(record), args.output)
     else:
         render.table(["field", "value"], list(_record_json(record).items()), max_width=120)
     return 0
@@ -138,8 +138,8 @@ async def list_cmd(args: argparse.Namespace) -> int:
                                 since=_since(args.since), limit=args.limit)
     async with opened(args) as db:
         records = await queries.list_machines(db, flt)
-    if args.output == "json":
-        render.as_json([_record_json(r) for r in records])
+    if args.output in ("json", "yaml"):
+        render.structured([_record_json(r) for r in records], args.output)
     else:
         render.table(["id", "kind", "phase", "version", "next wake", "lease owner", "created"],
                      [(r.id, r.kind, r.phase, r.version, r.next_wake_at, r.lease_owner,
@@ -150,8 +150,8 @@ async def list_cmd(args: argparse.Namespace) -> int:
 async def history_cmd(args: argparse.Namespace) -> int:
     async with opened(args) as db:
         events = await queries.history(db, args.id)
-    if args.output == "json":
-        render.as_json(events)
+    if args.output in ("json", "yaml"):
+        render.structured(events, args.output)
     else:
         render.table(["seq", "time", "event", "data", "facts (why)", "by"],
                      [(e.seq, e.recorded_at, e.type, e.data, e.facts, e.worker_id)
@@ -172,8 +172,8 @@ async def report_cmd(args: argparse.Namespace) -> int:
         await migrate.require_current(db)
         summary = await reports.summary(db, report=args.report, by=args.by,
                                         since=_since(args.since))
-    if args.output == "json":
-        render.as_json(summary)
+    if args.output in ("json", "yaml"):
+        render.structured(summary, args.output)
     elif args.output == "csv":
         writer = csv.writer(sys.stdout)
         if summary:

@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     ]:
         g = verb(name, handler, text)
         g.add_argument("id", help="machine id")
-        g.add_argument("-o", "--output", choices=["table", "json"], default="table")
+        g.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
 
     ls = verb("list", commands.list_cmd, "list machines, newest first")
     ls.add_argument("--kind")
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "their last actions)")
     ls.add_argument("--since", help="created at or after this ISO time")
     ls.add_argument("--limit", type=_positive_int, default=100)
-    ls.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    ls.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
 
     c = verb("cancel", commands.cancel_cmd, "ask an operation to stop (recorded as an event): "
              "a migration whose source is already gone is restored where it was")
@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("report", choices=["operations", "checkpoints"])
     rp.add_argument("--by", choices=["kind", "node", "day"], default="kind")
     rp.add_argument("--since", help="only those at or after this ISO time")
-    rp.add_argument("-o", "--output", choices=["table", "json", "csv"], default="table")
+    rp.add_argument("-o", "--output", choices=["table", "json", "yaml", "csv"], default="table")
 
     r = verb("replay", commands.replay_cmd, "check projections against events (default), "
              "rebuild them (--rebuild), and/or re-run every decision to prove determinism "

@@ -9,6 +9,8 @@ from dataclasses import asdict, is_dataclass
 from datetime import datetime
 from typing import Any, TextIO
 
+import yaml
+
 
 def _default(value: Any) -> Any:
     if isinstance(value, datetime):
@@ -20,6 +22,18 @@ def _default(value: Any) -> Any:
 
 def as_json(value: Any, out: TextIO = sys.stdout) -> None:
     out.write(json.dumps(value, default=_default, indent=2, sort_keys=True) + "\n")
+
+
+def as_yaml(value: Any, out: TextIO = sys.stdout) -> None:
+    """The same document as ``as_json`` (times as ISO strings), in YAML."""
+    plain = json.loads(json.dumps(value, default=_default))
+    out.write(yaml.safe_dump(plain, sort_keys=True, default_flow_style=False,
+                             allow_unicode=True))
+
+
+def structured(value: Any, output: str, out: TextIO = sys.stdout) -> None:
+    """``-o json`` or ``-o yaml``."""
+    (as_yaml if output == "yaml" else as_json)(value, out)
 
 
 def _cell(value: Any) -> str:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,6 +51,10 @@ def test_submit_run_inspect_and_replay_a_machine_end_to_end(ready_db: str) -> No
     assert "SEQ" in table
     listed = json.loads(cpctl(ready_db, "list", "--kind", "steps", "-o", "json").stdout)
     assert [m["id"] for m in listed] == ["job-1"]
+    as_yaml = yaml.safe_load(cpctl(ready_db, "get", "job-1", "-o", "yaml").stdout)
+    assert (as_yaml["phase"], as_yaml["version"]) == ("Succeeded", 4)
+    assert [e["type"] for e in yaml.safe_load(
+        cpctl(ready_db, "history", "job-1", "-o", "yaml").stdout)] == [e["type"] for e in history]
     report = json.loads(cpctl(ready_db, "report", "operations", "-o", "json").stdout)
     assert [(r["kind"], r["count"]) for r in report] == [("steps", 1)]
     csv_out = cpctl(ready_db, "report", "operations", "--by", "day", "-o", "csv").stdout
