@@ -26,6 +26,7 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	scripts/ensure-postgres
 	scripts/ensure-registry
+	scripts/ensure-chromium
 	$(BIN)/pytest -q
 
 unit: $(STAMP)

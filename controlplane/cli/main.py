@@ -109,6 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--since", help="only those at or after this ISO time")
     rp.add_argument("-o", "--output", choices=["table", "json", "yaml", "csv"], default="table")
 
+    sv = verb("serve", _serve, "serve the HTTP API (OpenAPI at /api/v1/openapi.json), the "
+              "dashboard at / and Prometheus metrics at /metrics; the token comes from "
+              "--token-file or $CONTROLPLANE_API_TOKEN")
+    sv.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT")
+    sv.add_argument("--token-file", help="file holding the API token")
+    sv.add_argument("--metrics-public", action="store_true",
+                    help="serve /metrics without the token (for a Prometheus scraper)")
+
     r = verb("replay", commands.replay_cmd, "check projections against events (default), "
              "rebuild them (--rebuild), and/or re-run every decision to prove determinism "
              "(--verify); exit 5 on any mismatch")
@@ -176,6 +184,12 @@ def _cluster_options(p: argparse.ArgumentParser) -> None:
     from controlplane.cli.options import add_cluster_options
 
     add_cluster_options(p)
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from controlplane.cli.serve import serve_cmd  # loads aiohttp only for this verb
+
+    return await serve_cmd(args)
 
 
 async def _operation(args: argparse.Namespace) -> int:

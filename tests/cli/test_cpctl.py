@@ -199,3 +199,42 @@ def test_retarget_is_refused_for_kinds_that_cannot_move(ready_db: str) -> None:
 def test_submitting_a_product_kind_raw_points_to_its_verb(ready_db: str) -> None:
     assert_one_line_error(cpctl(ready_db, "submit", "migration", "--spec", "{}"), 2,
                           "cpctl migrate NAMESPACE/POD")
+
+
+def test_serve_answers_with_the_token_and_refuses_without_it(ready_db: str,
+                                                             tmp_path: Path) -> None:
+    import signal
+    import urllib.error
+    import urllib.request
+
+    token = "s3cret-token-for-the-api-test"
+    (tmp_path / "token").write_text(token + "\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controlplane.cli.main", "--db", ready_db, "serve",
+         "--listen", "127.0.0.1:0", "--token-file", str(tmp_path / "token")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split(" on ")[1].strip().rstrip("/")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{url}/api/v1/operations", timeout=10)
+        assert refused.value.code == 401
+        refused.value.close()
+        req = urllib.request.Request(f"{url}/api/v1/operations",
+                                     headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert resp.status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out, err = proc.communicate()
+    assert token not in out + err
+
+
+def test_serve_refuses_to_start_without_a_usable_token(ready_db: str) -> None:
+    assert_one_line_error(cpctl(ready_db, "serve", "--listen", "127.0.0.1:0"), 2,
+                          "token of at least 16 characters")

@@ -1,0 +1,245 @@
+"""The aiohttp application: JSON API, ``/metrics`` and the dashboard page.
+
+``make_app`` is the factory a composition root (the CLI, tests) calls with an open
+:class:`Database`. Reads go through ``controlplane.store.queries``/``reports``; commands
+through ``controlplane.operations.send_command``, so validation stays the decider's.
+Errors are JSON ``{"error": message, "parameter"?: name}`` with a 4xx/5xx status.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from aiohttp import web
+
+from controlplane.api import dashboard, metrics, params
+from controlplane.api.openapi import document
+from controlplane.clock import Clock, SystemClock
+from controlplane.engine.decider import Command, Event
+from controlplane.engine.kinds import KindRegistry
+from controlplane.errors import ControlPlaneError, UsageError
+from controlplane.machines.registry import default_kinds
+from controlplane.operations import send_command
+from controlplane.store import queries, reports
+from controlplane.store.database import Database
+from controlplane.store.errors import MachineNotFound
+from controlplane.store.records import MachineRecord, RecordedEvent
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 64 * 1024
+PUBLIC_PATHS = frozenset({"/", "/healthz", "/api/v1/openapi.json"})
+
+DB_KEY = web.AppKey("db", Database)
+KINDS_KEY = web.AppKey("kinds", KindRegistry)
+CLOCK_KEY = web.AppKey("clock", Clock)
+TOKEN_KEY = web.AppKey("token", bytes)
+PUBLIC_KEY = web.AppKey("public", frozenset)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def make_app(db: Database, *, token: str, kinds: KindRegistry | None = None,
+             clock: Clock | None = None, metrics_public: bool = False) -> web.Application:
+    """The API application. ``token`` is required on every route but ``/``, ``/healthz``
+    and the OpenAPI document (and ``/metrics`` when ``metrics_public``)."""
+    if not token:
+        raise ValueError("an API token is required")
+    app = web.Application(client_max_size=MAX_BODY,
+                          middlewares=[_errors_middleware, _auth_middleware])
+    app[DB_KEY] = db
+    app[KINDS_KEY] = kinds if kinds is not None else default_kinds()
+    app[CLOCK_KEY] = clock if clock is not None else SystemClock()
+    app[TOKEN_KEY] = token.encode()
+    app[PUBLIC_KEY] = PUBLIC_PATHS | ({"/metrics"} if metrics_public else frozenset())
+    app.router.add_get("/", _dashboard)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/api/v1/openapi.json", _openapi)
+    app.router.add_get("/api/v1/operations", _list_operations)
+    app.router.add_get("/api/v1/operations/{id}", _get_operation)
+    app.router.add_get("/api/v1/operations/{id}/events", _operation_events)
+    app.router.add_post("/api/v1/operations/{id}/cancel", _cancel)
+    app.router.add_post("/api/v1/operations/{id}/retarget", _retarget)
+    app.router.add_get("/api/v1/reports/{report}", _report)
+    return app
+
+
+# -- plumbing ---------------------------------------------------------------------------
+
+def _default(value: object) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return float(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _json(data: Any, *, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(data, default=_default), status=status,
+                        content_type="application/json")
+
+
+def _error(status: int, message: str, parameter: str | None = None) -> web.Response:
+    body: dict[str, Any] = {"error": message}
+    if parameter is not None:
+        body["parameter"] = parameter
+    return _json(body, status=status)
+
+
+@web.middleware
+async def _auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path in request.app[PUBLIC_KEY]:
+        return await handler(request)
+    header = request.headers.get("Authorization", "")
+    scheme, _, presented = header.partition(" ")
+    # compare_digest on bytes of any length: no early exit that would time the token.
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+            presented.strip().encode(), request.app[TOKEN_KEY]):
+        return _error(401, "missing or wrong bearer token "
+                           "(send 'Authorization: Bearer <token>')")
+    return await handler(request)
+
+
+@web.middleware
+async def _errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except params.BadRequest as exc:
+        return _error(400, exc.message, exc.parameter)
+    except MachineNotFound as exc:
+        return _error(404, exc.message)
+    except web.HTTPRequestEntityTooLarge:
+        return _error(413, f"the body is larger than {MAX_BODY} bytes")
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return _error(exc.status, exc.reason)
+        raise
+    except UsageError as exc:
+        return _error(400, str(exc))
+    except ControlPlaneError as exc:
+        log.warning("api request failed: %s %s: %s", request.method, request.path, exc)
+        return _error(503, str(exc))
+
+
+def _operation(record: MachineRecord, *, detail: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": record.id, "kind": record.kind, "phase": record.phase,
+        "terminal": record.terminal, "version": record.version,
+        "workload": record.workload, "source_node": record.source_node,
+        "held": record.held, "attempts": record.attempts,
+        "created_at": record.created_at, "updated_at": record.updated_at,
+    }
+    if detail:
+        out.update(spec=record.spec, state=record.state,
+                   next_wake_at=record.next_wake_at, lease_owner=record.lease_owner)
+    return out
+
+
+def _phases(kinds: KindRegistry, record: MachineRecord,
+            events: list[RecordedEvent]) -> list[str | None]:
+    """The machine's phase after each event, by folding the decider (for timelines).
+
+    History is immutable but deciders evolve; an event this build cannot fold yields
+    ``None`` phases from there on rather than failing the request."""
+    out: list[str | None] = []
+    try:
+        decider = kinds.get(record.kind)
+        state: Any = None
+        for event in events:
+            if state is None:
+                spec = event.data.get("spec", record.spec)
+                state = decider.initial_state(record.id, spec if isinstance(spec, dict)
+                                              else record.spec)
+            else:
+                state = decider.evolve(state, Event(event.type, event.data, event.facts))
+            out.append(str(state.phase))
+    except Exception:  # a display aid must not break the history view
+        log.info("cannot fold phases of %s", record.id, exc_info=True)
+    return out + [None] * (len(events) - len(out))
+
+
+async def _command(request: web.Request, command: Command) -> web.Response:
+    app = request.app
+    machine_id = request.match_info["id"]
+    record = await queries.get_machine(app[DB_KEY], machine_id)  # 404 before 409
+    try:
+        version = await send_command(app[DB_KEY], app[KINDS_KEY], machine_id=machine_id,
+                                     command=command, now=app[CLOCK_KEY].now())
+    except MachineNotFound:
+        raise
+    except UsageError as exc:
+        return _error(409, str(exc))
+    return _json({"id": record.id, "command": command.type, "version": version,
+                  "accepted": version != record.version}, status=202)
+
+
+# -- handlers ---------------------------------------------------------------------------
+
+async def _dashboard(request: web.Request) -> web.Response:
+    return web.Response(text=dashboard.PAGE, content_type="text/html",
+                        headers={"Content-Security-Policy": dashboard.CSP,
+                                 "Referrer-Policy": "no-referrer",
+                                 "Cache-Control": "no-store"})
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return _json({"status": "ok"})
+
+
+async def _openapi(request: web.Request) -> web.Response:
+    return _json(document())
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    text = await metrics.render(request.app[DB_KEY])
+    return web.Response(text=text, headers={"Content-Type": metrics.CONTENT_TYPE})
+
+
+async def _list_operations(request: web.Request) -> web.Response:
+    flt = params.machine_filter(request.query, request.app[KINDS_KEY])
+    records = await queries.list_machines(request.app[DB_KEY], flt)
+    return _json({"operations": [_operation(r) for r in records], "limit": flt.limit})
+
+
+async def _get_operation(request: web.Request) -> web.Response:
+    record = await queries.get_machine(request.app[DB_KEY], request.match_info["id"])
+    return _json(_operation(record, detail=True))
+
+
+async def _operation_events(request: web.Request) -> web.Response:
+    db = request.app[DB_KEY]
+    record = await queries.get_machine(db, request.match_info["id"])
+    events = await queries.history(db, record.id)
+    phases = _phases(request.app[KINDS_KEY], record, events)
+    return _json({"operation": _operation(record), "events": [
+        {"seq": e.seq, "type": e.type, "recorded_at": e.recorded_at, "phase": phase,
+         "data": e.data, "facts": e.facts, "worker_id": e.worker_id}
+        for e, phase in zip(events, phases, strict=True)]})
+
+
+async def _cancel(request: web.Request) -> web.Response:
+    params.json_object(await request.read(), allowed={}, required=frozenset())
+    return await _command(request, Command("Cancel"))
+
+
+async def _retarget(request: web.Request) -> web.Response:
+    body = params.json_object(await request.read(), allowed={"node": str},
+                              required=frozenset({"node"}))
+    return await _command(request, Command("Retarget", {"node": params.node_name(body["node"])}))
+
+
+async def _report(request: web.Request) -> web.Response:
+    report = request.match_info["report"]
+    if report not in params.REPORTS:
+        return _error(404, f"no report {report!r} (reports: {', '.join(params.REPORTS)})")
+    by = params.report_by(request.query)
+    rows = await reports.summary(request.app[DB_KEY], report=report, by=by,
+                                 since=params.since(request.query.get("since")))
+    return _json({"report": report, "by": by, "rows": rows})

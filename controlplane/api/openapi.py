@@ -1,0 +1,130 @@
+"""The OpenAPI 3.1 document of the API, hand-written; served at ``/api/v1/openapi.json``.
+
+A test checks that every route of ``make_app`` appears here, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+
+
+def _json_response(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {
+        "schema": schema or {"type": "object"}}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    text = {400: "Malformed input; `parameter` names it", 401: "Missing or wrong token",
+            404: "Unknown operation", 409: "The machine refused the command",
+            413: "Body too large"}
+    return {str(c): _json_response(text[c], _ERROR) for c in codes}
+
+
+def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "description": description,
+            "schema": schema}
+
+
+_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+_PUBLIC: list[dict[str, Any]] = [{}]
+
+
+def document() -> dict[str, Any]:
+    op_ref = {"$ref": "#/components/schemas/Operation"}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "controlplane API", "version": "1",
+                 "description": "Checkpoint, restore and migrate pods. See docs/api.md."},
+        "security": [{"bearer": []}],
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {"type": "object", "required": ["error"], "properties": {
+                    "error": {"type": "string"}, "parameter": {"type": "string"}}},
+                "Operation": {"type": "object", "properties": {
+                    "id": {"type": "string"}, "kind": {"type": "string"},
+                    "phase": {"type": "string"}, "terminal": {"type": "boolean"},
+                    "version": {"type": "integer"}, "workload": {"type": ["string", "null"]},
+                    "source_node": {"type": ["string", "null"]}, "held": {"type": "boolean"},
+                    "attempts": {"type": "integer"},
+                    "created_at": {"type": "string", "format": "date-time"},
+                    "updated_at": {"type": "string", "format": "date-time"}}},
+                "Event": {"type": "object", "properties": {
+                    "seq": {"type": "integer"}, "type": {"type": "string"},
+                    "recorded_at": {"type": "string", "format": "date-time"},
+                    "phase": {"type": ["string", "null"],
+                              "description": "the machine's phase after this event"},
+                    "data": {"type": "object"}, "facts": {"type": "object"},
+                    "worker_id": {"type": "string"}}},
+            },
+        },
+        "paths": {
+            "/": {"get": {"summary": "The dashboard (HTML; reads ?token= and &select=)",
+                          "security": _PUBLIC, "responses": {"200": {
+                              "description": "HTML page",
+                              "content": {"text/html": {"schema": {"type": "string"}}}}}}},
+            "/healthz": {"get": {"summary": "Liveness", "security": _PUBLIC,
+                                 "responses": {"200": _json_response("ok")}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics (text format 0.0.4)",
+                                 "responses": {"200": {"description": "exposition", "content": {
+                                     "text/plain": {"schema": {"type": "string"}}}},
+                                     **_errors(401)}}},
+            "/api/v1/openapi.json": {"get": {"summary": "This document", "security": _PUBLIC,
+                                             "responses": {"200": _json_response("OpenAPI")}}},
+            "/api/v1/operations": {"get": {
+                "summary": "List operations, newest first",
+                "parameters": [
+                    _query("kind", "a registered kind", {"type": "string"}),
+                    _query("phase", "a phase name", {"type": "string"}),
+                    _query("active", "true: not terminal; false: terminal",
+                           {"type": "boolean"}),
+                    _query("since", "submitted at or after (ISO 8601)",
+                           {"type": "string", "format": "date-time"}),
+                    _query("limit", "at most this many (default 100)",
+                           {"type": "integer", "minimum": 1, "maximum": 1000})],
+                "responses": {"200": _json_response("operations", {
+                    "type": "object", "properties": {
+                        "operations": {"type": "array", "items": op_ref},
+                        "limit": {"type": "integer"}}}), **_errors(400, 401)}}},
+            "/api/v1/operations/{id}": {"get": {
+                "summary": "One operation, with spec and state", "parameters": [_ID],
+                "responses": {"200": _json_response("operation", op_ref),
+                              **_errors(401, 404)}}},
+            "/api/v1/operations/{id}/events": {"get": {
+                "summary": "The operation's event history, in order", "parameters": [_ID],
+                "responses": {"200": _json_response("history", {
+                    "type": "object", "properties": {
+                        "operation": op_ref, "events": {
+                            "type": "array",
+                            "items": {"$ref": "#/components/schemas/Event"}}}}),
+                    **_errors(401, 404)}}},
+            "/api/v1/operations/{id}/cancel": {"post": {
+                "summary": "Ask the operation to cancel", "parameters": [_ID],
+                "requestBody": {"required": False, "content": {"application/json": {
+                    "schema": {"type": "object", "additionalProperties": False}}}},
+                "responses": {"202": _json_response("accepted (or already cancelling)"),
+                              **_errors(400, 401, 404, 409, 413)}}},
+            "/api/v1/operations/{id}/retarget": {"post": {
+                "summary": "Move a running migration to another target node",
+                "parameters": [_ID],
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"type": "object", "additionalProperties": False,
+                               "required": ["node"],
+                               "properties": {"node": {"type": "string"}}}}}},
+                "responses": {"202": _json_response("accepted"),
+                              **_errors(400, 401, 404, 409, 413)}}},
+            "/api/v1/reports/{report}": {"get": {
+                "summary": "Operations or checkpoints grouped by kind, node or day",
+                "parameters": [
+                    {"name": "report", "in": "path", "required": True,
+                     "schema": {"type": "string", "enum": ["operations", "checkpoints"]}},
+                    _query("by", "grouping (default kind)",
+                           {"type": "string", "enum": ["kind", "node", "day"]}),
+                    _query("since", "only rows at or after (ISO 8601)",
+                           {"type": "string", "format": "date-time"})],
+                "responses": {"200": _json_response("report rows"),
+                              **_errors(400, 401, 404)}}},
+        },
+    }

@@ -1,0 +1,73 @@
+"""``cpctl serve``: the HTTP API, the dashboard and ``/metrics`` (``controlplane.api``).
+
+The token comes from ``--token-file`` or ``$CONTROLPLANE_API_TOKEN``, never from the
+command line (where ``ps`` would show it); the access log redacts it from URLs. Runs
+until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+from controlplane.cli.commands import clock
+from controlplane.errors import UsageError
+from controlplane.machines.registry import default_kinds
+from controlplane.store import migrate
+from controlplane.store.database import open_database
+
+
+def _token(args: argparse.Namespace) -> str:
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"cannot read --token-file {args.token_file!r}: "
+                             f"{exc.strerror}") from None
+    else:
+        token = os.environ.get("CONTROLPLANE_API_TOKEN", "").strip()
+    if len(token) < 16:
+        raise UsageError("the API needs a token of at least 16 characters",
+                         hint="put one in a file for --token-file, or in "
+                         "$CONTROLPLANE_API_TOKEN")
+    return token
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"--listen {text!r} is not HOST:PORT", hint="e.g. 127.0.0.1:8080")
+    return host, int(port)
+
+
+async def serve_cmd(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from controlplane.api.app import make_app
+    from controlplane.api.serving import make_runner
+
+    token = _token(args)
+    host, port = _listen(args.listen)
+    db = open_database(args.db)
+    try:
+        await migrate.require_current(db)
+        app = make_app(db, token=token, kinds=default_kinds(), clock=clock,
+                       metrics_public=args.metrics_public)
+        runner = make_runner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0] if runner.addresses else (host, port)
+        print(f"API and dashboard on http://{bound[0]}:{bound[1]}/", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await runner.cleanup()
+    finally:
+        await db.dispose()
+    return 0

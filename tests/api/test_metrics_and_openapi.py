@@ -1,0 +1,98 @@
+"""``/metrics`` is valid Prometheus text with the expected series and values, and the
+OpenAPI document describes every route the application serves."""
+
+from __future__ import annotations
+
+import re
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from controlplane.api.app import make_app
+from controlplane.store import reports
+from tests.api.conftest import TOKEN, History, auth
+
+Client = TestClient[web.Request, web.Application]
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\["\\n])*"'
+SAMPLE = re.compile(rf"({_NAME})(?:\{{(?:{_LABEL}(?:,{_LABEL})*)?\}})? "
+                    r"(-?[0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?|\+Inf|-Inf|NaN)")
+META = re.compile(rf"# (HELP {_NAME} .*|TYPE {_NAME} (counter|gauge|histogram|summary|untyped))")
+
+
+def parse(text: str) -> tuple[dict[str, str], list[tuple[str, str, float]]]:
+    """Types by family and (name, labels, value) samples; fails on any bad line."""
+    types: dict[str, str] = {}
+    samples: list[tuple[str, str, float]] = []
+    assert text.endswith("\n")
+    for line in text.splitlines():
+        if line.startswith("#"):
+            assert META.fullmatch(line), line
+            if line.startswith("# TYPE"):
+                _, _, name, kind = line.split(" ")
+                assert name not in types, f"{name} typed twice"
+                types[name] = kind
+            continue
+        match = SAMPLE.fullmatch(line)
+        assert match, f"not a Prometheus sample line: {line!r}"
+        name = match.group(1)
+        family = re.sub(r"_(bucket|sum|count)$", "", name)
+        assert family in types or name in types, f"{name} has no # TYPE"
+        samples.append((name, line[len(name):line.rindex(" ")], float(match.group(2))))
+    return types, samples
+
+
+async def test_metrics_text_parses_and_has_the_expected_series(
+        client: Client, history: History) -> None:
+    response = await client.get("/metrics", headers=auth())
+    assert response.status == 200
+    assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    types, samples = parse(await response.text())
+    assert types == {
+        "controlplane_operations": "gauge",
+        "controlplane_operation_duration_seconds": "histogram",
+        "controlplane_gc_failures_total": "counter",
+        "controlplane_events_total": "counter",
+    }
+    ops = {labels: v for name, labels, v in samples if name == "controlplane_operations"}
+    assert ops['{kind="migration",phase="Succeeded"}'] == 1
+    assert ops['{kind="resume",phase="Resumed"}'] == 1
+    assert sum(ops.values()) == 4
+    counts = {labels: v for name, labels, v in samples
+              if name == "controlplane_operation_duration_seconds_count"}
+    assert counts == {'{kind="checkpoint"}': 1, '{kind="migration"}': 1,
+                      '{kind="resume"}': 1, '{kind="suspend"}': 1}
+    inf = [v for name, labels, v in samples if name.endswith("_bucket") and 'le="+Inf"' in labels]
+    assert inf == [1, 1, 1, 1]
+    events = (await reports.rows(history.db, "SELECT count(*) AS n FROM events"))[0]["n"]
+    single = {name: v for name, _, v in samples}
+    assert single["controlplane_events_total"] == events
+    assert single["controlplane_gc_failures_total"] == 0
+
+
+async def test_histogram_buckets_are_cumulative(client: Client) -> None:
+    _, samples = parse(await (await client.get("/metrics", headers=auth())).text())
+    by_kind: dict[str, list[float]] = {}
+    for name, labels, value in samples:
+        if name == "controlplane_operation_duration_seconds_bucket":
+            by_kind.setdefault(labels.split(",")[0], []).append(value)
+    assert by_kind
+    for values in by_kind.values():
+        assert values == sorted(values)
+
+
+async def test_openapi_document_lists_every_route(client: Client, history: History) -> None:
+    response = await client.get("/api/v1/openapi.json")
+    assert response.status == 200
+    doc = await response.json()
+    assert doc["openapi"].startswith("3.1")
+    served = set()
+    for route in make_app(history.db, token=TOKEN).router.routes():
+        if route.method == "HEAD":
+            continue
+        info = route.resource.get_info() if route.resource else {}
+        path = info.get("path") or info.get("formatter")
+        served.add((path, route.method.lower()))
+    documented = {(path, method) for path, item in doc["paths"].items() for method in item}
+    assert served == documented
