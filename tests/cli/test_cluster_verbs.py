@@ -114,6 +114,12 @@ def test_migrate_then_suspend_and_resume_keep_the_workload_state(
     d.wait(lambda: any(p["metadata"]["name"] == "app" and p["status"].get("phase") == "Running"
                        for p in d.pods()), "app running")
 
+    checkpointed = d.cpctl("checkpoint", "default/app", "--repository", REPO, "--wait",
+                           *d.cluster_args())
+    assert checkpointed.returncode == 0, checkpointed.stdout + checkpointed.stderr
+    assert "checkpoint default/app: Succeeded" in checkpointed.stdout
+    assert [p["metadata"]["name"] for p in d.pods()] == ["app"]  # it keeps running
+
     migrated = d.cpctl("migrate", "default/app", "--to", "node-2", "--repository", REPO,
                        "--wait", "--wait-seconds", "60", *d.cluster_args())
     assert migrated.returncode == 0, migrated.stdout + migrated.stderr

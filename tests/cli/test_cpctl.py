@@ -238,3 +238,14 @@ def test_serve_answers_with_the_token_and_refuses_without_it(ready_db: str,
 def test_serve_refuses_to_start_without_a_usable_token(ready_db: str) -> None:
     assert_one_line_error(cpctl(ready_db, "serve", "--listen", "127.0.0.1:0"), 2,
                           "token of at least 16 characters")
+
+
+def test_wake_by_key_or_id_reports_how_many_machines_it_woke(ready_db: str) -> None:
+    spec = '{"steps": 1, "gate_pod": "ns/p", "gate_pod_uid": "uid-9"}'
+    cpctl(ready_db, "submit", "steps", "--spec", spec, "--id", "gated")
+    woke = cpctl(ready_db, "wake", "--key", "uid-9")
+    assert (woke.returncode, woke.stdout.strip()) == (0, "woke 1 machine(s)")
+    assert cpctl(ready_db, "wake", "--key", "nobody").stdout.strip() == "woke 0 machine(s)"
+    assert cpctl(ready_db, "wake", "--id", "gated").returncode == 0
+    assert_one_line_error(cpctl(ready_db, "wake", "--id", "missing"), 2, "missing")
+    assert cpctl(ready_db, "wake").returncode == 2  # one of --id/--key is required
