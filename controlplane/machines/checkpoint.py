@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
+from typing import Any, ClassVar
 
 from controlplane.engine.decider import Command, CommandRejected, Decision, Event
 from controlplane.engine.jsonvalue import JsonObject
@@ -31,7 +32,7 @@ from controlplane.machines import capturing as cap_
 from controlplane.machines import sourceops as src_
 from controlplane.machines.capturing import Capture, CaptureSpec, CaptureStatus
 from controlplane.machines.classes import CheckpointClass, OnFailure, artifact_for
-from controlplane.machines.codec import decode, encode_object
+from controlplane.machines.codec import decode
 from controlplane.machines.common import (
     STARTED,
     Condition,
@@ -45,7 +46,7 @@ from controlplane.machines.common import (
     with_facts,
 )
 from controlplane.machines.refs import parse_tag_ref
-from controlplane.machines.sourceops import SourceOp, SourceOpKind, SourceOpStatus, SourcePod
+from controlplane.machines.sourceops import SourceOp, SourceOpKind, SourceOpStatus
 from controlplane.machines.specs import (
     checkpoint_class,
     class_json,
@@ -55,6 +56,7 @@ from controlplane.machines.specs import (
     pod_ref,
     require,
 )
+from controlplane.machines.states import CapturingState
 
 KIND = "checkpoint"
 FINISHED = "CheckpointFinished"
@@ -76,7 +78,9 @@ TERMINAL = frozenset({CheckpointPhase.SUCCEEDED, CheckpointPhase.FAILED,
 
 
 @dataclass(frozen=True)
-class CheckpointState:
+class CheckpointState(CapturingState):
+    TERMINAL_PHASES: ClassVar[frozenset[Any]] = TERMINAL
+
     machine_id: str
     spec: CaptureSpec
     klass: CheckpointClass
@@ -90,25 +94,8 @@ class CheckpointState:
     conditions: tuple[Condition, ...] = ()
     artifact: str | None = None  # registry/repo@sha256:... once verified
 
-    @property
-    def phase(self) -> str:
-        return self.status.value
 
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL
 
-    @property
-    def wake_keys(self) -> frozenset[str]:
-        return frozenset() if self.terminal else frozenset({self.spec.uid})
-
-    @property
-    def source(self) -> SourcePod:
-        s = self.spec
-        return SourcePod(s.namespace, s.name, s.uid, s.checkpoint_id)
-
-    def to_json(self) -> JsonObject:
-        return encode_object(self)
 
 
 def capture_spec(machine_id: str, spec: JsonObject, klass: CheckpointClass,

@@ -10,16 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
+from typing import Any, ClassVar
 
 from controlplane.engine.decider import Event
-from controlplane.engine.jsonvalue import JsonObject
 from controlplane.machines import capturing as cap_
 from controlplane.machines import collecting as gc_
 from controlplane.machines import restoring as rs_
 from controlplane.machines import sourceops as src_
 from controlplane.machines.capturing import Capture, CaptureSpec
 from controlplane.machines.classes import CheckpointClass
-from controlplane.machines.codec import RawJson, encode_object
+from controlplane.machines.codec import RawJson
 from controlplane.machines.collecting import Collection
 from controlplane.machines.common import (
     STARTED,
@@ -32,6 +32,7 @@ from controlplane.machines.common import (
 )
 from controlplane.machines.restoring import Restore, RestoreContext
 from controlplane.machines.sourceops import SourceOp, SourcePod
+from controlplane.machines.states import PhasedState
 
 KIND = "migration"
 FINISHED = "MigrationFinished"
@@ -71,7 +72,9 @@ class MigrationSpec:
 
 
 @dataclass(frozen=True)
-class MigrationState:
+class MigrationState(PhasedState):
+    TERMINAL_PHASES: ClassVar[frozenset[Any]] = TERMINAL
+
     machine_id: str
     spec: MigrationSpec
     klass: CheckpointClass
@@ -94,13 +97,6 @@ class MigrationState:
     final_node: str | None = None
     conditions: tuple[Condition, ...] = ()
 
-    @property
-    def phase(self) -> str:
-        return self.status.value
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL
 
     @property
     def wake_keys(self) -> frozenset[str]:
@@ -132,8 +128,6 @@ class MigrationState:
                               schedule_timeout=t.schedule, restore_timeout=t.restore,
                               cleanup_timeout=t.release)
 
-    def to_json(self) -> JsonObject:
-        return encode_object(self)
 
 
 def evolve_migration(state: MigrationState, event: Event) -> MigrationState:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
+from typing import Any, ClassVar
 
 from controlplane.engine.decider import Command, CommandRejected, Decision, Event, InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject
@@ -32,7 +33,7 @@ from controlplane.engine.observation import Interests, Observation, ProbeError, 
 from controlplane.machines import protocol
 from controlplane.machines import restoring as rs_
 from controlplane.machines.classes import CheckpointClass
-from controlplane.machines.codec import RawJson, decode, encode_object
+from controlplane.machines.codec import RawJson, decode
 from controlplane.machines.common import (
     STARTED,
     Failure,
@@ -58,6 +59,7 @@ from controlplane.machines.specs import (
     pod_template,
     require,
 )
+from controlplane.machines.states import PhasedState
 
 KIND = "restore"
 ARTIFACT_RESOLVED = "ArtifactResolved"
@@ -91,7 +93,9 @@ class RestoreSpec:
 
 
 @dataclass(frozen=True)
-class RestoreState:
+class RestoreState(PhasedState):
+    TERMINAL_PHASES: ClassVar[frozenset[Any]] = TERMINAL
+
     machine_id: str
     spec: RestoreSpec
     klass: CheckpointClass
@@ -102,13 +106,6 @@ class RestoreState:
     failure: Failure | None = None
     instance_id: str | None = None
 
-    @property
-    def phase(self) -> str:
-        return self.status.value
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL
 
     @property
     def wake_keys(self) -> frozenset[str]:
@@ -126,8 +123,6 @@ class RestoreState:
                               schedule_timeout=t.schedule, restore_timeout=t.restore,
                               cleanup_timeout=t.release)
 
-    def to_json(self) -> JsonObject:
-        return encode_object(self)
 
 
 def _opt_str(spec: JsonObject, key: str) -> str | None:

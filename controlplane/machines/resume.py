@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
+from typing import Any, ClassVar
 
 from controlplane.engine.decider import Command, CommandRejected, Decision, Event, InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
@@ -37,7 +38,7 @@ from controlplane.machines import protocol
 from controlplane.machines import restoring as rs_
 from controlplane.machines.actions import EventType, emit_event
 from controlplane.machines.classes import CheckpointClass
-from controlplane.machines.codec import RawJson, decode, encode_object
+from controlplane.machines.codec import RawJson, decode
 from controlplane.machines.common import (
     STARTED,
     Failure,
@@ -64,6 +65,7 @@ from controlplane.machines.specs import (
     pod_template,
     require,
 )
+from controlplane.machines.states import PhasedState
 
 KIND = "resume"
 CHECKPOINT_SELECTED = "CheckpointSelected"
@@ -104,7 +106,9 @@ class ResumeSpec:
 
 
 @dataclass(frozen=True)
-class ResumeState:
+class ResumeState(PhasedState):
+    TERMINAL_PHASES: ClassVar[frozenset[Any]] = TERMINAL
+
     machine_id: str
     spec: ResumeSpec
     klass: CheckpointClass
@@ -119,13 +123,6 @@ class ResumeState:
     failure: Failure | None = None
     instance_id: str | None = None
 
-    @property
-    def phase(self) -> str:
-        return self.status.value
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL
 
     @property
     def wake_keys(self) -> frozenset[str]:
@@ -141,8 +138,6 @@ class ResumeState:
                               schedule_timeout=t.schedule, restore_timeout=t.restore,
                               cleanup_timeout=t.release)
 
-    def to_json(self) -> JsonObject:
-        return encode_object(self)
 
 
 def _candidates(value: JsonValue) -> list[JsonValue]:

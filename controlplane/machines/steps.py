@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any, ClassVar
 
 from controlplane.engine.decider import (
     ACTION_FAILED,
@@ -31,6 +32,7 @@ from controlplane.engine.decider import (
 )
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation, PodView, ProbeError
+from controlplane.machines.states import PhasedState
 
 KIND = "steps"
 MAX_STEPS = 1000
@@ -57,7 +59,9 @@ TERMINAL = frozenset({StepsPhase.SUCCEEDED, StepsPhase.FAILED, StepsPhase.CANCEL
 
 
 @dataclass(frozen=True)
-class StepsState:
+class StepsState(PhasedState):
+    TERMINAL_PHASES: ClassVar[frozenset[Any]] = TERMINAL
+
     machine_id: str
     steps: int
     done: int
@@ -70,13 +74,6 @@ class StepsState:
     fail_on_action_error: bool
     reason: str = ""
 
-    @property
-    def phase(self) -> str:
-        return self.status.value
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL
 
     @property
     def wake_keys(self) -> frozenset[str]:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
+from typing import Any, ClassVar
 
 from controlplane.engine.decider import Command, CommandRejected, Decision, Event
 from controlplane.engine.jsonvalue import JsonObject
@@ -35,7 +36,7 @@ from controlplane.machines.actions import EventType, emit_event
 from controlplane.machines.capturing import Capture, CaptureSpec, CaptureStatus
 from controlplane.machines.checkpoint import capture_spec, validate_capture_fields
 from controlplane.machines.classes import CheckpointClass, OnFailure
-from controlplane.machines.codec import RawJson, decode, encode_object
+from controlplane.machines.codec import RawJson, decode
 from controlplane.machines.common import (
     STARTED,
     Failure,
@@ -46,8 +47,9 @@ from controlplane.machines.common import (
     stamped,
     with_facts,
 )
-from controlplane.machines.sourceops import SourceOp, SourcePod
+from controlplane.machines.sourceops import SourceOp
 from controlplane.machines.specs import checkpoint_class, only_known, pod_template, require
+from controlplane.machines.states import CapturingState
 
 KIND = "suspend"
 FINISHED = "SuspendFinished"
@@ -68,7 +70,9 @@ TERMINAL = frozenset({SuspendPhase.SUSPENDED, SuspendPhase.FAILED, SuspendPhase.
 
 
 @dataclass(frozen=True)
-class SuspendState:
+class SuspendState(CapturingState):
+    TERMINAL_PHASES: ClassVar[frozenset[Any]] = TERMINAL
+
     machine_id: str
     spec: CaptureSpec
     template: RawJson
@@ -84,25 +88,8 @@ class SuspendState:
     failure: Failure | None = None
     artifact: str | None = None  # registry/repo@sha256:..., once verified
 
-    @property
-    def phase(self) -> str:
-        return self.status.value
 
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL
 
-    @property
-    def wake_keys(self) -> frozenset[str]:
-        return frozenset() if self.terminal else frozenset({self.spec.uid})
-
-    @property
-    def source(self) -> SourcePod:
-        s = self.spec
-        return SourcePod(s.namespace, s.name, s.uid, s.checkpoint_id)
-
-    def to_json(self) -> JsonObject:
-        return encode_object(self)
 
 
 class SuspendDecider:
