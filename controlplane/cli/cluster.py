@@ -17,6 +17,7 @@ from typing import Any
 
 from controlplane.cli.assembly import Product, product
 from controlplane.cli.commands import clock, opened
+from controlplane.cli.options import limits_from
 from controlplane.cli.progress import SUCCESS_PHASES, follow
 from controlplane.clock import new_id
 from controlplane.engine.jsonvalue import JsonObject
@@ -116,7 +117,8 @@ async def operation_cmd(args: argparse.Namespace) -> int:
             if kind != "resume":
                 spec = await _spec(kind, args, running, ns, name, klass)
             outcome = await submit_operation(db, default_kinds(), running.fresh, kind=kind,
-                                             spec=spec, machine_id=new_id(), now=clock.now())
+                                             spec=spec, machine_id=new_id(), now=clock.now(),
+                                             limits=limits_from(args))
         print(outcome.machine_id)
         if outcome.queued:
             print(f"queued: {outcome.queued}")

@@ -14,10 +14,12 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from controlplane.cli import render
+from controlplane.cli.options import limits_from
 from controlplane.clock import SystemClock, new_id
 from controlplane.engine.decider import Command
 from controlplane.engine.jsonvalue import JsonObject
@@ -249,6 +251,8 @@ async def worker_cmd(args: argparse.Namespace) -> int:
         if args.kubeconfig or args.in_cluster:  # the product against a cluster + registry
             from controlplane.cli.cluster import run_product_worker
 
+            # This worker also admits queued operations, under the verbs' limits.
+            config = replace(config, limits=limits_from(args))
             await run_product_worker(db, args, config, lambda w: _drive(w, args.until_done))
         else:  # the engine's own kinds only
             await _drive(build_worker(db, config), args.until_done)

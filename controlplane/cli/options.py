@@ -6,6 +6,10 @@ from __future__ import annotations
 import argparse
 import os
 
+from controlplane.engine.decider import InvalidSpec
+from controlplane.errors import UsageError
+from controlplane.machines.submission import Limits
+
 
 def add_cluster_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster and registry")
@@ -20,3 +24,21 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
                    help="speak plain HTTP to this registry host (loopback always is)")
     g.add_argument("--registry-credentials", nargs=3, action="append", default=[],
                    metavar=("HOST", "USER", "PASSWORD_FILE"))
+    limits = p.add_argument_group("admission limits (beyond them operations queue)")
+    limits.add_argument("--max-operations", type=int,
+                        default=int(os.environ.get("CONTROLPLANE_MAX_OPERATIONS", "10")),
+                        help="operations running at once in the cluster (default 10, "
+                        "$CONTROLPLANE_MAX_OPERATIONS)")
+    limits.add_argument("--max-per-node", type=int,
+                        default=int(os.environ.get("CONTROLPLANE_MAX_PER_NODE", "2")),
+                        help="operations moving load off one node at once (default 2, "
+                        "$CONTROLPLANE_MAX_PER_NODE)")
+
+
+def limits_from(args: argparse.Namespace) -> Limits:
+    """The admission limits the verbs submit under and the worker admits under."""
+    try:
+        return Limits(max_cluster=args.max_operations, max_per_source_node=args.max_per_node)
+    except InvalidSpec as exc:
+        raise UsageError(str(exc).replace("limits.max_cluster", "--max-operations")
+                         .replace("limits.max_per_source_node", "--max-per-node")) from None

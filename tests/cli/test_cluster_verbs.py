@@ -29,6 +29,7 @@ class Deployment:
         self.layout = tmp / "oci"
         self.db = f"sqlite:///{tmp / 'cp.db'}"
         self.procs: list[subprocess.Popen[str]] = []
+        self.agents: dict[str, subprocess.Popen[str]] = {}
         self.url = ""
 
     def start(self, name: str, *args: str) -> subprocess.Popen[str]:
@@ -67,7 +68,18 @@ class Deployment:
             time.sleep(0.05)  # other processes: nothing to await
         raise AssertionError(f"timed out waiting for {what}")
 
+    def pod(self, name: str, node: str) -> None:
+        self.api("/api/v1/namespaces/default/pods", {
+            "metadata": {"name": name, "annotations": {MARKER: f"{name}=1"}},
+            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "pause"}]}})
+        self.wait(lambda: any(p["metadata"]["name"] == name
+                              and p["status"].get("phase") == "Running" for p in self.pods()),
+                  f"{name} running")
+
     def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a paused agent must see its SIGTERM
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -90,14 +102,14 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
         assert sim.stdout is not None
         d.url = sim.stdout.readline().split("listening on ")[1].split()[0]
         for node in ("node-1", "node-2", "node-3"):
-            agent = d.start(f"agent-{node}", "drivers.agent", "--node", node,
+            d.agents[node] = agent = d.start(f"agent-{node}", "drivers.agent", "--node", node,
                             "--kubeconfig", str(d.kubeconfig), "--layout", str(d.layout),
                             "--dumper", "sim", "--workdir", str(tmp_path / "work" / node))
             assert agent.stdout is not None
             assert agent.stdout.readline()  # one line once it serves
         assert d.cpctl("db", "upgrade").returncode == 0
         d.start("worker", "controlplane.cli.main", "--db", d.db, "worker",
-                "--poll-seconds", "0.05", *d.cluster_args())
+                "--poll-seconds", "0.05", "--max-operations", "1", *d.cluster_args())
         yield d
     finally:
         d.stop()
@@ -153,3 +165,36 @@ def test_verbs_refuse_bad_requests_with_one_line(deployment: Deployment) -> None
         assert result.returncode == 2, result.stderr
         assert fragment in result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_an_operation_over_the_limit_queues_and_the_worker_admits_it_when_a_slot_frees(
+    deployment: Deployment,
+) -> None:
+    """Limits queue, they do not refuse; the product worker is the admitter."""
+    d = deployment
+    d.pod("first", "node-1")
+    d.pod("second", "node-2")
+    limit = ("--max-operations", "1")
+    d.agents["node-1"].send_signal(signal.SIGSTOP)  # first's capture cannot finish yet
+    try:
+        first = d.cpctl("checkpoint", "default/first", "--repository", REPO, *limit,
+                        *d.cluster_args())
+        assert first.returncode == 0, first.stderr
+        second = d.cpctl("checkpoint", "default/second", "--repository", REPO, *limit,
+                         *d.cluster_args())
+        assert second.returncode == 0, second.stderr
+        second_id = second.stdout.split()[0]
+        assert "queued: cluster limit: 1 of 1 operations running" in second.stdout
+        held = json.loads(d.cpctl("get", second_id, "-o", "json").stdout)
+        assert held["phase"] == "Requested"
+        assert held["next_wake_at"] is None  # held: nobody drives it
+    finally:
+        d.agents["node-1"].send_signal(signal.SIGCONT)
+
+    def succeeded() -> bool:
+        got = json.loads(d.cpctl("get", second_id, "-o", "json").stdout)
+        return bool(got["phase"] == "Succeeded")
+
+    d.wait(succeeded, "the queued checkpoint to be admitted and succeed", limit=60)
+    history = json.loads(d.cpctl("history", second_id, "-o", "json").stdout)
+    assert [e["type"] for e in history][:3] == ["Submitted", "Queued", "Admitted"]
