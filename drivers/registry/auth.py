@@ -106,3 +106,14 @@ def request_scope(repository: str, *, push: bool, delete: bool = False) -> str:
     """The scope a request on ``repository`` (path within the registry) needs."""
     actions = "delete" if delete else "pull,push" if push else "pull"
     return f"repository:{repository}:{actions}"
+
+
+def canonical_scope(scope: str) -> str:
+    """``scope`` with each entry's actions sorted: registries may list them in any order
+    (distribution builds its challenge from a Go map), and a token request should not
+    depend on that (``repository:team/app:push,pull`` -> ``...:pull,push``)."""
+    entries = []
+    for entry in scope.split():
+        head, sep, actions = entry.rpartition(":")
+        entries.append(f"{head}:{','.join(sorted(actions.split(',')))}" if sep else entry)
+    return " ".join(entries)

@@ -36,6 +36,7 @@ from drivers.registry.auth import (
     DEFAULT_TOKEN_SECONDS,
     Credentials,
     TokenCache,
+    canonical_scope,
     parse_challenge,
 )
 from drivers.registry.errors import (
@@ -204,7 +205,7 @@ class Transport:
             return
         await self._fetch_token(host, scope, challenge.realm, {
             "service": challenge.params.get("service", ""),
-            "scope": challenge.scope or scope})
+            "scope": canonical_scope(challenge.scope) or scope})
 
     async def _fetch_token(self, host: str, scope: str, realm: str,
                            query: Mapping[str, str]) -> None:

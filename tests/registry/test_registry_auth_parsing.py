@@ -37,3 +37,13 @@ def test_credentials_never_show_the_password() -> None:
     assert creds.basic == "Basic YWxpY2U6czNjcmV0"
     assert Credentials().basic is None
     assert request_scope("team/app", push=True) == "repository:team/app:pull,push"
+
+
+def test_a_challenge_scope_is_canonical_whatever_order_the_registry_lists_actions() -> None:
+    """Distribution lists actions in Go map order; our token requests must not vary."""
+    from drivers.registry.auth import canonical_scope
+
+    assert canonical_scope("repository:team/app:push,pull") == "repository:team/app:pull,push"
+    assert canonical_scope("repository:a:pull repository:b:push,delete,pull") == (
+        "repository:a:pull repository:b:delete,pull,push")
+    assert canonical_scope("") == ""
