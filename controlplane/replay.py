@@ -151,3 +151,23 @@ def _redecide(decider: Any, state: Any, decision: DecisionRecord) -> list[Event]
                                    decision.decided_at))
     except CommandRejected as exc:
         return [Event("CommandRejected", {"reason": str(exc)})]
+
+
+def phase_after_each(kinds: KindRegistry, record: MachineRecord,
+                     events: list[RecordedEvent]) -> list[str]:
+    """The machine's phase after each of its events (``Submitted``: the initial phase).
+
+    What ``cpctl history`` shows as the phase change: derived by ``evolve``, so it is
+    exactly the phase a rebuild would give, and old histories get it too.
+    """
+    decider = kinds.get(record.kind)
+    if not events or events[0].seq != 1:
+        raise ValueError(f"machine {record.id} has no Submitted event at seq 1")
+    spec = events[0].data.get("spec", {})
+    assert isinstance(spec, dict)
+    state = decider.initial_state(record.id, spec)
+    phases = [state.phase]
+    for event in events[1:]:
+        state = decider.evolve(state, _as_event(event))
+        phases.append(state.phase)
+    return phases

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from controlplane.store import reports
+
 _ERROR = {"$ref": "#/components/schemas/Error"}
 
 
@@ -78,6 +80,9 @@ def document() -> dict[str, Any]:
                 "parameters": [
                     _query("kind", "a registered kind", {"type": "string"}),
                     _query("phase", "a phase name", {"type": "string"}),
+                    _query("node", "moving load off this node or onto it",
+                           {"type": "string"}),
+                    _query("namespace", "of the workload", {"type": "string"}),
                     _query("active", "true: not terminal; false: terminal",
                            {"type": "boolean"}),
                     _query("since", "submitted at or after (ISO 8601)",
@@ -116,12 +121,13 @@ def document() -> dict[str, Any]:
                 "responses": {"202": _json_response("accepted"),
                               **_errors(400, 401, 404, 409, 413)}}},
             "/api/v1/reports/{report}": {"get": {
-                "summary": "Operations or checkpoints grouped by kind, node or day",
+                "summary": "Operations, checkpoints or migrations grouped by kind, node, day "
+                           "or checkpoint class",
                 "parameters": [
                     {"name": "report", "in": "path", "required": True,
-                     "schema": {"type": "string", "enum": ["operations", "checkpoints"]}},
+                     "schema": {"type": "string", "enum": list(reports.REPORTS)}},
                     _query("by", "grouping (default kind)",
-                           {"type": "string", "enum": ["kind", "node", "day"]}),
+                           {"type": "string", "enum": list(reports.GROUPINGS)}),
                     _query("since", "only rows at or after (ISO 8601)",
                            {"type": "string", "format": "date-time"})],
                 "responses": {"200": _json_response("report rows"),

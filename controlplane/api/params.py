@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from controlplane.engine.kinds import KindRegistry
+from controlplane.store import reports
 from controlplane.store.queries import MachineFilter
 
 MAX_LIMIT = 1000
@@ -21,9 +22,12 @@ DEFAULT_LIMIT = 100
 _PHASE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 #: A Kubernetes node name (RFC 1123 subdomain), the decider re-checks it.
 _NODE_MAX = 253
-LIST_PARAMS = frozenset({"kind", "phase", "active", "since", "limit"})
-REPORTS = ("operations", "checkpoints")
-REPORT_BY = ("kind", "node", "day")
+LIST_PARAMS = frozenset({"kind", "phase", "active", "since", "limit", "node", "namespace"})
+REPORTS = tuple(reports.REPORTS)
+REPORT_BY = reports.GROUPINGS
+
+
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class BadRequest(Exception):
@@ -53,8 +57,14 @@ def machine_filter(query: Mapping[str, str], kinds: KindRegistry) -> MachineFilt
         if active not in ("true", "false"):
             raise BadRequest("active", "active must be 'true' or 'false'")
         terminal = active == "false"
+    node = query.get("node")
+    namespace = query.get("namespace")
+    if namespace is not None and not _NAMESPACE.fullmatch(namespace):
+        raise BadRequest("namespace", "namespace must be a DNS label such as 'default'")
     return MachineFilter(kind=kind, phase=phase, terminal=terminal,
-                         since=since(query.get("since")), limit=limit(query.get("limit")))
+                         since=since(query.get("since")),
+                         node=None if node is None else node_name(node), namespace=namespace,
+                         limit=limit(query.get("limit")))
 
 
 def since(raw: str | None) -> datetime | None:

@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,7 +27,7 @@ from controlplane.errors import UsageError
 from controlplane.machines.registry import default_kinds
 from controlplane.machines.steps import WORK_ACTION
 from controlplane.operations import send_command, submit
-from controlplane.replay import ReplayReport, rebuild, verify
+from controlplane.replay import ReplayReport, phase_after_each, rebuild, verify
 from controlplane.store import leases, migrate, queries, reports
 from controlplane.store.database import Database, open_database
 from controlplane.store.records import MachineRecord
@@ -137,28 +137,53 @@ def _since(text: str | None) -> datetime | None:
 async def list_cmd(args: argparse.Namespace) -> int:
     flt = queries.MachineFilter(kind=args.kind, phase=args.phase,
                                 settled=False if args.active else None,
-                                since=_since(args.since), limit=args.limit)
+                                since=_since(args.since), node=args.node,
+                                namespace=args.namespace, limit=args.limit)
     async with opened(args) as db:
         records = await queries.list_machines(db, flt)
     if args.output in ("json", "yaml"):
         render.structured([_record_json(r) for r in records], args.output)
     else:
-        render.table(["id", "kind", "phase", "version", "next wake", "lease owner", "created"],
-                     [(r.id, r.kind, r.phase, r.version, r.next_wake_at, r.lease_owner,
-                       r.created_at) for r in records])
+        render.table(["id", "kind", "workload", "node", "phase", "version", "next wake",
+                      "lease owner", "created"],
+                     [(r.id, r.kind, r.workload or "-", r.source_node or "-", r.phase,
+                       r.version, r.next_wake_at, r.lease_owner, r.created_at)
+                      for r in records])
     return 0
 
 
 async def history_cmd(args: argparse.Namespace) -> int:
     async with opened(args) as db:
+        record = await queries.get_machine(db, args.id)
         events = await queries.history(db, args.id)
+    phases = phase_after_each(default_kinds(), record, events)
     if args.output in ("json", "yaml"):
-        render.structured(events, args.output)
-    else:
-        render.table(["seq", "time", "event", "data", "facts (why)", "by"],
-                     [(e.seq, e.recorded_at, e.type, e.data, e.facts, e.worker_id)
-                      for e in events], max_width=60)
+        render.structured([{**_jsonable(e), "phase": p} for e, p in zip(events, phases,
+                                                                         strict=True)],
+                          args.output)
+        return 0
+    rows, shown = [], ""
+    for e, phase in zip(events, phases, strict=True):
+        change = f"-> {phase}" if phase != shown else ""
+        shown = phase
+        rows.append((e.seq, e.recorded_at, change, e.type, _reason(e.data), e.facts,
+                     e.worker_id))
+    render.table(["seq", "time", "phase", "event", "reason", "facts (why)", "by"], rows,
+                 max_width=60)
     return 0
+
+
+def _jsonable(event: Any) -> dict[str, Any]:
+    out: dict[str, Any] = asdict(event)
+    return out
+
+
+def _reason(data: JsonObject) -> str:
+    """The event's own words: its reason and message, else its data."""
+    reason, message = data.get("reason"), data.get("message")
+    if reason is not None or message is not None:
+        return ": ".join(str(p) for p in (reason, message) if p is not None)
+    return json.dumps(data, sort_keys=True, separators=(",", ":")) if data else ""
 
 
 async def cancel_cmd(args: argparse.Namespace) -> int:

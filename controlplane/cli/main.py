@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--active", action="store_true",
                     help="only machines not yet settled (not terminal, or still performing "
                     "their last actions)")
+    ls.add_argument("--node", help="only operations moving load off NODE or putting a "
+                    "workload on it")
+    ls.add_argument("--namespace", help="only operations on workloads in NAMESPACE")
     ls.add_argument("--since", help="created at or after this ISO time")
     ls.add_argument("--limit", type=_positive_int, default=100)
     ls.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
@@ -101,11 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--id")
     group.add_argument("--key")
 
-    rp = verb("report", commands.report_cmd, "summarise operations or checkpoints from the "
-              "reporting views: counts, success rate, p50/p95 seconds (SQL: "
-              "docs/reporting.md)")
-    rp.add_argument("report", choices=["operations", "checkpoints"])
-    rp.add_argument("--by", choices=["kind", "node", "day"], default="kind")
+    rp = verb("report", commands.report_cmd, "summarise operations, checkpoints or "
+              "migrations from the reporting views: counts, success rate, p50/p95 seconds, "
+              "bytes; migrations also the p50 of each phase (SQL: docs/reporting.md)")
+    rp.add_argument("report", choices=["operations", "checkpoints", "migrations"])
+    rp.add_argument("--by", choices=["kind", "node", "day", "class"], default="kind",
+                    help="group by operation kind, source node, day, or checkpoint class")
     rp.add_argument("--since", help="only those at or after this ISO time")
     rp.add_argument("-o", "--output", choices=["table", "json", "yaml", "csv"], default="table")
 

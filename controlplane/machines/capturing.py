@@ -165,9 +165,12 @@ def _watch(spec: CaptureSpec, cap: Capture, pod: PodFact, obs: Observation, now:
         problem = protocol.provenance_problem(tag, checkpoint_id=spec.checkpoint_id,
                                               source_uid=spec.uid)
         if problem is None:
-            return emit(stamped(ARTIFACT_VERIFIED, now, {
-                "digest": tag.digest, "artifact": spec.artifact,
-                "pinned": spec.pinned(tag.digest)}, facts))
+            verified: JsonObject = {"digest": tag.digest, "artifact": spec.artifact,
+                                    "pinned": spec.pinned(tag.digest)}
+            size = protocol.archive_bytes(tag)
+            if size is not None:
+                verified["size_bytes"] = size
+            return emit(stamped(ARTIFACT_VERIFIED, now, verified, facts))
         if tag.digest not in cap.stale_digests:
             return emit(stamped(STALE_ARTIFACT_SEEN, now, {"digest": tag.digest,
                                                            "problem": problem}, facts))

@@ -58,6 +58,7 @@ MANIFEST_SOURCE_POD_UID = PREFIX + "source-pod-uid"
 MANIFEST_NODE = PREFIX + "node"
 MANIFEST_FORMAT = PREFIX + "format"
 MANIFEST_PROTOCOL = PREFIX + "protocol-version"
+MANIFEST_ARCHIVE_BYTES = PREFIX + "archive-bytes"  # bytes of the checkpoint archives
 
 RESTORE_ARTIFACT = PREFIX + "restore-artifact"
 RESTORE_KEY = PREFIX + "restore-key"
@@ -141,6 +142,12 @@ def provenance_problem(tag: TagView, *, checkpoint_id: str, source_uid: str) -> 
     if seen_uid != source_uid:
         return f"manifest names source pod uid {seen_uid!r}, not {source_uid!r}"
     return None
+
+
+def archive_bytes(tag: TagView) -> int | None:
+    """The checkpoint archives' size the manifest declares, or ``None`` if it does not."""
+    text = tag.annotations.get(MANIFEST_ARCHIVE_BYTES, "")
+    return int(text) if text.isdigit() else None
 
 
 def restore_request(*, artifact: str | None, restore_key: str, checkpoint_id: str | None,

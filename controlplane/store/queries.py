@@ -54,7 +54,13 @@ class MachineFilter:
     terminal: bool | None = None
     settled: bool | None = None
     since: datetime | None = None
+    node: str | None = None  # the node it moves load off, or the node it targets
+    namespace: str | None = None  # of the workload
     limit: int = 100
+
+
+#: Spec fields naming the node an operation puts a workload on.
+TARGET_FIELDS = ("target_node", "node")
 
 
 async def list_machines(db: Database, flt: MachineFilter) -> list[MachineRecord]:
@@ -71,6 +77,11 @@ async def list_machines(db: Database, flt: MachineFilter) -> list[MachineRecord]
         stmt = stmt.where(~unsettled if flt.settled else unsettled)
     if flt.since is not None:
         stmt = stmt.where(m.c.created_at >= flt.since)
+    if flt.node is not None:
+        stmt = stmt.where(or_(m.c.source_node == flt.node,
+                              *(m.c.spec[f].as_string() == flt.node for f in TARGET_FIELDS)))
+    if flt.namespace is not None:
+        stmt = stmt.where(m.c.workload.startswith(flt.namespace + "/", autoescape=True))
     async with read_txn(db) as conn:
         return [row_to_record(r) for r in (await conn.execute(stmt)).all()]
 

@@ -1,4 +1,4 @@
-"""Read the reporting views (migration 0003) for ``cpctl report`` and tests.
+"""Read the reporting views (migrations 0003, 0004) for ``cpctl report`` and tests.
 
 The views are plain SQL for operators (``docs/reporting.md``); this module only reads
 them, and computes what SQLite cannot (percentiles) in Python, identically on both
@@ -18,7 +18,18 @@ from controlplane.store.database import Database
 from controlplane.store.session import read_txn
 
 SUCCESS = frozenset({"Succeeded", "Suspended", "Resumed"})
-VIEWS = ("report_operations", "report_checkpoints", "report_daily")
+VIEWS = ("report_operations", "report_checkpoints", "report_daily", "report_migrations")
+#: ``cpctl report`` names: (view, the time column ``--since`` and ``--by day`` use,
+#: the duration whose p50/p95 is reported).
+REPORTS = {
+    "operations": ("report_operations", "submitted_at", "duration_seconds"),
+    "checkpoints": ("report_checkpoints", "verified_at", "capture_seconds"),
+    "migrations": ("report_migrations", "submitted_at", "duration_seconds"),
+}
+#: The migration phases reported by their p50 (columns of ``report_migrations``).
+MIGRATION_PHASES = ("queued_seconds", "checkpoint_seconds", "delete_seconds",
+                    "restore_seconds", "gc_seconds")
+GROUPINGS = ("kind", "node", "day", "class")
 
 
 async def rows(db: Database, sql: str, params: dict[str, Any] | None = None
@@ -40,12 +51,10 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
 
 async def summary(db: Database, *, report: str, by: str,
                   since: datetime | None = None) -> list[dict[str, Any]]:
-    """Operations or checkpoints grouped by ``kind``, ``node`` or ``day``: counts, success
-    rate (operations), p50/p95 of durations."""
-    if report == "operations":
-        view, time_col, duration = "report_operations", "submitted_at", "duration_seconds"
-    else:
-        view, time_col, duration = "report_checkpoints", "verified_at", "capture_seconds"
+    """Operations, checkpoints or migrations grouped by ``kind``, ``node``, ``day`` or
+    ``class``: counts, success rate (operations, migrations), p50/p95 of durations, and
+    for migrations the p50 of each phase and the bytes moved."""
+    view, time_col, duration = REPORTS[report]
     sql = f"SELECT * FROM {view}"
     params: dict[str, Any] = {}
     if since is not None:
@@ -55,24 +64,38 @@ async def summary(db: Database, *, report: str, by: str,
                            if db.backend == "sqlite" else since)
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in await rows(db, sql, params):
-        if by == "day":
-            stamp = row[time_col]
-            key = str(stamp)[:10] if stamp is not None else "-"
-        elif by == "node":
-            key = row["source_node"] or "-"
-        else:
-            key = row["kind"]
-        groups[key].append(row)
+        groups[_group_key(row, by, time_col)].append(row)
     out = []
     for key in sorted(groups):
         members = groups[key]
-        times = [float(r[duration]) for r in members if r[duration] is not None]
         entry: dict[str, Any] = {by: key, "count": len(members)}
-        if report == "operations":
+        if report != "checkpoints":
             done = [r for r in members if r["terminal"]]
             ok = sum(1 for r in done if r["outcome"] in SUCCESS)
             entry.update(succeeded=ok, failed=len(done) - ok, running=len(members) - len(done),
                          success_rate=round(ok / len(done), 4) if done else None)
+        times = _numbers(members, duration)
         entry.update(p50_seconds=_percentile(times, 0.5), p95_seconds=_percentile(times, 0.95))
+        if report == "migrations":
+            for phase in MIGRATION_PHASES:
+                entry[f"p50_{phase}"] = _percentile(_numbers(members, phase), 0.5)
+        if report != "operations":
+            entry["bytes"] = sum(int(r["size_bytes"]) for r in members
+                                 if r["size_bytes"] is not None)
         out.append(entry)
     return out
+
+
+def _group_key(row: dict[str, Any], by: str, time_col: str) -> str:
+    if by == "day":
+        stamp = row[time_col]
+        return str(stamp)[:10] if stamp is not None else "-"
+    if by == "node":
+        return str(row["source_node"] or "-")
+    if by == "class":
+        return str(row["class_name"])
+    return str(row.get("kind", "migration"))
+
+
+def _numbers(members: Sequence[dict[str, Any]], column: str) -> list[float]:
+    return [float(r[column]) for r in members if r[column] is not None]

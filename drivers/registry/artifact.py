@@ -49,7 +49,7 @@ CRIU_ENGINE = "org.criu.checkpoint.engine.name"
 OCI_CREATED = "org.opencontainers.image.created"
 OCI_TITLE = "org.opencontainers.image.title"
 
-ARCHIVE_BYTES = protocol.PREFIX + "archive-bytes"
+ARCHIVE_BYTES = protocol.MANIFEST_ARCHIVE_BYTES
 CONTAINERS = protocol.PREFIX + "containers"
 POD = protocol.PREFIX + "pod"
 DUMPER = protocol.PREFIX + "dumper"

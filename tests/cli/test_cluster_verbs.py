@@ -136,6 +136,11 @@ def test_migrate_then_suspend_and_resume_keep_the_workload_state(
                        "--wait", "--wait-seconds", "60", *d.cluster_args())
     assert migrated.returncode == 0, migrated.stdout + migrated.stderr
     assert "migrate default/app: Succeeded" in migrated.stdout
+    progress = [line for line in migrated.stdout.splitlines()
+                if line.startswith("migrate default/app: ") and "Succeeded" not in line]
+    assert all(", waiting for " in line for line in progress), progress
+    migration_id = migrated.stdout.split()[0]
+    assert_operator_views_of_the_migration(d, migration_id)
     [moved] = d.pods()
     assert moved["spec"]["nodeName"] == "node-2"
     assert moved["metadata"]["annotations"][MARKER] == "counter=41"
@@ -152,6 +157,33 @@ def test_migrate_then_suspend_and_resume_keep_the_workload_state(
                     "the resumed pod running")
     assert back["metadata"]["annotations"][MARKER] == "counter=41"
     assert back["spec"]["nodeName"] == "node-3"
+
+
+def assert_operator_views_of_the_migration(d: Deployment, migration_id: str) -> None:
+    """``list`` filters, ``history`` phase changes and the migrations report, by CLI."""
+    def listed(*flags: str) -> list[str]:
+        out = d.cpctl("list", "--kind", "migration", *flags, "-o", "json")
+        assert out.returncode == 0, out.stderr
+        return [m["id"] for m in json.loads(out.stdout)]
+
+    assert listed("--node", "node-1") == [migration_id]  # the node it left
+    assert listed("--node", "node-2") == [migration_id]  # the node it went to
+    assert listed("--node", "node-3") == []
+    assert listed("--namespace", "default") == [migration_id]
+    assert listed("--namespace", "kube-system") == []
+    table = d.cpctl("history", migration_id).stdout
+    assert "-> Restoring" in table
+    assert "-> Succeeded" in table
+    history = json.loads(d.cpctl("history", migration_id, "-o", "json").stdout)
+    assert history[-1]["phase"] == "Succeeded"
+    assert [e["phase"] for e in history if e["type"] == "SourceDeleted"] == ["Restoring"]
+    report = d.cpctl("report", "migrations", "--by", "node", "-o", "csv")
+    assert report.returncode == 0, report.stderr
+    header, row = report.stdout.splitlines()
+    fields = dict(zip(header.split(","), row.split(","), strict=True))
+    assert (fields["node"], fields["count"], fields["succeeded"]) == ("node-1", "1", "1")
+    assert float(fields["p50_restore_seconds"]) > 0
+    assert int(fields["bytes"]) > 0
 
 
 def test_verbs_refuse_bad_requests_with_one_line(deployment: Deployment) -> None:

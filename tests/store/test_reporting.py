@@ -75,3 +75,44 @@ async def test_daily_view_and_summaries_count_successes(history: Database) -> No
     by_kind = await reports.summary(history, report="checkpoints", by="kind")
     assert [r["kind"] for r in by_kind] == ["checkpoint", "migration", "suspend"]
     assert all(r["p95_seconds"] is not None for r in by_kind)
+
+
+async def test_checkpoints_view_reports_class_and_the_archive_size_the_manifest_declares(
+    history: Database,
+) -> None:
+    rows = await reports.rows(history, "SELECT kind, class_name, size_bytes "
+                              "FROM report_checkpoints ORDER BY kind")
+    assert [r["class_name"] for r in rows] == ["default", "default", "default"]
+    assert all(int(r["size_bytes"]) > 0 for r in rows)
+
+
+async def test_migrations_view_splits_the_duration_into_phases_that_add_up(
+    history: Database,
+) -> None:
+    rows = await reports.rows(history, "SELECT * FROM report_migrations")
+    assert len(rows) == 1
+    m = rows[0]
+    assert (m["workload"], m["source_node"], m["target_node"], m["final_node"]) == (
+        "default/app", "node-1", "node-2", "node-2")
+    assert (m["outcome"], m["finish_reason"], m["class_name"]) == (
+        "Succeeded", "Migrated", "default")
+    assert (int(m["restore_attempts"]), int(m["retargets"])) == (1, 0)
+    assert int(m["size_bytes"]) > 0
+    phases = [float(m[p]) for p in reports.MIGRATION_PHASES]
+    assert all(p >= 0 for p in phases)
+    assert sum(phases) == pytest.approx(float(m["duration_seconds"]), abs=1e-3)
+    ordered = [str(m[c]) for c in ("submitted_at", "capture_requested_at",
+                                   "artifact_verified_at", "source_deleted_at",
+                                   "restore_verified_at", "finished_at")]
+    assert ordered == sorted(ordered)
+
+
+async def test_migration_and_class_summaries_report_phase_medians_and_bytes(
+    history: Database,
+) -> None:
+    [by_class] = await reports.summary(history, report="migrations", by="class")
+    assert (by_class["class"], by_class["count"], by_class["succeeded"]) == ("default", 1, 1)
+    assert by_class["bytes"] > 0
+    assert all(by_class[f"p50_{p}"] is not None for p in reports.MIGRATION_PHASES)
+    by_node = await reports.summary(history, report="checkpoints", by="class")
+    assert [(r["class"], r["count"]) for r in by_node] == [("default", 3)]
