@@ -27,6 +27,7 @@ test: $(STAMP) lint
 	scripts/ensure-postgres
 	scripts/ensure-registry
 	scripts/ensure-chromium
+	scripts/ensure-kustomize
 	$(BIN)/pytest -q
 
 unit: $(STAMP)

@@ -9,7 +9,11 @@ subresource, plus ``/version``, ``/api``, ``/apis``, ``/api/v1`` discovery and
 ``/healthz``. Every refusal is a ``Status`` object with the real ``reason`` and ``code``
 (429 carries ``Retry-After``). ``dryRun`` is refused (400) rather than silently applied.
 
-Every request is counted by verb (``requests``) and passes the fault hooks first.
+Every request is counted by verb (``requests``) and passes the fault hooks first. The
+audit (``audit``, served as JSON at ``/sim/audit``) counts them by who sent them (the
+simulator does not authenticate: a bearer token stands for the user's name), verb,
+resource, subresource and namespace, as a real API server's audit log would show them:
+the input of the RBAC exactness test (``tests/deploy``).
 Called by :class:`~drivers.sim.cluster.SimCluster`.
 """
 
@@ -117,6 +121,8 @@ class SimServer:
         self.faults = faults
         self.requests: Counter[str] = Counter()  # verb -> requests served or refused
         self.requests_by_resource: Counter[tuple[str, str]] = Counter()
+        #: (user, verb, resource, subresource, namespace) -> requests ("" when none).
+        self.audit: Counter[tuple[str, str, str, str, str]] = Counter()
         self.closing = asyncio.Event()
 
     def app(self) -> web.Application:
@@ -129,6 +135,7 @@ class SimServer:
         app.router.add_get("/apis", _static(
             {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}))
         app.router.add_get("/api/v1", _static(self._discovery()))
+        app.router.add_get("/sim/audit", self._audit)
         app.router.add_route("*", "/api/v1/{tail:.+}", self._dispatch)
         return app
 
@@ -141,6 +148,11 @@ class SimServer:
                    for r in RESOURCES.values() if r.has_status]
         return {"kind": "APIResourceList", "groupVersion": "v1", "resources": listed}
 
+    async def _audit(self, _: web.Request) -> web.StreamResponse:
+        keys = ("user", "verb", "resource", "subresource", "namespace")
+        return _json({"items": [{**dict(zip(keys, key, strict=True)), "count": n}
+                                for key, n in sorted(self.audit.items())]})
+
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         try:
             target = parse_path(request.match_info["tail"])
@@ -148,6 +160,10 @@ class SimServer:
             verb = verb_of(request.method, target, _flag(query.get("watch")))
             self.requests[verb] += 1
             self.requests_by_resource[(verb, target.resource.plural)] += 1
+            auth = request.headers.get("Authorization", "")
+            user = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
+            self.audit[(user, verb, target.resource.plural, target.subresource or "",
+                        target.namespace or "")] += 1
             hit = self.faults.take(Request(verb, target.resource.plural, target.namespace,
                                            target.name))
             if hit.delay > 0:

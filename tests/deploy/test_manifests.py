@@ -1,0 +1,168 @@
+"""Every overlay renders with ``kubectl kustomize``, every object is valid against the
+Kubernetes schemas (offline, ``kubernetes-validate``), and the pieces fit together: the
+Deployment runs 2+ replicas with probes, requests and a drain period, the PDB and the
+metrics Service select its pods, references resolve, checkpoint classes parse."""
+
+from __future__ import annotations
+
+import copy
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+
+from controlplane.machines.classes import parse_class
+from tests.deploy.manifests import (
+    DEPLOY,
+    OVERLAYS,
+    all_of,
+    container,
+    find,
+    pod_spec,
+    render,
+)
+
+#: The oldest Kubernetes minor these manifests support, and the newest the validator knows.
+VERSIONS = ("1.30", kubernetes_validate.latest_version())
+
+
+def test_there_is_more_than_one_overlay() -> None:
+    assert {"dev", "production"} <= set(OVERLAYS)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_rendered_object_is_valid_against_the_kubernetes_schema(
+        overlay: str, version: str) -> None:
+    """Strict: an unknown field is an error, as `kubectl apply --validate=strict` says."""
+    objects = render(overlay)
+    assert len(objects) >= 12
+    for obj in objects:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{overlay}: {obj['kind']} {obj['metadata']['name']} is invalid for "
+                        f"Kubernetes {version}: {exc.message} at {list(exc.path)}")
+
+
+def test_the_validator_refuses_a_broken_object() -> None:
+    """The schema check is live: a misspelt field and a wrong type are both refused."""
+    deployment = find(render("production"), "Deployment", "controlplane")
+    misspelt = copy.deepcopy(deployment)
+    misspelt["spec"]["replica"] = 3
+    wrong_type = copy.deepcopy(deployment)
+    wrong_type["spec"]["replicas"] = "three"
+    for broken in (misspelt, wrong_type):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, VERSIONS[-1], strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_control_plane_runs_several_replicas_with_probes_requests_and_a_drain(
+        overlay: str) -> None:
+    objects = render(overlay)
+    deployment = find(objects, "Deployment", "controlplane")
+    assert deployment["spec"]["replicas"] >= 2
+    spec = pod_spec(deployment)
+    assert spec["terminationGracePeriodSeconds"] >= 30  # the worker drains on SIGTERM
+    for c in [*spec["containers"], *spec["initContainers"]]:
+        assert c["resources"]["requests"]["cpu"]
+        assert c["resources"]["requests"]["memory"]
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    api = container(deployment, "api")
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert api[probe]["httpGet"]["path"] == "/healthz"
+    worker = container(deployment, "worker")
+    assert worker["args"][worker["args"].index("worker") + 1] == "--in-cluster"
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    pdb = find(objects, "PodDisruptionBudget", "controlplane")
+    service = find(objects, "Service", "controlplane-metrics")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert pdb["spec"]["maxUnavailable"] < deployment["spec"]["replicas"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_migration_job_and_the_init_container_gate_the_schema(overlay: str) -> None:
+    objects = render(overlay)
+    job = find(objects, "Job", "controlplane-db-upgrade")
+    [c] = pod_spec(job)["containers"]
+    assert c["command"] + c["args"][-2:] == ["cpctl", "db", "upgrade"]
+    assert pod_spec(job)["automountServiceAccountToken"] is False
+    wait = container(find(objects, "Deployment", "controlplane"), "wait-for-schema", init=True)
+    assert wait["command"] + wait["args"] == ["cpctl", "db", "current"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_agent_runs_on_every_node_with_only_the_checkpoint_directory_from_the_host(
+        overlay: str) -> None:
+    daemonset = find(render(overlay), "DaemonSet", "checkpoint-agent")
+    spec = pod_spec(daemonset)
+    assert {"operator": "Exists"} in spec["tolerations"]
+    host_paths = [v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v]
+    assert host_paths == ["/var/lib/kubelet/checkpoints"]
+    assert not spec.get("hostNetwork")
+    assert not spec.get("hostPID")
+    agent = container(daemonset, "agent")
+    assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"],
+                                                        "add": ["DAC_OVERRIDE"]}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_referenced_object_is_rendered_or_created_out_of_band(overlay: str) -> None:
+    """ConfigMaps, ServiceAccounts and Secrets a pod names exist in the render, except the
+    two Secrets production creates by hand (docs/install.md)."""
+    objects = render(overlay)
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    out_of_band = {("Secret", "controlplane-database"), ("Secret", "controlplane-api")}
+    if overlay == "dev":
+        out_of_band = set()
+    for workload in [*all_of(objects, "Deployment"), *all_of(objects, "DaemonSet"),
+                     *all_of(objects, "Job")]:
+        spec = pod_spec(workload)
+        wanted = {("ServiceAccount", spec["serviceAccountName"])}
+        for c in [*spec["containers"], *(spec.get("initContainers") or [])]:
+            for source in c.get("envFrom") or []:
+                wanted.add(("ConfigMap", source["configMapRef"]["name"]))
+            for item in c.get("env") or []:
+                ref = (item.get("valueFrom") or {}).get("secretKeyRef")
+                if ref:
+                    wanted.add(("Secret", ref["name"]))
+        for volume in spec.get("volumes") or []:
+            if "configMap" in volume:
+                wanted.add(("ConfigMap", volume["configMap"]["name"]))
+        assert wanted - out_of_band <= names, f"{workload['metadata']['name']}: " \
+            f"missing {sorted(wanted - out_of_band - names)}"
+    assert all(o["metadata"].get("namespace") == "checkpoint-system" for o in objects
+               if o["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"))
+
+
+def test_checkpoint_classes_are_valid_product_configuration() -> None:
+    cm = find(render("production"), "ConfigMap", "checkpoint-classes")
+    classes = yaml.safe_load(cm["data"]["classes.yaml"])["classes"]
+    parsed = [parse_class(c, field=f"classes[{i}]") for i, c in enumerate(classes)]
+    assert [c.name for c in parsed] == sorted({c.name for c in parsed}, key=[
+        c.name for c in parsed].index)  # names are unique
+    assert "default" in [c.name for c in parsed]
+
+
+@pytest.mark.parametrize(("overlay", "image"), [
+    ("dev", "localhost:5001/checkpoint-controlplane:dev"),
+    ("production", "registry.example.com/checkpoint-controlplane:0.1.0")])
+def test_every_container_runs_the_overlays_image(overlay: str, image: str) -> None:
+    objects = render(overlay)
+    for workload in [*all_of(objects, "Deployment"), *all_of(objects, "DaemonSet"),
+                     *all_of(objects, "Job")]:
+        spec = pod_spec(workload)
+        for c in [*spec["containers"], *(spec.get("initContainers") or [])]:
+            assert c["image"] == image, (workload["metadata"]["name"], c["name"])
+
+
+def test_the_base_holds_no_credentials() -> None:
+    """Secrets come from an overlay (dev, throwaway) or from the operator (production)."""
+    for path in (DEPLOY / "base").rglob("*"):
+        if path.is_file():
+            assert "secretGenerator" not in path.read_text(), path
+    assert not all_of(render("production"), "Secret")
+
