@@ -198,7 +198,7 @@ async def _openapi(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    text = await metrics.render(request.app[DB_KEY])
+    text = await metrics.render(request.app[DB_KEY], request.app[CLOCK_KEY].now())
     return web.Response(text=text, headers={"Content-Type": metrics.CONTENT_TYPE})
 
 

@@ -1,71 +1,26 @@
 """Prometheus text exposition (format 0.0.4) of the control plane, written by hand.
 
 Called by ``GET /metrics`` in :mod:`controlplane.api.app`. Every value is read from the
-database at scrape time (machines projection, ``report_operations`` view, events log),
-so any number of API replicas report the same numbers.
+database at scrape time (machines projection, the reporting views, events log), so any
+number of API replicas report the same numbers. A worker's own process counters (lease
+losses, retries, transitions it made) are on that worker's ``/metrics``
+(:mod:`controlplane.worker.metrics`).
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
+from datetime import datetime
 
+from controlplane.exposition import CONTENT_TYPE, Exposition, histogram
 from controlplane.store import queries, reports
 from controlplane.store.database import Database
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-#: Operation durations span seconds (checkpoints) to tens of minutes (stuck migrations).
-BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+__all__ = ["CONTENT_TYPE", "render"]
 GC_FAILED = "ArtifactDeletionFailed"
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(**labels: str) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
-
-
-def _number(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
-
-
-class Exposition:
-    """Accumulates metric families; ``text()`` renders them."""
-
-    def __init__(self) -> None:
-        self._lines: list[str] = []
-
-    def family(self, name: str, kind: str, help_text: str) -> None:
-        self._lines.append(f"# HELP {name} {help_text}")
-        self._lines.append(f"# TYPE {name} {kind}")
-
-    def sample(self, name: str, value: float, **labels: str) -> None:
-        self._lines.append(f"{name}{_labels(**labels)} {_number(value)}")
-
-    def text(self) -> str:
-        return "\n".join(self._lines) + "\n"
-
-
-def histogram(out: Exposition, name: str, label: str,
-              values: dict[str, list[float]]) -> None:
-    """Cumulative ``_bucket``/``_sum``/``_count`` samples per label value."""
-    for key in sorted(values):
-        observed = values[key]
-        for bound in (*BUCKETS, math.inf):
-            le = "+Inf" if math.isinf(bound) else _number(bound)
-            out.sample(f"{name}_bucket", sum(1 for v in observed if v <= bound),
-                       **{label: key, "le": le})
-        out.sample(f"{name}_sum", sum(observed), **{label: key})
-        out.sample(f"{name}_count", len(observed), **{label: key})
-
-
-async def render(db: Database) -> str:
+async def render(db: Database, now: datetime) -> str:
     out = Exposition()
     out.family("controlplane_operations", "gauge",
                "Operations (machines) by kind and current phase.")
@@ -90,4 +45,33 @@ async def render(db: Database) -> str:
     out.sample("controlplane_gc_failures_total", int(counts["gc_failures"] or 0))
     out.family("controlplane_events_total", "counter", "Events appended to the event log.")
     out.sample("controlplane_events_total", int(counts["events"] or 0))
+
+    out.family("controlplane_transitions_total", "counter",
+               "Events recorded, by machine kind (rate() of it is transitions per second).")
+    for kind, count in sorted((await queries.events_by_kind(db)).items()):
+        out.sample("controlplane_transitions_total", count, kind=kind)
+
+    depth = await queries.queue_depth(db, now)
+    out.family("controlplane_queue_depth", "gauge",
+               "Operations waiting: 'admission' = held by a concurrency limit; 'due' = due "
+               "now and not claimed by any worker; 'leased' = being driven.")
+    for state in ("admission", "due", "leased"):
+        out.sample("controlplane_queue_depth", depth[state], state=state)
+
+    out.family("controlplane_action_failures_total", "counter",
+               "Actions that failed for good (ActionFailed events), by action and error "
+               "class.")
+    for (action, error_class), count in sorted((await queries.action_failures(db)).items()):
+        out.sample("controlplane_action_failures_total", count, action=action,
+                   error_class=error_class)
+
+    phases: dict[str, list[float]] = defaultdict(list)
+    for row in await reports.rows(db, "SELECT * FROM report_migrations WHERE terminal"):
+        for column in reports.MIGRATION_PHASES:
+            if row[column] is not None:
+                phases[column.removesuffix("_seconds")].append(float(row[column]))
+    out.family("controlplane_migration_phase_duration_seconds", "histogram",
+               "Time finished migrations spent in each phase (queued, checkpoint, delete, "
+               "restore, gc; see report_migrations).")
+    histogram(out, "controlplane_migration_phase_duration_seconds", "phase", phases)
     return out.text()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import csv
 import json
 import signal
@@ -278,23 +279,31 @@ async def worker_cmd(args: argparse.Namespace) -> int:
 
             # This worker also admits queued operations, under the verbs' limits.
             config = replace(config, limits=limits_from(args))
-            await run_product_worker(db, args, config, lambda w: _drive(w, args.until_done))
+            await run_product_worker(db, args, config, lambda w: _drive(
+                w, args.until_done, args.metrics_listen))
         else:  # the engine's own kinds only
-            await _drive(build_worker(db, config), args.until_done)
+            await _drive(build_worker(db, config), args.until_done, args.metrics_listen)
     finally:
         await db.dispose()
     return 0
 
 
-async def _drive(worker: Worker, until_done: bool) -> None:
-    """Run ``worker`` until SIGTERM/SIGINT (draining), or until every machine settled."""
+async def _drive(worker: Worker, until_done: bool,
+                 metrics_listen: str | None = None) -> None:
+    """Run ``worker`` until SIGTERM/SIGINT (draining), or until every machine settled;
+    with ``metrics_listen``, serve its ``/metrics`` and ``/healthz`` meanwhile."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
-    if until_done:
-        await run_until_done(worker)
-    else:
-        await worker.run()
+    async with contextlib.AsyncExitStack() as stack:
+        if metrics_listen is not None:
+            from controlplane.cli.serve import worker_endpoints  # aiohttp only when asked
+
+            await stack.enter_async_context(worker_endpoints(worker, metrics_listen))
+        if until_done:
+            await run_until_done(worker)
+        else:
+            await worker.run()
 
 
 async def _noop(_action: Any) -> None:

@@ -138,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     wk.add_argument("--until-done", action="store_true",
                     help="exit once every machine is settled (terminal, its actions "
                     "performed, its lease released)")
+    wk.add_argument("--metrics-listen", metavar="HOST:PORT",
+                    default=os.environ.get("CONTROLPLANE_WORKER_METRICS_LISTEN"),
+                    help="serve this worker's own /metrics (lease losses, conflicts, "
+                    "transitions, action failures) and /healthz for a liveness probe "
+                    "($CONTROLPLANE_WORKER_METRICS_LISTEN)")
     _cluster_options(wk)
 
     for name, text in [

@@ -1,4 +1,5 @@
-"""``cpctl serve``: the HTTP API, the dashboard and ``/metrics`` (``controlplane.api``).
+"""``cpctl serve``: the HTTP API, the dashboard and ``/metrics`` (``controlplane.api``);
+and ``cpctl worker --metrics-listen``: a worker's own ``/metrics`` and ``/healthz``.
 
 The token comes from ``--token-file`` or ``$CONTROLPLANE_API_TOKEN``, never from the
 command line (where ``ps`` would show it); the access log redacts it from URLs. Runs
@@ -11,13 +12,17 @@ import argparse
 import asyncio
 import os
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from controlplane.cli.commands import clock
 from controlplane.errors import UsageError
+from controlplane.exposition import CONTENT_TYPE
 from controlplane.machines.registry import default_kinds
 from controlplane.store import migrate
 from controlplane.store.database import open_database
+from controlplane.worker.runtime import Worker
 
 
 def _token(args: argparse.Namespace) -> str:
@@ -71,3 +76,42 @@ async def serve_cmd(args: argparse.Namespace) -> int:
     finally:
         await db.dispose()
     return 0
+
+
+@asynccontextmanager
+async def worker_endpoints(worker: Worker, listen: str) -> AsyncIterator[str]:
+    """``cpctl worker --metrics-listen``: the worker's own ``/metrics`` and ``/healthz``
+    while the body runs; yields the bound ``host:port``.
+
+    ``/healthz`` is 503 once the worker is stopping, or when its claim loop has not turned
+    for ten poll intervals (at least 30 s): a liveness probe restarts a wedged worker.
+    No token: it shows counters only, no operation or workload names.
+    """
+    from aiohttp import web
+
+    host, port = _listen(listen)
+    stale_after = max(30.0, 10 * worker.config.poll_seconds)
+
+    async def metrics(_: web.Request) -> web.Response:
+        text = worker.metrics.render(worker.config.worker_id, worker.in_flight)
+        return web.Response(text=text, headers={"Content-Type": CONTENT_TYPE})
+
+    async def healthz(_: web.Request) -> web.Response:
+        age = worker.metrics.loop_age()
+        if worker.stopping or age > stale_after:
+            status = "stopping" if worker.stopping else f"claim loop stalled for {age:.0f}s"
+            return web.json_response({"status": status}, status=503)
+        return web.json_response({"status": "ok", "in_flight": worker.in_flight})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        bound = runner.addresses[0] if runner.addresses else (host, port)
+        print(f"worker metrics on http://{bound[0]}:{bound[1]}/metrics", flush=True)
+        yield f"{bound[0]}:{bound[1]}"
+    finally:
+        await runner.cleanup()

@@ -6,8 +6,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Row, func, or_, select
+from sqlalchemy import Row, and_, case, func, or_, select
 
+from controlplane.engine.decider import ACTION_FAILED
 from controlplane.store import schema
 from controlplane.store.database import Database
 from controlplane.store.errors import MachineNotFound
@@ -106,6 +107,42 @@ async def count_by_phase(db: Database) -> dict[tuple[str, str], int]:
     stmt = select(m.c.kind, m.c.phase, func.count()).group_by(m.c.kind, m.c.phase)
     async with read_txn(db) as conn:
         return {(k, p): int(n) for k, p, n in (await conn.execute(stmt)).all()}
+
+
+async def events_by_kind(db: Database) -> dict[str, int]:
+    """How many events each machine kind has recorded (its transitions)."""
+    stmt = (select(m.c.kind, func.count()).select_from(e.join(m, e.c.machine_id == m.c.id))
+            .group_by(m.c.kind))
+    async with read_txn(db) as conn:
+        return {k: int(n) for k, n in (await conn.execute(stmt)).all()}
+
+
+async def queue_depth(db: Database, now: datetime) -> dict[str, int]:
+    """Machines held in the admission queue, due and unclaimed, and leased."""
+    unleased = or_(m.c.lease_expires_at.is_(None), m.c.lease_expires_at <= now)
+    stmt = select(
+        func.coalesce(func.sum(case((m.c.held.is_(True), 1), else_=0)), 0),
+        func.coalesce(func.sum(case((and_(m.c.held.is_(False), m.c.next_wake_at <= now,
+                                          unleased), 1), else_=0)), 0),
+        func.coalesce(func.sum(case((~unleased, 1), else_=0)), 0),
+    )
+    async with read_txn(db) as conn:
+        held, due, leased = (await conn.execute(stmt)).one()
+    return {"admission": int(held), "due": int(due), "leased": int(leased)}
+
+
+async def action_failures(db: Database) -> dict[tuple[str, str], int]:
+    """``ActionFailed`` events by (action type, error class)."""
+    stmt = select(e.c.data).where(e.c.type == ACTION_FAILED)
+    out: dict[tuple[str, str], int] = {}
+    async with read_txn(db) as conn:
+        for (data,) in (await conn.execute(stmt)).all():
+            if not isinstance(data, dict):
+                continue
+            key = (str(data.get("action") or "unknown"), str(data.get("error_class")
+                                                                 or "unknown"))
+            out[key] = out.get(key, 0) + 1
+    return out
 
 
 async def machine_ids(db: Database, *, after: str = "", limit: int = 1000) -> list[str]:

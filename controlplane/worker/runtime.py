@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -37,13 +38,14 @@ from controlplane.logs import get_logger
 from controlplane.machines.submission import Limits
 from controlplane.store import event_store, leases
 from controlplane.store.database import Database
-from controlplane.store.errors import DatabaseUnavailable, StaleWriter
+from controlplane.store.errors import DatabaseUnavailable, LeaseLost, StaleWriter
 from controlplane.store.event_store import CommitRequest
 from controlplane.store.leases import ReleaseRequest
 from controlplane.store.records import Claimed, Lease, Projection
 from controlplane.worker.actions import ActionFailure, ActionRunner
 from controlplane.worker.admitter import admit_held
 from controlplane.worker.committer import GroupCommitter
+from controlplane.worker.metrics import WorkerMetrics
 from controlplane.worker.ports import Observer
 
 log = get_logger("controlplane.worker")
@@ -91,6 +93,7 @@ class Worker:
         self._in_flight: set[asyncio.Task[None]] = set()
         self.committer = GroupCommitter(db)
         self.transitions = 0
+        self.metrics = WorkerMetrics()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -98,6 +101,14 @@ class Worker:
         """Stop claiming; in-flight machines finish their step and are released."""
         self._stopping.set()
         self._nudged.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
 
     def nudge(self) -> None:
         """Look for due machines now instead of at the next poll."""
@@ -112,6 +123,7 @@ class Worker:
         backoff = cfg.poll_seconds
         try:
             while not self._stopping.is_set():
+                self.metrics.last_loop = time.monotonic()
                 try:
                     if cfg.limits is not None:
                         await admit_held(self.db, cfg.limits, now=self.clock.now())
@@ -185,6 +197,7 @@ class Worker:
         )
         if claimed:
             self._tokens[token] = len(claimed)
+            self.metrics.claims += len(claimed)
         for c in claimed:
             task = asyncio.create_task(self._drive_and_account(c))
             self._in_flight.add(task)
@@ -270,6 +283,10 @@ class Worker:
                 return
             await self._release(lease, self.clock.now())  # fairness: let others have a turn
         except StaleWriter as exc:
+            if isinstance(exc, LeaseLost):
+                self.metrics.lease_losses += 1
+            else:
+                self.metrics.conflicts += 1
             bound.info("lost the race, letting go", reason=str(exc))
             with contextlib.suppress(StaleWriter, DatabaseUnavailable):
                 await self._release(lease, self.clock.now())
@@ -277,6 +294,7 @@ class Worker:
             bound.warning("database unavailable mid-decision; the lease will expire",
                           error=str(exc))
         except Exception as exc:  # a bug in a decider/observer/handler must not stop the worker
+            self.metrics.step_crashes += 1
             delay = min(self.config.error_backoff_seconds * 2 ** max(record.attempts - 1, 0),
                         self.config.error_backoff_max_seconds)
             bound.exception("machine step crashed; retrying later", error=repr(exc),
@@ -314,6 +332,7 @@ class Worker:
             worker_id=self.config.worker_id, lease=lease, outbox=outbox,
         ))
         self.transitions += len(events)
+        self.metrics.transitions[decider.kind] += len(events)
         return new_state, version
 
     async def _record_failure(
@@ -321,6 +340,7 @@ class Worker:
         failure: ActionFailure,
     ) -> tuple[Any, int]:
         now = self.clock.now()
+        self.metrics.action_failures[(failure.action.type, failure.error_class)] += 1
         data = failure.to_event_data(now)
         event = Event(ACTION_FAILED, data, {"error_class": failure.error_class})
         return await self._commit(decider, state, version, lease, (event,), now,

@@ -8,9 +8,17 @@ import re
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from controlplane.api import metrics
 from controlplane.api.app import make_app
+from controlplane.clock import FakeClock
+from controlplane.engine.decider import Action
+from controlplane.machines.steps import WORK_ACTION
 from controlplane.store import reports
+from controlplane.store.database import Database
+from controlplane.worker.errors import TerminalActionError
 from tests.api.conftest import TOKEN, History, auth
+from tests.support.machines import submit_steps
+from tests.support.workers import RecordingHandler, all_terminal, make_worker, run_until
 
 Client = TestClient[web.Request, web.Application]
 
@@ -54,6 +62,10 @@ async def test_metrics_text_parses_and_has_the_expected_series(
         "controlplane_operation_duration_seconds": "histogram",
         "controlplane_gc_failures_total": "counter",
         "controlplane_events_total": "counter",
+        "controlplane_transitions_total": "counter",
+        "controlplane_queue_depth": "gauge",
+        "controlplane_action_failures_total": "counter",
+        "controlplane_migration_phase_duration_seconds": "histogram",
     }
     ops = {labels: v for name, labels, v in samples if name == "controlplane_operations"}
     assert ops['{kind="migration",phase="Succeeded"}'] == 1
@@ -63,12 +75,24 @@ async def test_metrics_text_parses_and_has_the_expected_series(
               if name == "controlplane_operation_duration_seconds_count"}
     assert counts == {'{kind="checkpoint"}': 1, '{kind="migration"}': 1,
                       '{kind="resume"}': 1, '{kind="suspend"}': 1}
-    inf = [v for name, labels, v in samples if name.endswith("_bucket") and 'le="+Inf"' in labels]
+    inf = [v for name, labels, v in samples
+           if name == "controlplane_operation_duration_seconds_bucket" and 'le="+Inf"' in labels]
     assert inf == [1, 1, 1, 1]
     events = (await reports.rows(history.db, "SELECT count(*) AS n FROM events"))[0]["n"]
     single = {name: v for name, _, v in samples}
     assert single["controlplane_events_total"] == events
     assert single["controlplane_gc_failures_total"] == 0
+    by_kind = {labels: v for name, labels, v in samples
+               if name == "controlplane_transitions_total"}
+    assert sum(by_kind.values()) == events
+    assert by_kind['{kind="migration"}'] >= 10
+    depth = {labels: v for name, labels, v in samples if name == "controlplane_queue_depth"}
+    assert depth == {'{state="admission"}': 0, '{state="due"}': 0, '{state="leased"}': 0}
+    assert not [s for s in samples if s[0] == "controlplane_action_failures_total"]
+    phases = {labels: v for name, labels, v in samples
+              if name == "controlplane_migration_phase_duration_seconds_count"}
+    assert phases == {f'{{phase="{p}"}}': 1 for p in
+                      ("checkpoint", "delete", "gc", "queued", "restore")}
 
 
 async def test_histogram_buckets_are_cumulative(client: Client) -> None:
@@ -96,3 +120,20 @@ async def test_openapi_document_lists_every_route(client: Client, history: Histo
         served.add((path, route.method.lower()))
     documented = {(path, method) for path, item in doc["paths"].items() for method in item}
     assert served == documented
+
+
+async def test_failed_actions_and_held_operations_show_in_the_metrics(
+        db: Database, clock: FakeClock) -> None:
+    async def refuse(action: Action) -> None:
+        raise TerminalActionError("403 Forbidden")
+
+    await submit_steps(db, clock, "m1", steps=2)
+    await run_until(make_worker(db, clock, RecordingHandler(hook=refuse)), all_terminal(db))
+    await submit_steps(db, clock, "m2", steps=1)  # due, nobody claims it
+    _, samples = parse(await metrics.render(db, clock.now()))
+    values = {(name, labels): v for name, labels, v in samples}
+    assert values[("controlplane_action_failures_total",
+                   f'{{action="{WORK_ACTION}",error_class="Terminal"}}')] == 1
+    assert values[("controlplane_queue_depth", '{state="due"}')] == 1
+    assert values[("controlplane_queue_depth", '{state="leased"}')] == 0
+    assert values[("controlplane_transitions_total", '{kind="steps"}')] == 4  # 3 + 1

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -169,6 +172,8 @@ def test_sim_up_serves_a_cluster_with_the_asked_nodes_until_sigterm(tmp_path: Pa
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
         proc.communicate()  # drain and close the pipes
 
 
@@ -231,6 +236,8 @@ def test_serve_answers_with_the_token_and_refuses_without_it(ready_db: str,
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
         out, err = proc.communicate()
     assert token not in out + err
 
@@ -249,3 +256,39 @@ def test_wake_by_key_or_id_reports_how_many_machines_it_woke(ready_db: str) -> N
     assert cpctl(ready_db, "wake", "--id", "gated").returncode == 0
     assert_one_line_error(cpctl(ready_db, "wake", "--id", "missing"), 2, "missing")
     assert cpctl(ready_db, "wake").returncode == 2  # one of --id/--key is required
+
+
+def test_a_worker_serves_its_own_metrics_and_health_until_sigterm(ready_db: str) -> None:
+    assert cpctl(ready_db, "submit", "steps", "--spec", '{"steps": 2}',
+                 "--id", "w-1").returncode == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controlplane.cli.main", "--db", ready_db, "worker",
+         "--poll-seconds", "0.05", "--worker-id", "w-metrics",
+         "--metrics-listen", "127.0.0.1:0"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        base = proc.stdout.readline().split("worker metrics on ")[1].strip()
+        base = base.removesuffix("/metrics")
+
+        def scrape() -> str:
+            with urllib.request.urlopen(f"{base}/metrics", timeout=10) as reply:
+                return str(reply.read().decode())
+
+        deadline = time.monotonic() + 60
+        while 'controlplane_worker_transitions_total{kind="steps",worker="w-metrics"} 2' \
+                not in (text := scrape()):
+            assert time.monotonic() < deadline, text
+            time.sleep(0.05)  # another process: nothing to await
+        assert 'controlplane_worker_lease_losses_total{worker="w-metrics"} 0' in text
+        with urllib.request.urlopen(f"{base}/healthz", timeout=10) as reply:
+            assert json.loads(reply.read())["status"] == "ok"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -46,6 +46,7 @@ SUBSTITUTIONS = {
     "--dumper=kubelet": "--dumper=sim (the simulator has no kubelet)",
     "--workdir=...": "a temporary directory per node (an emptyDir in the cluster)",
     "--listen=0.0.0.0:8080": "--listen=127.0.0.1:0 (any free port)",
+    "--metrics-listen=0.0.0.0:9090": "--metrics-listen=127.0.0.1:0 (any free port)",
     "secret controlplane-database/url": "the test's database URL",
     "cpctl / python": "this interpreter (-m controlplane.cli.main)",
     "downward API": "metadata.name = <deployment>-<i>, spec.nodeName = the node, "
@@ -179,7 +180,8 @@ class DeployedRun:
         if "--in-cluster" in argv:
             i = argv.index("--in-cluster")
             argv[i:i + 1] = ["--kubeconfig", self.kubeconfig(account)]
-        argv = ["--listen=127.0.0.1:0" if a.startswith("--listen=") else a for a in argv]
+        argv = [f"{a.split('=')[0]}=127.0.0.1:0"
+                if a.startswith(("--listen=", "--metrics-listen=")) else a for a in argv]
         return argv, env
 
     def migration_job(self) -> tuple[list[str], dict[str, str]]:

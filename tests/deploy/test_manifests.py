@@ -75,6 +75,10 @@ def test_the_control_plane_runs_several_replicas_with_probes_requests_and_a_drai
         assert api[probe]["httpGet"]["path"] == "/healthz"
     worker = container(deployment, "worker")
     assert worker["args"][worker["args"].index("worker") + 1] == "--in-cluster"
+    # The worker's liveness is its own claim loop (cpctl worker --metrics-listen).
+    [port] = [p for p in worker["ports"] if p["name"] == worker["livenessProbe"]["httpGet"]["port"]]
+    assert f"--metrics-listen=0.0.0.0:{port['containerPort']}" in worker["args"]
+    assert worker["livenessProbe"]["httpGet"]["path"] == "/healthz"
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     pdb = find(objects, "PodDisruptionBudget", "controlplane")
     service = find(objects, "Service", "controlplane-metrics")

@@ -7,6 +7,7 @@ import asyncio
 from controlplane.clock import FakeClock
 from controlplane.engine.decider import Action
 from controlplane.engine.observation import PodView
+from controlplane.machines.steps import WORK_ACTION
 from controlplane.store import leases, queries
 from controlplane.store.database import Database
 from controlplane.worker.errors import RetryableActionError, TerminalActionError
@@ -44,7 +45,9 @@ async def test_a_terminal_action_error_becomes_an_event_and_fails_the_machine(
             raise TerminalActionError("403 Forbidden: DELETE manifest")
 
     await submit_steps(db, clock, "m1", steps=4)
-    await run_until(make_worker(db, clock, RecordingHandler(hook=refuse)), all_terminal(db))
+    worker = make_worker(db, clock, RecordingHandler(hook=refuse))
+    await run_until(worker, all_terminal(db))
+    assert worker.metrics.action_failures == {(WORK_ACTION, "Terminal"): 1}
     history = await queries.history(db, "m1")
     failed = [e for e in history if e.type == "ActionFailed"]
     assert len(failed) == 1
@@ -162,6 +165,7 @@ async def test_a_worker_whose_lease_expired_mid_action_cannot_commit_again(
         (1, "Submitted", None), (2, "StepCompleted", 1), (3, "StepCompleted", 2),
         (4, "StepCompleted", 3)]
     assert {e.worker_id for e in history[2:]} == {"fast"}
+    assert (slow.metrics.lease_losses, slow.metrics.conflicts) == (1, 0)  # fenced, counted
     # The stalled action re-ran under the new owner: at-least-once, idempotent by key.
     assert fast_handler.performed == ["m1:step:1", "m1:step:2", "m1:step:3"]
 
