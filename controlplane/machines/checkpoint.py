@@ -30,6 +30,7 @@ from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
 from controlplane.machines import capturing as cap_
 from controlplane.machines import sourceops as src_
+from controlplane.machines.actions import EventType, emit_event
 from controlplane.machines.capturing import Capture, CaptureSpec, CaptureStatus
 from controlplane.machines.classes import CheckpointClass, OnFailure, artifact_for
 from controlplane.machines.codec import decode
@@ -38,6 +39,7 @@ from controlplane.machines.common import (
     Condition,
     Failure,
     Step,
+    action_key,
     emit,
     event_time,
     pod_facts,
@@ -168,7 +170,7 @@ class CheckpointDecider:
                                        started_at=state.started_at)
         if state.status is CheckpointPhase.VERIFIED:
             if state.spec.quiesce:
-                return _finish(now, CheckpointPhase.SUCCEEDED, "Verified",
+                return _finish(state, now, CheckpointPhase.SUCCEEDED, "Verified",
                                "artifact verified; workload left stopped (quiesce)")
             return self._release_then_succeed(state, obs, now)
         return self._unstick(state, obs, now)
@@ -187,14 +189,14 @@ class CheckpointDecider:
         message = "artifact verified; capture request withdrawn"
         if op.failure is not None:
             message = f"artifact verified; request not withdrawn: {op.failure.message}"
-        return _finish(now, CheckpointPhase.SUCCEEDED, "Verified", message)
+        return _finish(state, now, CheckpointPhase.SUCCEEDED, "Verified", message)
 
     def _unstick(self, state: CheckpointState, obs: Observation, now: datetime) -> Step:
         assert state.failure is not None
         assert state.failed_at is not None
         end = CheckpointPhase.CANCELLED if state.cancelled else CheckpointPhase.FAILED
         if state.failure.reason == "SourceGone" and state.source_op is None:
-            return _finish(now, end, state.failure.reason, state.failure.message)
+            return _finish(state, now, end, state.failure.reason, state.failure.message)
         kill = state.klass.on_failure is OnFailure.KILL and not state.cancelled
         result = src_.decide_unstick(state.source_op, state.source, obs, now,
                                      machine_id=state.machine_id, kill=kill,
@@ -207,7 +209,7 @@ class CheckpointDecider:
         message = state.failure.message
         if result.note:
             message += f"; source NOT unstuck: {result.note}"
-        return _finish(now, end, state.failure.reason, message)
+        return _finish(state, now, end, state.failure.reason, message)
 
     def evolve(self, state: CheckpointState, event: Event) -> CheckpointState:
         t, d = event.type, event.data
@@ -253,6 +255,14 @@ class CheckpointDecider:
         return decode(CheckpointState, data)
 
 
-def _finish(now: datetime, phase: CheckpointPhase, reason: str, message: str) -> Step:
+def _finish(state: CheckpointState, now: datetime, phase: CheckpointPhase, reason: str,
+            message: str) -> Step:
+    """The terminal event, and a Kubernetes Event on the pod saying how it ended."""
+    spec = state.spec
+    notice = emit_event(action_key(state.machine_id, "event", "finished"),
+                        namespace=spec.namespace, pod_name=spec.name, pod_uid=spec.uid,
+                        type_=EventType.WARNING if phase is CheckpointPhase.FAILED
+                        else EventType.NORMAL, reason=f"Checkpoint{phase.value}",
+                        message=f"{reason}: {message} (operation {state.machine_id})")
     return emit(stamped(FINISHED, now, {"phase": phase.value, "reason": reason,
-                                        "message": message}))
+                                        "message": message}), actions=[notice])

@@ -35,9 +35,10 @@ from controlplane.engine.decider import Command, CommandRejected, Decision, Even
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
 from controlplane.machines import restoring as rs_
+from controlplane.machines.actions import EventType, emit_event
 from controlplane.machines.checkpoint import capture_spec, validate_capture_fields
 from controlplane.machines.codec import decode
-from controlplane.machines.common import STARTED, stamped, with_facts
+from controlplane.machines.common import STARTED, action_key, stamped, with_facts
 from controlplane.machines.migration_state import (
     CANCEL_REQUESTED,
     KIND,
@@ -118,7 +119,13 @@ class MigrationDecider:
         if state.started_at is None:
             started = stamped(STARTED, now, {"kind": KIND, "target": state.target})
             rest = self.decide(self.evolve(state, started), observation, now)
-            both = Decision((started, *rest.events), rest.actions, rest.wake_at)
+            c = state.spec.capture
+            notice = emit_event(action_key(state.machine_id, "event", "started"),
+                                namespace=c.namespace, pod_name=c.name, pod_uid=c.uid,
+                                type_=EventType.NORMAL, reason="MigrationStarted",
+                                message=f"moving from {state.spec.source_node} to "
+                                f"{state.target} (operation {state.machine_id})")
+            both = Decision((started, *rest.events), (notice, *rest.actions), rest.wake_at)
             return with_facts(both, observation)
         return with_facts(decide_migration(state, observation, now).decision(), observation)
 

@@ -32,12 +32,14 @@ from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation, ProbeError, TagView
 from controlplane.machines import protocol
 from controlplane.machines import restoring as rs_
+from controlplane.machines.actions import EventType, emit_event
 from controlplane.machines.classes import CheckpointClass
 from controlplane.machines.codec import RawJson, decode
 from controlplane.machines.common import (
     STARTED,
     Failure,
     Step,
+    action_key,
     emit,
     event_time,
     next_poll,
@@ -196,34 +198,35 @@ class RestoreDecider:
         if state.cancelled and r.in_flight:
             return rs_.abandon_restore(r, now, "cancelled by the operator")
         if r.status is RestoreStatus.VERIFIED:
-            return _finish(now, RestorePhase.SUCCEEDED, "Verified",
+            return _finish(state, now, RestorePhase.SUCCEEDED, "Verified",
                            f"restored on {r.plan.node} as instance {r.instance_id}")
         if r.status is RestoreStatus.CLEANED:
             assert r.failure is not None
             end = RestorePhase.CANCELLED if state.cancelled else RestorePhase.FAILED
-            return _finish(now, end, r.failure.reason, r.failure.message)
+            return _finish(state, now, end, r.failure.reason, r.failure.message)
         return rs_.decide_restore(r, state.context(), obs, now, machine_id=mid)
 
     def _resolve(self, state: RestoreState, obs: Observation, now: datetime) -> Step:
         assert state.started_at is not None
         spec = state.spec
         if state.cancelled:
-            return _finish(now, RestorePhase.CANCELLED, "Cancelled", "cancelled by the operator")
+            return _finish(state, now, RestorePhase.CANCELLED, "Cancelled",
+                           "cancelled by the operator")
         tag = obs.tags.get(spec.artifact, _NOT_OBSERVED)
         facts = tag_facts(spec.artifact, tag)
         deadline = state.started_at + seconds(state.klass.timeouts.resolve)
         if isinstance(tag, ProbeError):
             if now >= deadline:
-                return _finish(now, RestorePhase.FAILED, "RegistryUnavailable",
+                return _finish(state, now, RestorePhase.FAILED, "RegistryUnavailable",
                                f"artifact {spec.artifact} could not be probed: {tag.message}",
                                facts)
             return wait(deadline, next_poll(state.started_at, now))
         if tag is None:
-            return _finish(now, RestorePhase.FAILED, "ArtifactMissing",
+            return _finish(state, now, RestorePhase.FAILED, "ArtifactMissing",
                            f"artifact {spec.artifact} does not exist", facts)
         problem = _provenance(spec, tag)
         if problem is not None:
-            return _finish(now, RestorePhase.FAILED, "ArtifactProvenance", problem, facts)
+            return _finish(state, now, RestorePhase.FAILED, "ArtifactProvenance", problem, facts)
         plan = RestorePlan(attempt=1, namespace=spec.namespace, pod_name=spec.name,
                            node=spec.node, artifact=spec.artifact,
                            checkpoint_id=spec.checkpoint_id,
@@ -281,7 +284,14 @@ def _provenance(spec: RestoreSpec, tag: TagView) -> str | None:
     return None
 
 
-def _finish(now: datetime, phase: RestorePhase, reason: str, message: str,
-            facts: JsonObject | None = None) -> Step:
+def _finish(state: RestoreState, now: datetime, phase: RestorePhase, reason: str,
+            message: str, facts: JsonObject | None = None) -> Step:
+    """The terminal event, and a Kubernetes Event on the restored pod's name."""
+    spec = state.spec
+    notice = emit_event(action_key(state.machine_id, "event", "finished"),
+                        namespace=spec.namespace, pod_name=spec.name, pod_uid=None,
+                        type_=EventType.WARNING if phase is RestorePhase.FAILED
+                        else EventType.NORMAL, reason=f"Restore{phase.value}",
+                        message=f"{reason}: {message} (operation {state.machine_id})")
     return emit(stamped(FINISHED, now, {"phase": phase.value, "reason": reason,
-                                        "message": message}, facts))
+                                        "message": message}, facts), actions=[notice])

@@ -282,3 +282,15 @@ def test_bad_checkpoint_specs_are_rejected_naming_the_field(bad: dict[str, objec
     """validate_spec names the offending field."""
     with pytest.raises(InvalidSpec, match=field.replace(".", r"\.")):
         CheckpointDecider().validate_spec(bad)  # type: ignore[arg-type]
+
+
+def test_finishing_records_a_kubernetes_event_on_the_pod() -> None:
+    """Operators see the outcome with kubectl describe pod: Normal on success."""
+    g = given(quiesce=True).decided(observe({f"{NS}/{POD}": pod()}), T0)
+    verified = g.when(obs(tag=GOOD), at(5)).then_events("ArtifactVerified")
+    then = verified.and_then().when(obs(tag=GOOD), at(6)).then_phase("Succeeded")
+    notice = then.action("EmitEvent")
+    assert (notice.params["type"], notice.params["reason"]) == ("Normal", "CheckpointSucceeded")
+    assert notice.params["object"] == {"kind": "Pod", "name": POD, "uid": SRC_UID}
+    assert CID in str(notice.params["message"])
+

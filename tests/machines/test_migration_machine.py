@@ -98,6 +98,15 @@ def test_migration_captures_the_source_quiesced() -> None:
     assert ann[protocol.CAPTURE_QUIESCE] == "true"
 
 
+def test_starting_records_a_kubernetes_event_on_the_source_pod() -> None:
+    """kubectl describe pod shows that a migration took the pod, where to, and its id."""
+    then = given().when(observe({SRC: pod()}, {ART: None}), T0)
+    notice = then.action("EmitEvent")
+    assert (notice.params["type"], notice.params["reason"]) == ("Normal", "MigrationStarted")
+    assert notice.params["object"] == {"kind": "Pod", "name": POD, "uid": SRC_UID}
+    assert str(notice.params["message"]).startswith("moving from node-a to node-b")
+
+
 def test_verified_artifact_moves_to_deleting_source() -> None:
     """ArtifactVerified (gate 1) is the only way into DeletingSource."""
     assert checkpointed().state.phase == "DeletingSource"

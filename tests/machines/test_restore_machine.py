@@ -238,3 +238,13 @@ def test_wake_keys_name_the_pod_until_its_uid_is_known() -> None:
     assert g.state.wake_keys == frozenset({KEY})
     g.decided(obs(ours(phase="Pending", node_name=None)), at(2))
     assert g.state.wake_keys == frozenset({KEY, "uid-new"})
+
+
+def test_finishing_records_a_kubernetes_event_on_the_restored_pod() -> None:
+    g = restoring().decided(obs(ours(phase="Pending", node_name=None)), at(2))
+    g2 = g.when(obs(ours(**REPORTED)), at(5)).and_then()
+    then = g2.when(obs(ours(**REPORTED)), at(5)).then_phase("Succeeded")
+    notice = then.action("EmitEvent")
+    assert (notice.params["type"], notice.params["reason"]) == ("Normal", "RestoreSucceeded")
+    assert notice.params["object"] == {"kind": "Pod", "name": NAME, "uid": None}
+    assert MID in str(notice.params["message"])
