@@ -30,6 +30,58 @@ The database is --db, else $CONTROLPLANE_DATABASE_URL, else sqlite:///var/contro
 """
 
 
+_CLUSTER = "--kubeconfig var/sim-kubeconfig.yaml --registry-layout var/registry"
+#: What ``cpctl VERB --help`` shows after the options: the verb in use.
+EXAMPLES = {
+    "checkpoint": f"""examples:
+  cpctl checkpoint default/web --repository localhost:5000/ckpt --wait {_CLUSTER}
+  cpctl checkpoint default/db --quiesce --repository localhost:5000/ckpt  # stays stopped
+""",
+    "migrate": f"""examples:
+  cpctl migrate default/web --to node-2 --repository localhost:5000/ckpt --wait {_CLUSTER}
+  cpctl history ID        # what happened, phase by phase, with the facts behind each step
+exit: 0 when it succeeded (with --wait), 1 when it ended otherwise, 2 on bad input.
+""",
+    "suspend": """examples:
+  cpctl suspend default/sandbox --repository localhost:5000/ckpt --wait
+  cpctl resume default/sandbox --repository localhost:5000/ckpt --wait
+""",
+    "resume": """examples:
+  cpctl resume default/sandbox --repository localhost:5000/ckpt --node node-3 --wait
+""",
+    "list": """examples:
+  cpctl list --active                      # everything still in flight
+  cpctl list --kind migration --node node-1 --since 2026-11-22T00:00:00Z
+  cpctl list --namespace payments -o json
+""",
+    "history": """examples:
+  cpctl history ID             # time, phase change, event, reason, observed facts, worker
+  cpctl history ID -o json     # the same, one object per event, with "phase"
+""",
+    "report": """examples:
+  cpctl report migrations --by node        # p50 of each phase, bytes moved, success rate
+  cpctl report checkpoints --by class -o csv > checkpoints.csv
+  cpctl report operations --by day --since 2026-11-01T00:00:00Z
+The views behind it are plain SQL: docs/reporting.md.
+""",
+    "replay": """examples:
+  cpctl replay --verify        # projections and every recorded decision must reproduce
+  cpctl replay --rebuild       # rewrite projections from the events (events win)
+""",
+    "worker": """examples:
+  cpctl worker --kubeconfig ~/.kube/config --registry-plain-http localhost:5000
+  cpctl worker --in-cluster --metrics-listen 0.0.0.0:9090     # as deploy/ runs it
+Run as many as you like against one PostgreSQL: they share work through leases.
+""",
+    "cancel": """examples:
+  cpctl cancel ID     # a migration whose source is gone is restored where it was
+""",
+    "retarget": """examples:
+  cpctl retarget ID --to node-3
+""",
+}
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, exit 2, plus where to look
         sys.stderr.write(f"cpctl: error: {message} (see `{self.prog} --help`)\n")
@@ -48,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser, metavar="VERB")
 
     def verb(name: str, handler: Handler, text: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=text, description=text)
+        sp = sub.add_parser(name, help=text, description=text, epilog=EXAMPLES.get(name),
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
         sp.set_defaults(handler=handler)
         return sp
 
