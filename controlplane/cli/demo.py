@@ -26,8 +26,8 @@ from controlplane.errors import ControlPlaneError
 from controlplane.machines import protocol
 from controlplane.machines.registry import default_kinds
 from controlplane.operations import submit_operation
-from controlplane.replay import rebuild, verify
-from controlplane.store import migrate, queries
+from controlplane.replay import phase_after_each, rebuild, verify
+from controlplane.store import migrate, queries, reports
 from controlplane.store.database import Database, open_database
 from controlplane.store.records import MachineRecord
 
@@ -115,16 +115,37 @@ class Demo:
         say(f"sandbox resumed from its checkpoint; marker {marker!r} survived")
 
         say(f"history of the migration {mig}:")
-        render.table(["seq", "time", "event", "facts (why)"],
-                     [(e.seq, e.recorded_at, e.type, e.facts)
-                      for e in await queries.history(self.db, mig)], max_width=70)
+        record = await queries.get_machine(self.db, mig)
+        events = await queries.history(self.db, mig)
+        phases = phase_after_each(default_kinds(), record, events)
+        shown, timeline = "", []
+        for e, phase in zip(events, phases, strict=True):
+            timeline.append((e.seq, e.recorded_at, f"-> {phase}" if phase != shown else "",
+                         e.type, e.facts))
+            shown = phase
+        render.table(["seq", "time", "phase", "event", "facts (why)"], timeline,
+                     max_width=60)
         say("report: every operation")
         rows = []
         for r in reversed(await queries.list_machines(self.db, queries.MachineFilter())):
             seconds = (r.updated_at - r.created_at).total_seconds()
-            events = len(await queries.history(self.db, r.id))
-            rows.append((r.kind, r.workload, r.source_node, r.phase, f"{seconds:.2f}", events))
+            count = len(await queries.history(self.db, r.id))
+            rows.append((r.kind, r.workload, r.source_node, r.phase, f"{seconds:.2f}", count))
         render.table(["kind", "workload", "source node", "outcome", "seconds", "events"], rows)
+        say("report: checkpoints (SQL view report_checkpoints)")
+        checkpoints = await reports.rows(
+            self.db, "SELECT kind, workload, source_node, class_name, size_bytes, "
+            "capture_seconds, operation_outcome FROM report_checkpoints ORDER BY verified_at")
+        self.expect(len(checkpoints) == 3 and all(c["size_bytes"] for c in checkpoints),
+                    f"the checkpoint report shows {len(checkpoints)} sized checkpoints, not 3")
+        render.table(["made by", "workload", "node", "class", "bytes", "capture s", "outcome"],
+                     [(c["kind"], c["workload"], c["source_node"], c["class_name"],
+                       c["size_bytes"], f"{float(c['capture_seconds']):.2f}",
+                       c["operation_outcome"]) for c in checkpoints])
+        [m] = await reports.rows(self.db, "SELECT * FROM report_migrations")
+        say("the migration phase by phase (report_migrations): " + ", ".join(
+            f"{p.removesuffix('_seconds')} {float(m[p]):.2f}s"
+            for p in reports.MIGRATION_PHASES))
 
     async def submit(self, kind: str, spec: JsonObject) -> str:
         outcome = await submit_operation(self.db, default_kinds(),

@@ -191,6 +191,9 @@ def test_demo_migrates_suspends_and_resumes_with_the_markers_surviving(tmp_path:
     for outcome in ("checkpoint  default/web", "migration   default/app", "Suspended",
                     "Resumed"):
         assert outcome in out
+    assert "-> Restoring" in out  # the history shows the phase changes
+    assert "report: checkpoints" in out
+    assert "the migration phase by phase (report_migrations): queued " in out
     assert (tmp_path / "demo" / "controlplane.db").exists()
 
 
