@@ -56,6 +56,7 @@ async def submit(
         raise UsageError(str(exc)) from None
     if not isinstance(spec, dict):
         raise UsageError("the spec must be a JSON object", hint='e.g. --spec \'{"steps": 6}\'')
+    refuse_nul(spec, "spec")
     try:
         normalised = decider.validate_spec(spec)
     except InvalidSpec as exc:
@@ -69,10 +70,29 @@ async def submit(
     return machine_id
 
 
+def refuse_nul(value: object, field: str) -> None:
+    """Refuse a NUL character anywhere in ``value`` (keys too), naming the field.
+
+    PostgreSQL cannot store U+0000 in text or JSONB: letting one through made the insert
+    fail as an internal error on PostgreSQL, while SQLite stored it — one input, two
+    behaviours. It is never meaningful in a name, a UID, a node or a reference."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise UsageError(f"{field} contains a NUL character")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            refuse_nul(key, f"{field} (a key)")
+            refuse_nul(item, f"{field}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            refuse_nul(item, f"{field}[{i}]")
+
+
 async def send_command(
     db: Database, kinds: KindRegistry, *, machine_id: str, command: Command, now: datetime
 ) -> int:
     """Append the events ``accept`` returns for ``command``; return the new version."""
+    refuse_nul(dict(command.data), "command")
     async for attempt in AsyncRetrying(
         retry=retry_if_exception_type(ConcurrencyConflict), stop=stop_after_attempt(5),
         reraise=True,
@@ -114,6 +134,8 @@ class Submission:
 
 def _workload_of(kind: str, spec: JsonObject, observation: Observation) -> tuple[str, str | None]:
     """The workload (``namespace/name``) an operation acts on, and its source node."""
+    if kind == "drain":  # one live drain per node; "node:" cannot be a namespace name
+        return f"node:{spec['node']}", None
     pod = spec.get("pod")
     if isinstance(pod, dict):  # checkpoint, migration, suspend: an existing, observed pod
         key = pod_key(str(pod["namespace"]), str(pod["name"]))
@@ -140,6 +162,7 @@ async def submit_operation(
     refused with a :class:`UsageError` naming the field, and nothing is written. A
     cluster or per-node limit holds the machine in the admission queue instead.
     """
+    refuse_nul(spec, "spec")
     try:
         interests = submission_interests(kind, spec)
         observation = await observer.observe(interests)

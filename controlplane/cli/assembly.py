@@ -22,12 +22,15 @@ from typing import Any
 
 from controlplane.clock import Clock
 from controlplane.engine.observation import pod_key
+from controlplane.machines.drain import SUBMIT_OPERATION
 from controlplane.machines.registry import default_kinds
 from controlplane.machines.steps import WORK_ACTION
 from controlplane.store import leases
 from controlplane.store.database import Database
 from controlplane.worker.actions import ActionRunner, RetryPolicy
+from controlplane.worker.children import ChildSubmitter, StoreMachineObserver
 from controlplane.worker.composite import CompositeObserver
+from controlplane.worker.ports import ActionHandler
 from controlplane.worker.runtime import Worker, WorkerConfig
 from drivers.kube import KubeDriver
 from drivers.registry import ManifestActions, RegistryObserver
@@ -68,15 +71,18 @@ async def product(db: Database, clock: Clock, *, registry: Registry, config: Wor
                                     on_pod_change=wake)
     drivers.append(kube)
     async with kube:
+        children = StoreMachineObserver(db)
         observer = CompositeObserver(cluster=kube.observer,
-                                     registry=RegistryObserver(registry))
-        handlers = {**kube.handlers(), **ManifestActions(registry).handlers(),
-                    WORK_ACTION: _noop}
-        worker = Worker(db, default_kinds(), observer,
+                                     registry=RegistryObserver(registry), machines=children)
+        fresh = CompositeObserver(cluster=kube.fresh_observer,
+                                  registry=RegistryObserver(registry), machines=children)
+        kinds = default_kinds()
+        handlers: dict[str, ActionHandler] = {
+            **kube.handlers(), **ManifestActions(registry).handlers(), WORK_ACTION: _noop,
+            SUBMIT_OPERATION: ChildSubmitter(db, kinds, fresh, clock, config.limits)}
+        worker = Worker(db, kinds, observer,
                         ActionRunner(handlers, RetryPolicy(attempts=3)), clock, config)
         workers.append(worker)
-        fresh = CompositeObserver(cluster=kube.fresh_observer,
-                                  registry=RegistryObserver(registry))
         task = asyncio.create_task(worker.run()) if run_worker else None
         try:
             yield Product(kube, registry, worker, fresh)

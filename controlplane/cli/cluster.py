@@ -1,10 +1,13 @@
 """Operator verbs against a cluster: ``checkpoint``, ``migrate``, ``suspend``, ``resume``,
-and ``worker --kubeconfig`` (the product worker).
+``restore``, and ``worker --kubeconfig`` (the product worker).
 
 Each verb reads the pod from the API server (its UID and its spec, saved as the template
 to restore from), submits through ``operations.submit_operation`` (validated against the
 cluster, admitted, queued or refused), prints the operation id and, with ``--wait``,
-follows it until it settles: exit 0 when it did what was asked, 1 otherwise. The worker
+follows it until it settles: exit 0 when it did what was asked, 1 otherwise. With
+``--dry-run`` (migrate, suspend, restore) it validates and prints the plan instead
+(``cli.dryrun``), writing nothing. ``restore CHECKPOINT --node N`` restores the artifact
+of a checkpoint (or suspend) operation onto a node. The worker
 (``cpctl worker --kubeconfig ...``) performs the operations; the node agents capture and
 restore. A composition root: it imports the drivers (import-linter names the edges).
 """
@@ -15,6 +18,7 @@ import argparse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from controlplane.cli import dryrun
 from controlplane.cli.assembly import Product, product
 from controlplane.cli.commands import clock, opened
 from controlplane.cli.options import limits_from
@@ -26,21 +30,22 @@ from controlplane.machines.registry import default_kinds
 from controlplane.operations import submit_operation
 from controlplane.store import migrate, queries
 from controlplane.store.database import Database
+from controlplane.store.errors import MachineNotFound
 from controlplane.worker.runtime import Worker, WorkerConfig
 from drivers.kube import KubeDriver
 from drivers.kube.errors import ApiNotFound
-from drivers.kube.resources import PODS
+from drivers.kube.resources import NODES, PODS
 from drivers.registry.options import registry_from_options
 from drivers.registry.port import Registry
 
 
-def _registry(args: argparse.Namespace) -> Registry:
+def registry_from_args(args: argparse.Namespace) -> Registry:
     return registry_from_options(layout=args.registry_layout,
                                  plain_http=args.registry_plain_http,
                                  credentials=args.registry_credentials)
 
 
-def _connect(args: argparse.Namespace) -> dict[str, Any]:
+def connect_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"kubeconfig": args.kubeconfig, "in_cluster": True if args.in_cluster else None}
 
 
@@ -54,8 +59,8 @@ def _workload(text: str) -> tuple[str, str]:
 async def run_product_worker(db: Database, args: argparse.Namespace, config: WorkerConfig,
                              drive: Callable[[Worker], Awaitable[None]]) -> None:
     """``cpctl worker --kubeconfig ...``: drive every kind against the cluster."""
-    async with product(db, clock, registry=_registry(args), config=config, run_worker=False,
-                       **_connect(args)) as running:
+    async with product(db, clock, registry=registry_from_args(args), config=config,
+                       run_worker=False, **connect_options(args)) as running:
         await drive(running.worker)
 
 
@@ -68,7 +73,7 @@ async def _pod(kube: KubeDriver, ns: str, name: str) -> dict[str, Any]:
     return dict(pod)
 
 
-def _template(pod: dict[str, Any]) -> JsonObject:
+def template_of(pod: dict[str, Any]) -> JsonObject:
     """The pod to restore from: its labels and spec, minus its node binding."""
     meta = pod.get("metadata") or {}
     spec = {k: v for k, v in (pod.get("spec") or {}).items() if k != "nodeName"}
@@ -112,10 +117,13 @@ async def operation_cmd(args: argparse.Namespace) -> int:
         spec = await _resume_spec(args, ns, name, klass)
     async with opened(args) as db:
         await migrate.require_current(db)
-        async with product(db, clock, registry=_registry(args), config=WorkerConfig(),
-                           run_worker=False, **_connect(args)) as running:
+        async with product(db, clock, registry=registry_from_args(args), config=WorkerConfig(),
+                           run_worker=False, **connect_options(args)) as running:
             if kind != "resume":
                 spec = await _spec(kind, args, running, ns, name, klass)
+            if getattr(args, "dry_run", False):
+                return await dryrun.dry_run(db, running.fresh, kind=kind, spec=spec,
+                                            limits=limits_from(args), output=args.output)
             outcome = await submit_operation(db, default_kinds(), running.fresh, kind=kind,
                                              spec=spec, machine_id=new_id(), now=clock.now(),
                                              limits=limits_from(args))
@@ -136,6 +144,71 @@ async def _spec(kind: str, args: argparse.Namespace, running: Product, ns: str, 
     if kind == "checkpoint":
         return {"pod": _ref(pod), "class": klass, "quiesce": args.quiesce}
     if kind == "suspend":
-        return {"pod": _ref(pod), "template": _template(pod), "class": klass}
+        return {"pod": _ref(pod), "template": template_of(pod), "class": klass}
     return {"pod": _ref(pod), "source_node": (pod.get("spec") or {}).get("nodeName"),
-            "target_node": args.to, "template": _template(pod), "class": klass}
+            "target_node": args.to, "template": template_of(pod), "class": klass}
+
+
+async def cluster_objects(running: Product) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every node and every pod, as the API server lists them now (LISTs only)."""
+    nodes, _ = await running.kube.api.list_all(NODES)
+    pods, _ = await running.kube.api.list_all(PODS)
+    return nodes, pods
+
+
+async def _restore_spec(db: Database, running: Product, args: argparse.Namespace
+                        ) -> JsonObject:
+    """The ``restore`` spec for the artifact of checkpoint (or suspend) ``args.checkpoint``."""
+    try:
+        record = await queries.get_machine(db, args.checkpoint)
+    except MachineNotFound:
+        raise UsageError(f"unknown checkpoint {args.checkpoint!r}",
+                         hint="list them with `cpctl list --kind checkpoint`") from None
+    if record.kind not in ("checkpoint", "suspend"):
+        raise UsageError(f"{args.checkpoint} is a {record.kind}, not a checkpoint",
+                         hint="name a checkpoint or suspend operation")
+    history = await queries.history(db, record.id)
+    verified = next((e for e in history if e.type == "ArtifactVerified"), None)
+    requested = next((e for e in history if e.type == "CaptureRequested"), None)
+    if verified is None or requested is None:
+        raise UsageError(f"checkpoint {record.id} has no verified artifact (it is "
+                         f"{record.phase})", hint="restore a checkpoint that succeeded")
+    pod = record.spec["pod"]
+    assert isinstance(pod, dict)
+    ns, name = str(pod["namespace"]), str(pod["name"])
+    template = record.spec.get("template")
+    if not isinstance(template, dict):  # a checkpoint keeps no template: read the pod
+        try:
+            template = template_of(await _pod(running.kube, ns, name))
+        except UsageError:
+            raise UsageError(f"the pod {ns}/{name} that checkpoint {record.id} captured is "
+                             "gone and the checkpoint kept no pod spec",
+                             hint="restore from a suspend operation instead") from None
+    return {"artifact": verified.data["pinned"], "namespace": ns,
+            "name": args.name or f"{name}-restored-{record.id[:8]}", "node": args.node,
+            "template": template, "checkpoint_id": requested.data["checkpoint_id"],
+            "source_uid": pod["uid"], "class": record.spec.get("class")}
+
+
+async def restore_cmd(args: argparse.Namespace) -> int:
+    """``cpctl restore CHECKPOINT --node N``."""
+    async with opened(args) as db:
+        await migrate.require_current(db)
+        async with product(db, clock, registry=registry_from_args(args), config=WorkerConfig(),
+                           run_worker=False, **connect_options(args)) as running:
+            spec = await _restore_spec(db, running, args)
+            if args.dry_run:
+                return await dryrun.dry_run(db, running.fresh, kind="restore", spec=spec,
+                                            limits=limits_from(args), output=args.output)
+            outcome = await submit_operation(db, default_kinds(), running.fresh,
+                                             kind="restore", spec=spec, machine_id=new_id(),
+                                             now=clock.now(), limits=limits_from(args))
+        print(outcome.machine_id)
+        if outcome.queued:
+            print(f"queued: {outcome.queued}")
+        label = f"restore {spec['namespace']}/{spec['name']} on {args.node}"
+        if not args.wait:
+            return 0
+        record = await follow(db, outcome.machine_id, label, limit_seconds=args.wait_seconds)
+    print(f"{label}: {record.phase}")
+    return 0 if record.phase in SUCCESS_PHASES else 1

@@ -7,12 +7,13 @@ Used by ``cpctl demo``; a composition root (import-linter names its edges into d
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from controlplane.cli.assembly import Product, product
 from controlplane.clock import Clock
+from controlplane.machines.submission import Limits
 from controlplane.store.database import Database
 from controlplane.worker.composite import CompositeObserver
 from controlplane.worker.runtime import Worker, WorkerConfig
@@ -44,12 +45,18 @@ class Embedded:
 
 @contextlib.asynccontextmanager
 async def embedded(db: Database, root: Path, clock: Clock, *,
-                   nodes: int = 3) -> AsyncIterator[Embedded]:
-    """Run the whole product in this process until the context exits."""
+                   nodes: int | Sequence[str] = 3,
+                   limits: Limits | None = None) -> AsyncIterator[Embedded]:
+    """Run the whole product in this process until the context exits.
+
+    ``limits``: admission limits; the worker then also admits held operations, as
+    ``cpctl worker`` does (needed by drains, whose children may be queued).
+    """
     async with SimCluster(nodes=nodes) as cluster:
         kubeconfig = cluster.write_kubeconfig(root / "sim-kubeconfig.yaml")
         registry = OciLayout(root / "registry")
-        config = WorkerConfig(worker_id="embedded", poll_seconds=0.05, settle_seconds=0.2)
+        config = WorkerConfig(worker_id="embedded", poll_seconds=0.05, settle_seconds=0.2,
+                              limits=limits)
         async with product(db, clock, registry=registry, config=config,
                            kubeconfig=str(kubeconfig)) as running, \
                 contextlib.AsyncExitStack() as agents:

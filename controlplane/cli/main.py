@@ -39,6 +39,7 @@ EXAMPLES = {
 """,
     "migrate": f"""examples:
   cpctl migrate default/web --to node-2 --repository localhost:5000/ckpt --wait {_CLUSTER}
+  cpctl migrate default/web --to node-2 --repository localhost:5000/ckpt --dry-run
   cpctl history ID        # what happened, phase by phase, with the facts behind each step
 exit: 0 when it succeeded (with --wait), 1 when it ended otherwise, 2 on bad input.
 """,
@@ -48,6 +49,16 @@ exit: 0 when it succeeded (with --wait), 1 when it ended otherwise, 2 on bad inp
 """,
     "resume": """examples:
   cpctl resume default/sandbox --repository localhost:5000/ckpt --node node-3 --wait
+""",
+    "drain": """examples:
+  cpctl drain node-1 --repository localhost:5000/ckpt --dry-run     # the plan, nothing done
+  cpctl drain node-1 --to node-2 --to node-3 --max-parallel 4 --repository r.io/ckpt --wait
+  cpctl drain node-1 --selector app=web,tier!=db --repository localhost:5000/ckpt
+  cpctl cancel ID      # no new children; running ones finish; the node is uncordoned
+""",
+    "restore": """examples:
+  cpctl restore CHECKPOINT_OPERATION_ID --node node-2 --name web-copy --wait
+  cpctl restore CHECKPOINT_OPERATION_ID --node node-2 --dry-run
 """,
     "list": """examples:
   cpctl list --active                      # everything still in flight
@@ -221,7 +232,40 @@ def build_parser() -> argparse.ArgumentParser:
                         help="follow the operation until it settles; exit 1 unless it "
                         "succeeded")
         op.add_argument("--wait-seconds", type=_positive_float, default=600.0)
+        if name in ("migrate", "suspend"):
+            _dry_run_options(op)
         _cluster_options(op)
+
+    rs = verb("restore", _restore, "restore a checkpoint's artifact onto a node as a new "
+              "pod (CHECKPOINT: a checkpoint or suspend operation id); prints the operation "
+              "id")
+    rs.add_argument("checkpoint", metavar="CHECKPOINT")
+    rs.add_argument("--node", required=True, metavar="NODE", help="node to restore on")
+    rs.add_argument("--name", help="name of the new pod (default: POD-restored-ID)")
+    rs.add_argument("--wait", action="store_true",
+                    help="follow the restore until it settles; exit 1 unless it succeeded")
+    rs.add_argument("--wait-seconds", type=_positive_float, default=600.0)
+    _dry_run_options(rs)
+    _cluster_options(rs)
+
+    dr = verb("drain", _drain, "empty a node: cordon it, plan a target for each pod it can "
+              "move, and migrate them, at most --max-parallel at a time, as one durable "
+              "operation; prints its id")
+    dr.add_argument("node", metavar="NODE")
+    dr.add_argument("--to", action="append", metavar="NODE",
+                    help="target node (repeat for several; default: every node that fits)")
+    dr.add_argument("--selector", metavar="LABELS",
+                    help="only pods with these labels (k=v,k!=v,k)")
+    dr.add_argument("--max-parallel", type=_positive_int, default=4,
+                    help="child migrations in flight at once (default 4)")
+    dr.add_argument("--repository", required=True,
+                    help="artifact repository, e.g. registry.example.com/checkpoints")
+    dr.add_argument("--wait", action="store_true",
+                    help="follow the drain until every child settles; exit 1 unless all "
+                    "moved")
+    dr.add_argument("--wait-seconds", type=_positive_float, default=1800.0)
+    _dry_run_options(dr)
+    _cluster_options(dr)
 
     sim = sub.add_parser("sim", help="run a simulated Kubernetes cluster on loopback")
     simsub = sim.add_subparsers(dest="sim_verb", required=True, parser_class=_Parser,
@@ -242,6 +286,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _dry_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (pods, targets and why, artifacts written and "
+                   "deleted, what would be refused) and change nothing")
+    p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table",
+                   help="how --dry-run prints the plan")
+
+
 def _cluster_options(p: argparse.ArgumentParser) -> None:
     from controlplane.cli.options import add_cluster_options
 
@@ -258,6 +310,18 @@ async def _operation(args: argparse.Namespace) -> int:
     from controlplane.cli.cluster import operation_cmd  # loads the drivers only when used
 
     return await operation_cmd(args)
+
+
+async def _restore(args: argparse.Namespace) -> int:
+    from controlplane.cli.cluster import restore_cmd  # loads the drivers only when used
+
+    return await restore_cmd(args)
+
+
+async def _drain(args: argparse.Namespace) -> int:
+    from controlplane.cli.drain import drain_cmd  # loads the drivers only when used
+
+    return await drain_cmd(args)
 
 
 def _positive_int(text: str) -> int:

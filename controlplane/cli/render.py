@@ -20,18 +20,20 @@ def _default(value: Any) -> Any:
     raise TypeError(f"cannot render {type(value).__name__}")
 
 
-def as_json(value: Any, out: TextIO = sys.stdout) -> None:
+def as_json(value: Any, out: TextIO | None = None) -> None:
+    out = out or sys.stdout  # looked up per call: a redirected stdout is honoured
     out.write(json.dumps(value, default=_default, indent=2, sort_keys=True) + "\n")
 
 
-def as_yaml(value: Any, out: TextIO = sys.stdout) -> None:
+def as_yaml(value: Any, out: TextIO | None = None) -> None:
     """The same document as ``as_json`` (times as ISO strings), in YAML."""
+    out = out or sys.stdout
     plain = json.loads(json.dumps(value, default=_default))
     out.write(yaml.safe_dump(plain, sort_keys=True, default_flow_style=False,
                              allow_unicode=True))
 
 
-def structured(value: Any, output: str, out: TextIO = sys.stdout) -> None:
+def structured(value: Any, output: str, out: TextIO | None = None) -> None:
     """``-o json`` or ``-o yaml``."""
     (as_yaml if output == "yaml" else as_json)(value, out)
 
@@ -46,8 +48,9 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO = sys.stdout,
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO | None = None,
           max_width: int = 80) -> None:
+    out = out or sys.stdout
     cells = [[_cell(v) for v in row] for row in rows]
     cells = [[c if len(c) <= max_width else c[: max_width - 1] + "…" for c in row]
              for row in cells]

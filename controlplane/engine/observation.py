@@ -87,9 +87,25 @@ class NodeView:
                          "unschedulable": self.unschedulable, "labels": dict(self.labels)}}
 
 
+@dataclass(frozen=True)
+class MachineView:
+    """Another machine as the store has it (a drain observes its child migrations)."""
+
+    id: str
+    kind: str
+    phase: str
+    terminal: bool
+    reason: str = ""  # why it ended, when the state says (``failure.reason``)
+
+    def to_json(self) -> JsonObject:
+        return {"machine": {"id": self.id, "kind": self.kind, "phase": self.phase,
+                            "terminal": self.terminal, "reason": self.reason}}
+
+
 PodFact: TypeAlias = PodView | ProbeError | None
 TagFact: TypeAlias = TagView | ProbeError | None
 NodeFact: TypeAlias = NodeView | ProbeError | None
+MachineFact: TypeAlias = MachineView | ProbeError | None
 
 
 @dataclass(frozen=True)
@@ -103,10 +119,12 @@ class Interests:
     pods: frozenset[str] = frozenset()
     tags: frozenset[str] = frozenset()
     nodes: frozenset[str] = frozenset()
+    #: Machine ids, answered from the store (not the cluster): a drain's children.
+    machines: frozenset[str] = frozenset()
 
     @property
     def empty(self) -> bool:
-        return not (self.pods or self.tags or self.nodes)
+        return not (self.pods or self.tags or self.nodes or self.machines)
 
 
 @dataclass(frozen=True)
@@ -116,13 +134,17 @@ class Observation:
     pods: Mapping[str, PodFact] = field(default_factory=dict)
     tags: Mapping[str, TagFact] = field(default_factory=dict)
     nodes: Mapping[str, NodeFact] = field(default_factory=dict)
+    machines: Mapping[str, MachineFact] = field(default_factory=dict)
 
     def to_json(self) -> JsonObject:
-        return {
+        out: JsonObject = {
             "pods": {k: _fact_json(v) for k, v in sorted(self.pods.items())},
             "tags": {k: _fact_json(v) for k, v in sorted(self.tags.items())},
             "nodes": {k: _fact_json(v) for k, v in sorted(self.nodes.items())},
         }
+        if self.machines:  # only drains ask; older recorded observations stay byte-identical
+            out["machines"] = {k: _fact_json(v) for k, v in sorted(self.machines.items())}
+        return out
 
     @staticmethod
     def from_json(data: JsonObject) -> Observation:
@@ -130,13 +152,15 @@ class Observation:
             pods={k: _pod_fact(v) for k, v in _object(data.get("pods")).items()},
             tags={k: _tag_fact(v) for k, v in _object(data.get("tags")).items()},
             nodes={k: _node_fact(v) for k, v in _object(data.get("nodes")).items()},
+            machines={k: _machine_fact(v) for k, v in _object(data.get("machines")).items()},
         )
 
 
 EMPTY_OBSERVATION = Observation()
 
 
-def _fact_json(fact: PodView | TagView | NodeView | ProbeError | None) -> JsonValue:
+def _fact_json(fact: PodView | TagView | NodeView | MachineView | ProbeError | None,
+               ) -> JsonValue:
     return None if fact is None else fact.to_json()
 
 
@@ -195,3 +219,14 @@ def _node_fact(value: JsonValue) -> NodeFact:
     return NodeView(name=str(n["name"]), ready=bool(n["ready"]),
                     unschedulable=bool(n.get("unschedulable", False)),
                     labels=_str_map(n.get("labels")))
+
+
+def _machine_fact(value: JsonValue) -> MachineFact:
+    if value is None:
+        return None
+    obj = _object(value)
+    if "error" in obj:
+        return _probe_error(obj["error"])
+    m = _object(obj["machine"])
+    return MachineView(id=str(m["id"]), kind=str(m["kind"]), phase=str(m["phase"]),
+                       terminal=bool(m["terminal"]), reason=str(m.get("reason", "")))

@@ -1,7 +1,7 @@
 """The product's machine kinds, for the engine to register.
 
 ``product_kinds()`` returns one decider per kind: ``checkpoint``, ``restore``,
-``migration``, ``suspend`` and ``resume``. Called by the runtime/CLI when it builds its
+``migration``, ``suspend``, ``resume`` and ``drain``. Called by the runtime/CLI when it builds its
 :class:`~controlplane.engine.kinds.KindRegistry`, and by submission validation.
 """
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from controlplane.engine.decider import Decider
 from controlplane.machines.checkpoint import CheckpointDecider, CheckpointState
+from controlplane.machines.drain import DrainDecider, DrainState
 from controlplane.machines.migration import MigrationDecider, MigrationState
 from controlplane.machines.restore import RestoreDecider, RestoreState
 from controlplane.machines.resume import ResumeDecider, ResumeState
@@ -25,4 +26,5 @@ def product_kinds() -> list[Decider[Any]]:
     migration: Decider[MigrationState] = MigrationDecider()
     suspend: Decider[SuspendState] = SuspendDecider()
     resume: Decider[ResumeState] = ResumeDecider()
-    return [checkpoint, restore, migration, suspend, resume]
+    drain: Decider[DrainState] = DrainDecider()
+    return [checkpoint, restore, migration, suspend, resume, drain]

@@ -27,6 +27,8 @@ from controlplane.machines.specs import PodRef, pod_ref
 # Kinds whose spec names a running source pod, and the spec key of their target node.
 _SOURCE_KINDS = {"checkpoint": None, "migration": "target_node", "suspend": None}
 _TARGET_KINDS = {"restore": "node", "resume": "node"}
+#: Kinds that only run other operations (a drain): never counted against the limits.
+GROUP_KINDS = frozenset({"drain"})
 
 
 class SubmissionRejected(InvalidSpec):
@@ -174,7 +176,9 @@ def admission(request: OperationRequest, active: Sequence[ActiveOperation],
             state = "queued" if op.queued else "running"
             return Reject(f"workload {request.workload} already has a {state} {op.kind} "
                           f"({op.machine_id}); wait for it to finish or cancel it")
-    running = [op for op in active if not op.queued]
+    if request.kind in GROUP_KINDS:
+        return Admit()  # a drain moves nothing itself; its children are admitted one by one
+    running = [op for op in active if not op.queued and op.kind not in GROUP_KINDS]
     if len(running) >= limits.max_cluster:
         return Queue(f"cluster limit: {len(running)} of {limits.max_cluster} operations "
                      "running")

@@ -33,7 +33,7 @@ from controlplane.worker.ports import ActionHandler
 from drivers.kube.cache import WatchCache
 from drivers.kube.client import KubeClient, KubeObject
 from drivers.kube.config import KubeSettings, load_configuration
-from drivers.kube.handlers import PodActions
+from drivers.kube.handlers import NodeActions, PodActions
 from drivers.kube.metrics import RequestCounter
 from drivers.kube.observer import KubeObserver, ReadThroughObserver
 from drivers.kube.ratelimit import TokenBucket
@@ -91,7 +91,7 @@ class KubeDriver:
 
     def handlers(self) -> dict[str, ActionHandler]:
         """Action type -> handler, for the worker's ``ActionRunner``."""
-        return self.actions.handlers()
+        return {**self.actions.handlers(), **NodeActions(self.api).handlers()}
 
     async def start(self, *, wait: bool = True) -> None:
         """Start the caches (and wakes); with ``wait``, until both listed once."""

@@ -16,6 +16,9 @@ action                      request, and what counts as done
                             done: created, or 409 ``AlreadyExists``
 ``EmitEvent``               POST of a core/v1 Event named from the action key; done:
                             created, or 409 ``AlreadyExists``
+``SetNodeUnschedulable``    strategic merge patch of the node's ``spec.unschedulable`` (cordon
+                            / uncordon); done: applied (patching to the value it already
+                            has is a no-op), or 404 when uncordoning (nothing to uncordon)
 ==========================  ===============================================================
 
 Any other failure becomes the worker's ``RetryableActionError`` (429, 5xx, timeouts,
@@ -42,7 +45,7 @@ from drivers.kube.errors import (
     KubeApiError,
     action_error,
 )
-from drivers.kube.resources import EVENTS, PODS, CoreV1, Kind
+from drivers.kube.resources import EVENTS, NODES, PODS, CoreV1, Kind
 
 log = get_logger("drivers.kube.handlers")
 
@@ -51,6 +54,7 @@ REMOVE_POD_ANNOTATIONS = "RemovePodAnnotations"
 DELETE_POD = "DeletePod"
 CREATE_POD = "CreatePod"
 EMIT_EVENT = "EmitEvent"
+SET_NODE_UNSCHEDULABLE = "SetNodeUnschedulable"
 
 
 def _text(action: Action, field: str, *, optional: bool = False) -> str:
@@ -198,3 +202,29 @@ class PodActions:
             return
         except KubeApiError as exc:
             raise action_error(exc, what) from exc
+
+
+class NodeActions:
+    """Cordon and uncordon (``SetNodeUnschedulable``) over one :class:`CoreV1`."""
+
+    def __init__(self, api: CoreV1) -> None:
+        self.api = api
+
+    def handlers(self) -> dict[str, ActionHandler]:
+        return {SET_NODE_UNSCHEDULABLE: self.set_unschedulable}
+
+    async def set_unschedulable(self, action: Action, /) -> None:
+        node = _text(action, "node")
+        value = action.params.get("unschedulable")
+        if not isinstance(value, bool):
+            raise TerminalActionError(f"{action.type} {action.key}: param 'unschedulable' "
+                                      "must be true or false")
+        try:
+            await self.api.patch(NODES, node, {"spec": {"unschedulable": value}})
+        except ApiNotFound as exc:
+            if not value:
+                log.info("node gone; nothing to uncordon", key=action.key)
+                return
+            raise action_error(exc, f"cordon node {node}") from exc
+        except KubeApiError as exc:
+            raise action_error(exc, f"{'cordon' if value else 'uncordon'} node {node}") from exc

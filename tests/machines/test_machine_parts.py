@@ -171,9 +171,10 @@ def test_restored_pod_names_are_deterministic_dns_labels(base: str, attempt: int
 
 
 def test_catalog_registers_every_product_kind_once() -> None:
-    """product_kinds() feeds the engine's registry: five distinct kinds."""
+    """product_kinds() feeds the engine's registry: six distinct kinds."""
     registry = KindRegistry(product_kinds())
-    assert list(registry) == ["checkpoint", "migration", "restore", "resume", "suspend"]
+    assert sorted(registry) == ["checkpoint", "drain", "migration", "restore", "resume",
+                                "suspend"]
 
 
 def test_initial_states_round_trip_and_ask_to_observe_something() -> None:
@@ -189,6 +190,11 @@ def test_initial_states_round_trip_and_ask_to_observe_something() -> None:
                     "template": {"spec": {"containers": [{"name": "c"}]}}},
         "resume": {"namespace": "a", "name": "p",
                    "template": {"spec": {"containers": [{"name": "c"}]}}},
+        "drain": {"node": "n1", "max_parallel": 2, "class": {"repository": "r.io/a"},
+                  "children": [{"pod": {"namespace": "a", "name": "p", "uid": "u"},
+                                "target": "n2",
+                                "template": {"spec": {"containers": [{"name": "c"}]}}}],
+                  "left": []},
     }
     for decider in product_kinds():
         spec = decider.validate_spec(specs[decider.kind])  # type: ignore[arg-type]

@@ -1,0 +1,318 @@
+"""The ``drain`` machine: empty a node — cordon it, then run its pods' migrations within
+limits, as child machines, until every child is terminal.
+
+Phases::
+
+    Cordoning --NodeCordoned--> Draining --(every child terminal)--> Succeeded | Failed
+    Draining --CancelRequested .. (running children settled)--> Uncordoning
+        --NodeUncordoned--> Cancelled          (a node we did not cordon stays cordoned)
+
+- **Cordon** is an action (``SetNodeUnschedulable``), recorded as ``CordonRequested``;
+  ``NodeCordoned`` is appended only once the node is *observed* unschedulable. A node
+  already cordoned is recorded as such (``already``) and never uncordoned by us.
+- **Children**: the plan (pods, targets) is in the spec — it is the plan the operator saw
+  (``cpctl drain --dry-run`` prints the same one). ``ChildStarted`` + a
+  ``SubmitOperation`` action create a ``migration`` whose id is derived from the drain id
+  and the pod UID, so a crash between commit and action never makes two. The drain
+  observes its children from the store (``Interests.machines``) and keeps at most
+  ``max_parallel`` in flight (a child held by admission limits counts as in flight, so
+  the cluster and per-node limits still apply). A child refused at submission (pod gone,
+  workload busy) is ``Refused``; a terminal child is ``ChildFinished`` with its phase.
+- **Cancel** stops starting children (the pending ones are ``ChildrenSkipped``), lets the
+  running ones finish (a migration is never abandoned half-way), then uncordons.
+- A failed child does not stop the others; the drain ends ``Failed`` when any child did
+  not succeed, and the node stays cordoned (the operator decides what next).
+
+Spec: ``node``, ``max_parallel``, ``class``, ``children`` (``[{pod: {namespace, name,
+uid}, target, template}]``), ``left`` (``[{pod, reason}]``: reported, never touched).
+Commands: ``Cancel``. Registered by :func:`controlplane.machines.catalog.product_kinds`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from controlplane.engine.decider import (
+    Action,
+    Command,
+    CommandRejected,
+    Decision,
+    Event,
+    InvalidSpec,
+)
+from controlplane.engine.jsonvalue import JsonObject, JsonValue
+from controlplane.engine.observation import (
+    Interests,
+    MachineView,
+    NodeView,
+    Observation,
+    ProbeError,
+)
+from controlplane.machines.codec import decode
+from controlplane.machines.common import (
+    REISSUE_AFTER,
+    STARTED,
+    Step,
+    emit,
+    node_facts,
+    stamped,
+    wait,
+    with_facts,
+)
+from controlplane.machines.drain_state import (
+    CANCEL_REQUESTED,
+    CHILD_FINISHED,
+    CHILD_STARTED,
+    CHILDREN_SKIPPED,
+    CORDON_REQUESTED,
+    FINISHED,
+    KIND,
+    NODE_CORDONED,
+    NODE_UNCORDONED,
+    UNCORDON_REQUESTED,
+    Child,
+    DrainPhase,
+    DrainSpec,
+    DrainState,
+    child_id,
+    evolve_drain,
+    submit_key,
+)
+from controlplane.machines.specs import (
+    class_json,
+    node_name,
+    only_known,
+    pod_ref,
+    pod_template,
+    require,
+)
+
+SET_NODE_UNSCHEDULABLE = "SetNodeUnschedulable"
+SUBMIT_OPERATION = "SubmitOperation"
+MAX_PARALLEL = 100
+#: How often a drain with children in flight reads their phases from the store (no API
+#: request: pod watch events on the children's pods wake it sooner).
+CHILD_POLL = timedelta(milliseconds=500)
+
+
+def set_node_unschedulable(key: str, *, node: str, unschedulable: bool) -> Action:
+    """Cordon (``True``) or uncordon a node: patch ``spec.unschedulable``."""
+    return Action(SET_NODE_UNSCHEDULABLE, key, {"node": node, "unschedulable": unschedulable})
+
+
+def submit_operation(key: str, *, machine_id: str, kind: str, spec: JsonObject,
+                     parent: str) -> Action:
+    """Submit a child operation with this id (done if it already exists)."""
+    return Action(SUBMIT_OPERATION, key, {"machine_id": machine_id, "kind": kind,
+                                          "spec": spec, "parent": parent})
+
+
+class DrainDecider:
+    """The ``drain`` kind."""
+
+    kind = KIND
+
+    def validate_spec(self, spec: JsonObject) -> JsonObject:
+        only_known(spec, ("node", "max_parallel", "class", "children", "left"))
+        node = node_name(require(spec, "node"), field="spec.node")
+        parallel = spec.get("max_parallel", 4)
+        if isinstance(parallel, bool) or not isinstance(parallel, int) or not (
+                1 <= parallel <= MAX_PARALLEL):
+            raise InvalidSpec(f"spec.max_parallel must be an integer from 1 to {MAX_PARALLEL}, "
+                              f"got {parallel!r}")
+        listed = spec.get("children") or []
+        if not isinstance(listed, list):
+            raise InvalidSpec("spec.children must be a list of {pod, target, template}")
+        children: list[JsonValue] = []
+        seen: set[str] = set()
+        for i, raw in enumerate(listed):
+            field = f"spec.children[{i}]"
+            if not isinstance(raw, dict):
+                raise InvalidSpec(f"{field} must be an object {{pod, target, template}}")
+            only_known(raw, ("pod", "target", "template"), field=field)
+            ref = pod_ref(raw.get("pod"), field=f"{field}.pod")
+            target = node_name(raw.get("target"), field=f"{field}.target")
+            if target == node:
+                raise InvalidSpec(f"{field}.target {target!r} is the node being drained")
+            if ref.uid in seen:
+                raise InvalidSpec(f"{field}.pod lists pod uid {ref.uid} twice")
+            seen.add(ref.uid)
+            children.append({"pod": ref.to_json(), "target": target,
+                             "template": pod_template(raw.get("template"),
+                                                      field=f"{field}.template")})
+        left = spec.get("left") or []
+        if not isinstance(left, list) or not all(
+                isinstance(x, dict) and isinstance(x.get("pod"), str)
+                and isinstance(x.get("reason"), str) for x in left):
+            raise InvalidSpec("spec.left must be a list of {pod, reason} strings")
+        return {"node": node, "max_parallel": parallel, "class": class_json(spec.get("class")),
+                "children": children, "left": list(left)}
+
+    def initial_state(self, machine_id: str, spec: JsonObject) -> DrainState:
+        klass = spec.get("class")
+        assert isinstance(klass, dict)
+        left = tuple((str(x["pod"]), str(x["reason"])) for x in _list(spec, "left")
+                     if isinstance(x, dict))
+        children = []
+        for raw in _list(spec, "children"):
+            assert isinstance(raw, dict)
+            ref = pod_ref(raw["pod"])
+            template = raw["template"]
+            assert isinstance(template, dict)
+            children.append(Child(child_id(machine_id, ref.uid), ref.namespace, ref.name,
+                                  ref.uid, str(raw["target"]), template))
+        max_parallel = spec.get("max_parallel", 4)
+        assert isinstance(max_parallel, int)
+        return DrainState(machine_id, DrainSpec(str(spec["node"]), max_parallel, klass, left),
+                          tuple(children))
+
+    def interests(self, state: DrainState) -> Interests:
+        if state.terminal:
+            return Interests()
+        machines = frozenset(c.id for c in state.in_flight)
+        return Interests(nodes=frozenset({state.spec.node}), machines=machines)
+
+    def decide(self, state: DrainState, observation: Observation, now: datetime) -> Decision:
+        if state.terminal:
+            return Decision()
+        if state.started_at is None:
+            started = stamped(STARTED, now, {"kind": KIND, "node": state.spec.node})
+            rest = self.decide(self.evolve(state, started), observation, now)
+            return with_facts(Decision((started, *rest.events), rest.actions, rest.wake_at),
+                              observation)
+        return with_facts(self._step(state, observation, now).decision(), observation)
+
+    def _step(self, state: DrainState, obs: Observation, now: datetime) -> Step:
+        node = state.spec.node
+        fact = obs.nodes.get(node)
+        facts = node_facts(node, fact)
+        if state.node_error:
+            return _finish(now, DrainPhase.FAILED, "NodeUpdateFailed",
+                           f"could not update node {node}: {state.node_error}", state)
+        if state.status is DrainPhase.CORDONING:
+            return self._cordon(state, fact, facts, now)
+        if state.status is DrainPhase.UNCORDONING:
+            return self._uncordon(state, fact, facts, now)
+        finished = [stamped(CHILD_FINISHED, now, {
+            "child": c.id, "pod": c.pod_key, "target": c.target, "phase": seen.phase,
+            "reason": seen.reason, "succeeded": seen.phase == "Succeeded"},
+            {"child": c.id, "phase": seen.phase})
+            for c in state.in_flight
+            if isinstance(seen := obs.machines.get(c.id), MachineView) and seen.terminal]
+        if finished:
+            return emit(*finished)
+        if state.cancelled and state.pending:
+            return emit(stamped(CHILDREN_SKIPPED, now, {
+                "children": [c.id for c in state.pending], "reason": "cancelled"}))
+        room = state.spec.max_parallel - len(state.in_flight)
+        if not state.cancelled and state.pending and room > 0:
+            return self._start(state, state.pending[:room], now)
+        if state.in_flight:
+            # Children running (or held by admission, or not yet created by the action).
+            return wait(now + CHILD_POLL)
+        if state.cancelled:
+            if state.cordoned_by_us:
+                return self._uncordon(state, fact, facts, now)
+            return _finish(now, DrainPhase.CANCELLED, "Cancelled",
+                           f"cancelled; node {node} was cordoned before the drain and stays "
+                           "cordoned", state)
+        counts = state.counts()
+        if counts["failed"]:
+            return _finish(now, DrainPhase.FAILED, "ChildrenFailed",
+                           f"{counts['failed']} of {counts['children']} pods were not moved; "
+                           f"node {node} stays cordoned", state)
+        return _finish(now, DrainPhase.SUCCEEDED, "Drained",
+                       f"moved {counts['succeeded']} pods off {node}; "
+                       f"{len(state.spec.left)} left alone; node stays cordoned", state)
+
+    def _cordon(self, state: DrainState, fact: NodeView | ProbeError | None,
+                facts: JsonObject, now: datetime) -> Step:
+        node = state.spec.node
+        if isinstance(fact, ProbeError):
+            return wait(now + CHILD_POLL)  # unknown is not "schedulable": ask again
+        if fact is None:
+            return _finish(now, DrainPhase.FAILED, "NodeGone",
+                           f"node {node} no longer exists", state, facts)
+        if fact.unschedulable:
+            return emit(stamped(NODE_CORDONED, now, {
+                "node": node, "already": not state.cordoned_by_us}, facts))
+        due = state.cordon_requested_at is None or now >= state.cordon_requested_at + \
+            REISSUE_AFTER
+        if not due:
+            return wait(now + CHILD_POLL)
+        return emit(stamped(CORDON_REQUESTED, now, {"node": node}, facts), actions=[
+            set_node_unschedulable(f"{state.machine_id}:cordon", node=node,
+                                   unschedulable=True)])
+
+    def _uncordon(self, state: DrainState, fact: NodeView | ProbeError | None,
+                  facts: JsonObject, now: datetime) -> Step:
+        node = state.spec.node
+        if isinstance(fact, ProbeError):
+            return wait(now + CHILD_POLL)
+        if fact is None or not fact.unschedulable:
+            done = stamped(NODE_UNCORDONED, now, {"node": node}, facts)
+            end = _finish(now, DrainPhase.CANCELLED, "Cancelled",
+                          f"cancelled; running children finished, node {node} uncordoned",
+                          evolve_drain(state, done))
+            return emit(done, *end.events)
+        requested = state.uncordon_requested_at
+        if state.status is DrainPhase.UNCORDONING and requested is not None and \
+                now < requested + REISSUE_AFTER:
+            return wait(now + CHILD_POLL)
+        return emit(stamped(UNCORDON_REQUESTED, now, {"node": node}, facts), actions=[
+            set_node_unschedulable(f"{state.machine_id}:uncordon", node=node,
+                                   unschedulable=False)])
+
+    def _start(self, state: DrainState, children: Sequence[Child], now: datetime) -> Step:
+        events: list[Event] = []
+        actions: list[Action] = []
+        for c in children:
+            spec: JsonObject = {
+                "pod": {"namespace": c.namespace, "name": c.name, "uid": c.uid},
+                "source_node": state.spec.node, "target_node": c.target,
+                "template": c.template, "class": state.spec.klass}
+            events.append(stamped(CHILD_STARTED, now, {
+                "child": c.id, "pod": c.pod_key, "uid": c.uid, "target": c.target,
+                "in_flight": len(state.in_flight) + len(events) + 1},
+                {"max_parallel": state.spec.max_parallel}))
+            actions.append(submit_operation(submit_key(state.machine_id, c.id),
+                                            machine_id=c.id, kind="migration", spec=spec,
+                                            parent=state.machine_id))
+        return emit(*events, actions=actions)
+
+    def evolve(self, state: DrainState, event: Event) -> DrainState:
+        return evolve_drain(state, event)
+
+    def accept(self, state: DrainState, command: Command, now: datetime) -> Sequence[Event]:
+        if command.type != "Cancel":
+            raise CommandRejected(f"drain machines accept only Cancel, not {command.type!r}")
+        if state.terminal:
+            raise CommandRejected(f"drain {state.machine_id} is already {state.phase}")
+        if state.cancelled:
+            return ()
+        return (stamped(CANCEL_REQUESTED, now, {"in_flight": len(state.in_flight),
+                                                "pending": len(state.pending)},
+                        {"command": "Cancel"}),)
+
+    def load_state(self, data: JsonObject) -> DrainState:
+        return decode(DrainState, data)
+
+
+def _list(spec: JsonObject, key: str) -> list[JsonValue]:
+    value = spec.get(key)
+    return value if isinstance(value, list) else []
+
+
+def _finish(now: datetime, phase: DrainPhase, reason: str, message: str, state: DrainState,
+            facts: JsonObject | None = None) -> Step:
+    counts: dict[str, JsonValue] = dict(state.counts())
+    children: list[JsonValue] = [
+        {"child": c.id, "pod": c.pod_key, "target": c.target, "status": c.status.value,
+         "phase": c.phase, "reason": c.reason} for c in state.children]
+    return emit(stamped(FINISHED, now, {"phase": phase.value, "reason": reason,
+                                        "message": message, **counts,
+                                        "children_outcomes": children}, facts))
+
+
+__all__ = ["KIND", "DrainDecider", "DrainPhase", "DrainState", "child_id"]

@@ -1,0 +1,155 @@
+"""``--dry-run`` on migrate, suspend, restore and drain prints the plan and changes nothing:
+no event or row in the database, no write to the API server (the simulator counts every
+request by verb), no write to the registry (the OCI layout's files are unchanged).
+
+``cpctl`` runs through its real entry point (``main``) in a thread, against the embedded
+product running in the test's event loop, so the simulator's request counter is readable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controlplane.cli.main import main
+from controlplane.clock import new_id
+from controlplane.machines.registry import default_kinds
+from controlplane.operations import submit_operation
+from controlplane.store import migrate
+from controlplane.store.database import open_database
+from drivers.sim import SimCluster
+from tests.cli.drain_world import DrainWorld, clock, drain_world
+
+pytestmark = pytest.mark.slow
+WRITES = ("create", "update", "patch", "delete", "deletecollection")
+
+
+Output = pytest.CaptureFixture[str]
+
+
+async def cpctl(capfd: Output, tmp_path: Path, *args: str) -> tuple[int, str, str]:
+    """Run ``cpctl`` (its ``main``) in a thread; return (exit code, stdout, stderr)."""
+    capfd.readouterr()
+
+    def run() -> int:
+        return main(["--db", f"sqlite:///{tmp_path / 'cp.db'}", "--log-level", "error",
+                     *args, "--kubeconfig", str(tmp_path / "sim-kubeconfig.yaml"),
+                     "--registry-layout", str(tmp_path / "registry")])
+    code = await asyncio.to_thread(run)
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def document(stdout: str) -> Any:
+    """The JSON document in stdout (log lines from the test's own loop may surround it)."""
+    lines = stdout.splitlines()
+    start, end = lines.index("{"), len(lines) - lines[::-1].index("}")
+    return json.loads("\n".join(lines[start:end]))
+
+
+def rows(tmp_path: Path) -> tuple[int, int, int]:
+    with contextlib.closing(sqlite3.connect(tmp_path / "cp.db")) as conn:
+        counts = [int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+                  for table in ("machines", "events", "decisions")]
+    return counts[0], counts[1], counts[2]
+
+
+def registry_files(tmp_path: Path) -> dict[str, int]:
+    root = tmp_path / "registry"
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
+def writes(before: Counter[str], after: Counter[str]) -> dict[str, int]:
+    return {verb: after[verb] - before[verb] for verb in WRITES if after[verb] - before[verb]}
+
+
+async def checkpoint(w: DrainWorld, name: str) -> str:
+    uid = w.cluster.pod("default", name)["metadata"]["uid"]
+    outcome = await submit_operation(
+        w.db, default_kinds(), w.world.submission_observer, kind="checkpoint",
+        spec={"pod": {"namespace": "default", "name": name, "uid": uid}, "class": w.klass()},
+        machine_id=new_id(), now=clock.now())
+    w.world.worker.nudge()
+    record = await w.settled(outcome.machine_id)
+    assert record.phase == "Succeeded"
+    return outcome.machine_id
+
+
+async def test_dry_runs_print_the_plan_and_write_nothing(tmp_path: Path,
+                                                        capfd: Output) -> None:
+    async with drain_world(tmp_path, pods=4) as w:
+        checkpoint_id = await checkpoint(w, "app-00")
+        repo = w.world.repository("checkpoints/drain")
+        before = (rows(tmp_path), registry_files(tmp_path), Counter(w.cluster.requests))
+
+        code, out, err = await cpctl(capfd, tmp_path, "migrate", "default/app-01", "--to", "node-2",
+                                     "--repository", repo, "--dry-run", "-o", "json")
+        assert code == 0, err
+        plan = document(out)
+        assert (plan["source_node"], plan["target_node"]) == ("node-1", "node-2")
+        assert plan["artifacts_written"] == [f"{repo}:default.app-01.<operation-id>"]
+        assert plan["refused"] is None
+        assert plan["admission"] == "would start now"
+
+        code, out, err = await cpctl(capfd, tmp_path, "suspend", "default/app-02", "--repository",
+                                     repo, "--dry-run", "-o", "json")
+        assert code == 0, err
+        assert document(out)["artifacts_written"] == [f"{repo}:default.app-02.<operation-id>"]
+
+        code, out, err = await cpctl(capfd, tmp_path, "restore", checkpoint_id, "--node", "node-3",
+                                     "--dry-run", "-o", "json")
+        assert code == 0, err
+        plan = document(out)
+        assert plan["target_node"] == "node-3"
+        assert plan["artifacts_read"][0].startswith(f"{repo}@sha256:")
+
+        code, out, err = await cpctl(capfd, tmp_path, "drain", "node-1", "--repository", repo,
+                                     "--max-parallel", "2", "--dry-run", "-o", "json")
+        assert code == 0, err
+        plan = document(out)
+        assert sorted(m["pod"] for m in plan["moves"]) == [f"default/app-0{i}"
+                                                           for i in range(4)]
+        assert {m["target"] for m in plan["moves"]} <= {"node-2", "node-3", "node-4"}
+        assert len(plan["artifacts_written"]) == 4
+        assert plan["refused"] == []
+
+        code, out, err = await cpctl(capfd, tmp_path, "drain", "node-1", "--repository", repo,
+                                     "--dry-run")
+        assert code == 0, err
+        assert "DRY RUN: nothing is changed" in out
+        assert "default/app-03" in out
+
+        code, out, err = await cpctl(capfd, tmp_path, "migrate", "default/app-01", "--to", "node-1",
+                                     "--repository", repo, "--dry-run", "-o", "json")
+        assert code == 2
+        assert "equals spec.source_node" in document(out)["refused"]
+
+        after = (rows(tmp_path), registry_files(tmp_path), Counter(w.cluster.requests))
+        assert after[0] == before[0]  # no machine, event or decision
+        assert after[1] == before[1]  # no registry write
+        assert writes(before[2], after[2]) == {}  # no API write
+        assert after[2]["get"] + after[2]["list"] > before[2]["get"] + before[2]["list"]
+        assert not w.node_unschedulable("node-1")
+
+
+async def test_draining_the_only_node_is_refused(tmp_path: Path, capfd: Output) -> None:
+    db = open_database(f"sqlite:///{tmp_path / 'cp.db'}")
+    try:
+        await migrate.upgrade(db)
+    finally:
+        await db.dispose()
+    async with SimCluster(nodes=1) as cluster:
+        cluster.write_kubeconfig(tmp_path / "sim-kubeconfig.yaml")
+        code, _out, err = await cpctl(capfd, tmp_path, "drain", "node-1", "--repository",
+                                      "localhost:5000/x")
+        assert code == 2
+        assert "'node-1' is the only node: there is nowhere to move its pods" in err
+        assert writes(Counter(), Counter(cluster.requests)) == {}
+    assert rows(tmp_path) == (0, 0, 0)

@@ -1,0 +1,181 @@
+"""The ``drain`` machine, given/when/then: cordon observed before any child starts, at most
+``max_parallel`` children in flight, deterministic child ids, children observed from the
+store, cancel that never abandons a running child, and a node we did not cordon that we
+never uncordon."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from controlplane.engine.decider import Event, InvalidSpec
+from controlplane.engine.jsonvalue import JsonObject
+from controlplane.engine.observation import MachineView, NodeView, Observation
+from controlplane.machines.drain import (
+    SET_NODE_UNSCHEDULABLE,
+    SUBMIT_OPERATION,
+    DrainDecider,
+    child_id,
+)
+from controlplane.machines.drain_state import submit_key
+from tests.machines.machines_gwt import REPO, TEMPLATE, Given, at, error
+
+DRAIN = "drain-1"
+NODE = "node-a"
+
+
+def spec(pods: int = 5, max_parallel: int = 2) -> JsonObject:
+    children: list[Any] = [{"pod": {"namespace": "apps", "name": f"p{i}", "uid": f"uid-{i}"},
+                            "target": "node-b" if i % 2 else "node-c", "template": TEMPLATE}
+                           for i in range(pods)]
+    raw: JsonObject = {"node": NODE, "max_parallel": max_parallel,
+                       "class": {"repository": REPO}, "children": children,
+                       "left": [{"pod": "apps/ds", "reason": "DaemonSet pod"}]}
+    return DrainDecider().validate_spec(raw)
+
+
+def given(pods: int = 5, max_parallel: int = 2) -> Given:
+    return Given(DrainDecider(), DRAIN, spec(pods, max_parallel))
+
+
+def seen(cordoned: bool, children: Mapping[str, MachineView | None] | None = None) -> Observation:
+    return Observation(nodes={NODE: NodeView(NODE, ready=True, unschedulable=cordoned)},
+                       machines=dict(children or {}))
+
+
+def child(i: int) -> str:
+    return child_id(DRAIN, f"uid-{i}")
+
+
+def view(i: int, phase: str = "Restoring", terminal: bool = False,
+         reason: str = "") -> MachineView:
+    return MachineView(child(i), "migration", phase, terminal, reason)
+
+
+def draining(pods: int = 5, max_parallel: int = 2) -> Given:
+    return given(pods, max_parallel).decided(seen(False), at(0)).decided(
+        seen(True), at(1), until_idle=False)
+
+
+def test_cordons_first_and_starts_no_child_until_the_node_is_seen_cordoned() -> None:
+    then = given().when(seen(False), at(0)).then_events("Started", "CordonRequested")
+    then.then_actions(SET_NODE_UNSCHEDULABLE)
+    assert then.action(SET_NODE_UNSCHEDULABLE).params == {"node": NODE, "unschedulable": True}
+    # The watch has not caught up: wait, do not re-issue, start nothing.
+    then.and_then().when(seen(False), at(1)).then_idle().then_phase("Cordoning")
+    then.and_then().when(seen(True), at(1)).then_events("NodeCordoned").then_phase("Draining")
+
+
+def test_starts_at_most_max_parallel_children_with_deterministic_ids() -> None:
+    then = draining().when(seen(True), at(2))
+    then.then_events("ChildStarted", "ChildStarted").then_actions(SUBMIT_OPERATION,
+                                                                  SUBMIT_OPERATION)
+    assert [a.params["machine_id"] for a in then.actions] == [child(0), child(1)]
+    assert [a.key for a in then.actions] == [submit_key(DRAIN, child(0)),
+                                             submit_key(DRAIN, child(1))]
+    submitted = then.actions[0].params["spec"]
+    assert isinstance(submitted, dict)
+    assert (submitted["source_node"], submitted["target_node"]) == (NODE, "node-c")
+    # With two in flight (not yet created, or running), nothing more starts.
+    nxt = then.and_then().when(seen(True, {child(0): None, child(1): view(1)}), at(3))
+    nxt.then_idle()
+    assert nxt.decision.wake_at is not None
+    assert nxt.decision.wake_at <= at(4)
+    assert nxt.state.wake_keys == {"uid-0", "uid-1"}
+
+
+def test_a_finished_child_frees_a_slot_for_the_next() -> None:
+    g = draining().decided(seen(True), at(2))
+    done = g.when(seen(True, {child(0): view(0, "Succeeded", True), child(1): view(1)}), at(5))
+    done.then_events("ChildFinished")
+    assert done.event("ChildFinished").data["phase"] == "Succeeded"
+    after = done.and_then().when(seen(True, {child(1): view(1)}), at(5))
+    after.then_events("ChildStarted")
+    assert after.event("ChildStarted").data["child"] == child(2)
+
+
+def test_a_probe_error_on_a_child_is_not_an_answer() -> None:
+    g = draining().decided(seen(True), at(2))
+    then = g.when(Observation(nodes={NODE: NodeView(NODE, True, True)},
+                              machines={child(0): error(), child(1): error()}), at(3))
+    then.then_idle()
+
+
+def test_every_child_terminal_ends_the_drain_with_its_counts() -> None:
+    g = draining(pods=2).decided(seen(True), at(2))
+    g = g.decided(seen(True, {child(0): view(0, "Succeeded", True),
+                              child(1): view(1, "RolledBack", True, "RestoreFailed")}), at(9))
+    then = g.when(seen(True), at(10))
+    then.then_phase("Failed")
+    finished = next(e for e in then.history if e.type == "DrainFinished")
+    assert (finished.data["succeeded"], finished.data["failed"]) == (1, 1)
+    assert then.state.wake_keys == frozenset()
+
+
+def test_all_children_succeeding_leaves_the_node_cordoned() -> None:
+    g = draining(pods=1).decided(seen(True), at(2))
+    then = g.when(seen(True, {child(0): view(0, "Succeeded", True)}), at(3))
+    then.and_then().when(seen(True), at(3)).then_events("DrainFinished").then_phase(
+        "Succeeded").then_no_action(SET_NODE_UNSCHEDULABLE)
+
+
+def test_a_refused_child_submission_counts_as_failed_and_others_go_on() -> None:
+    g = draining(pods=3).decided(seen(True), at(2))
+    refusal = Event("ActionFailed", {"at": at(3).isoformat(), "action": SUBMIT_OPERATION,
+                                     "key": submit_key(DRAIN, child(0)), "error_class": "Refused",
+                                     "message": "pod gone", "retryable": False, "attempts": 1})
+    then = g.event(refusal).when(seen(True, {child(1): view(1)}), at(3))
+    then.then_events("ChildStarted")
+    assert then.state.counts()["failed"] == 1
+
+
+def test_cancel_skips_pending_children_waits_for_running_ones_then_uncordons() -> None:
+    g = draining(pods=5).decided(seen(True), at(2)).command("Cancel", at(3))
+    running = {child(0): view(0), child(1): view(1)}
+    then = g.when(seen(True, running), at(3)).then_events("ChildrenSkipped")
+    g = then.and_then()
+    g.when(seen(True, running), at(4)).then_idle()  # running children are not abandoned
+    g = g.decided(seen(True, {child(0): view(0, "Succeeded", True),
+                              child(1): view(1, "Succeeded", True)}), at(8))
+    assert g.state.phase == "Uncordoning"
+    uncordon = [e for e in g.history if e.type == "UncordonRequested"]
+    assert len(uncordon) == 1
+    g.when(seen(False), at(9)).then_events("NodeUncordoned", "DrainFinished").then_phase(
+        "Cancelled")
+
+
+def test_cancel_never_uncordons_a_node_that_was_cordoned_before_the_drain() -> None:
+    g = given(pods=1).decided(seen(True), at(0), until_idle=False)
+    assert [e.data.get("already") for e in g.history if e.type == "NodeCordoned"] == [True]
+    then = g.command("Cancel", at(1)).when(seen(True), at(1))
+    then.then_events("ChildrenSkipped")
+    then.and_then().when(seen(True), at(1)).then_events("DrainFinished").then_phase(
+        "Cancelled").then_no_action(SET_NODE_UNSCHEDULABLE)
+
+
+def test_a_cordon_forbidden_for_good_fails_the_drain() -> None:
+    g = given().decided(seen(False), at(0))
+    g = g.event(Event("ActionFailed", {"at": at(1).isoformat(),
+                                       "action": SET_NODE_UNSCHEDULABLE,
+                                       "key": f"{DRAIN}:cordon", "error_class": "Forbidden",
+                                       "message": "403", "retryable": False, "attempts": 1}))
+    g.when(seen(False), at(1)).then_events("DrainFinished").then_phase("Failed")
+
+
+@pytest.mark.parametrize(("change", "fragment"), [
+    ({"max_parallel": 0}, "max_parallel"),
+    ({"node": "Bad_Node"}, "spec.node"),
+    ({"children": [{"pod": {"namespace": "a", "name": "p", "uid": "u1"}, "target": NODE,
+                    "template": TEMPLATE}]}, "is the node being drained"),
+])
+def test_bad_specs_are_refused_naming_the_field(change: JsonObject, fragment: str) -> None:
+    raw: JsonObject = {"node": NODE, "class": {"repository": REPO}, **change}
+    with pytest.raises(InvalidSpec, match=fragment):
+        DrainDecider().validate_spec(raw)
+
+
+def test_child_ids_depend_only_on_drain_and_pod() -> None:
+    assert child_id(DRAIN, "uid-1") == child_id(DRAIN, "uid-1") != child_id(DRAIN, "uid-2")
+    assert len(child_id("x" * 64, "uid")) <= 64
