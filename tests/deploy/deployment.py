@@ -82,6 +82,8 @@ class DeployedRun:
     # what the scenario observed (tests/deploy/test_deployed.py)
     migrated: subprocess.CompletedProcess[str] | None = None
     pods: list[Obj] = field(default_factory=list)
+    drained: subprocess.CompletedProcess[str] | None = None
+    drained_pods: list[Obj] = field(default_factory=list)
     healthz: Any = None
     metrics: str = ""
     audit: list[dict[str, Any]] = field(default_factory=list)

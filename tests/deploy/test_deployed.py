@@ -86,6 +86,19 @@ def run(pg_database: str, tmp_path_factory: pytest.TempPathFactory) -> DeployedR
                 "--kubeconfig", kubeconfig]
         r.migrated = r.run(verb, env)
         r.pods = r.sim_api("/api/v1/namespaces/default/pods")["items"]
+        # A drain too: it cordons a node (PATCH nodes) and runs child migrations.
+        for name in ("batch-1", "batch-2"):
+            r.sim_api("/api/v1/namespaces/default/pods", {
+                "metadata": {"name": name, "annotations": {MARKER: name}},
+                "spec": {"nodeName": "node-3",
+                         "containers": [{"name": "main", "image": "pause"}]}})
+        wait_for(lambda: len([p for p in r.sim_api("/api/v1/namespaces/default/pods")["items"]
+                              if p["status"].get("phase") == "Running"]) == 3, "batch running")
+        drain = [*argv[:argv.index("worker")], "drain", "node-3", "--to", "node-1",
+                 "--max-parallel", "2", "--repository", f"{r.registry}/checkpoints",
+                 "--wait", "--wait-seconds", "90", "--kubeconfig", kubeconfig]
+        r.drained = r.run(drain, env)
+        r.drained_pods = r.sim_api("/api/v1/namespaces/default/pods")["items"]
         with urllib.request.urlopen(r.api_url + "/healthz", timeout=10) as resp:
             r.healthz = json.loads(resp.read())
         with urllib.request.urlopen(r.api_url + "/metrics", timeout=10) as resp:
@@ -109,9 +122,18 @@ def test_the_deployed_control_plane_migrates_a_pod_and_keeps_its_state(
     assert moved["metadata"]["annotations"][MARKER] == "counter=41"
 
 
+def test_the_deployed_control_plane_drains_a_node(run: DeployedRun) -> None:
+    assert run.drained is not None
+    assert run.drained.returncode == 0, run.drained.stdout + run.drained.stderr
+    batch = {p["metadata"]["annotations"][MARKER]: p["spec"]["nodeName"]
+             for p in run.drained_pods if p["metadata"]["annotations"][MARKER] != "counter=41"}
+    assert batch == {"batch-1": "node-1", "batch-2": "node-1"}
+
+
 def test_the_api_container_serves_its_probe_and_the_metrics(run: DeployedRun) -> None:
     assert run.healthz == {"status": "ok"}
-    assert 'controlplane_operations{kind="migration",phase="Succeeded"} 1' in run.metrics
+    assert 'controlplane_operations{kind="migration",phase="Succeeded"} 3' in run.metrics
+    assert 'controlplane_operations{kind="drain",phase="Succeeded"} 1' in run.metrics
 
 
 def test_every_component_drains_and_exits_cleanly_on_sigterm(run: DeployedRun) -> None:
