@@ -20,6 +20,7 @@ from typing import Any
 
 from controlplane.cli import dryrun
 from controlplane.cli.assembly import Product, product
+from controlplane.cli.classes import class_for
 from controlplane.cli.commands import clock, opened
 from controlplane.cli.options import limits_from
 from controlplane.cli.progress import SUCCESS_PHASES, follow
@@ -109,7 +110,7 @@ async def _resume_spec(args: argparse.Namespace, ns: str, name: str,
 
 async def operation_cmd(args: argparse.Namespace) -> int:
     ns, name = _workload(args.workload)
-    klass: JsonObject = {"repository": args.repository}
+    klass = class_for(args)
     kind = {"checkpoint": "checkpoint", "migrate": "migration", "suspend": "suspend",
             "resume": "resume"}[args.verb]
     spec: JsonObject

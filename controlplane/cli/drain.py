@@ -16,6 +16,7 @@ from typing import Any
 
 from controlplane.cli import render
 from controlplane.cli.assembly import product
+from controlplane.cli.classes import class_for
 from controlplane.cli.cluster import (
     cluster_objects,
     connect_options,
@@ -97,7 +98,7 @@ def print_plan(plan: DrainPlan, doc: JsonObject, output: str) -> None:
 
 
 async def drain_cmd(args: argparse.Namespace) -> int:
-    klass: JsonObject = {"repository": args.repository}
+    klass = class_for(args)
     async with opened(args) as db:
         await migrate.require_current(db)
         async with product(db, clock, registry=registry_from_args(args), config=WorkerConfig(),

@@ -219,8 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     ]:
         op = verb(name, _operation, text + "; prints the operation id")
         op.add_argument("workload", metavar="NAMESPACE/POD")
-        op.add_argument("--repository", required=True,
-                        help="artifact repository, e.g. registry.example.com/checkpoints")
+        _class_options(op)
         if name == "migrate":
             op.add_argument("--to", required=True, metavar="NODE", help="target node")
         if name == "checkpoint":
@@ -258,8 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="only pods with these labels (k=v,k!=v,k)")
     dr.add_argument("--max-parallel", type=_positive_int, default=4,
                     help="child migrations in flight at once (default 4)")
-    dr.add_argument("--repository", required=True,
-                    help="artifact repository, e.g. registry.example.com/checkpoints")
+    _class_options(dr)
     dr.add_argument("--wait", action="store_true",
                     help="follow the drain until every child settles; exit 1 unless all "
                     "moved")
@@ -292,6 +290,12 @@ def _dry_run_options(p: argparse.ArgumentParser) -> None:
                    "deleted, what would be refused) and change nothing")
     p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table",
                    help="how --dry-run prints the plan")
+
+
+def _class_options(p: argparse.ArgumentParser) -> None:
+    from controlplane.cli.classes import add_class_options
+
+    add_class_options(p)
 
 
 def _cluster_options(p: argparse.ArgumentParser) -> None:

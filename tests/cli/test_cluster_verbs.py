@@ -186,6 +186,26 @@ def assert_operator_views_of_the_migration(d: Deployment, migration_id: str) -> 
     assert int(fields["bytes"]) > 0
 
 
+def test_a_checkpoint_class_from_the_classes_file_is_embedded_in_the_operation(
+    deployment: Deployment, tmp_path: Path,
+) -> None:
+    d = deployment
+    d.pod("gpu-worker", "node-1")
+    classes = tmp_path / "classes.yaml"
+    classes.write_text(f"classes:\n- name: gpu\n  repository: {REPO}\n"
+                       "  restore_attempts: 5\n  timeouts:\n    capture: 120\n")
+    done = d.cpctl("checkpoint", "default/gpu-worker", "--class", "gpu", "--classes-file",
+                   str(classes), "--wait", *d.cluster_args())
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = json.loads(d.cpctl("get", done.stdout.split()[0], "-o", "json").stdout)
+    klass = got["spec"]["class"]
+    assert (klass["name"], klass["repository"], klass["restore_attempts"]) == (
+        "gpu", REPO, 5)
+    assert klass["timeouts"]["capture"] == 120
+    report = json.loads(d.cpctl("report", "checkpoints", "--by", "class", "-o", "json").stdout)
+    assert [(r["class"], r["count"]) for r in report] == [("gpu", 1)]
+
+
 def test_verbs_refuse_bad_requests_with_one_line(deployment: Deployment) -> None:
     d = deployment
     for args, fragment in [
@@ -197,6 +217,13 @@ def test_verbs_refuse_bad_requests_with_one_line(deployment: Deployment) -> None
         assert result.returncode == 2, result.stderr
         assert fragment in result.stderr
         assert "Traceback" not in result.stderr
+    for args, fragment in [
+        (("checkpoint", "default/app"), "--repository REGISTRY/REPO, or --class NAME"),
+        (("checkpoint", "default/app", "--class", "gpu"), "needs a classes file"),
+    ]:
+        result = d.cpctl(*args, *d.cluster_args())
+        assert result.returncode == 2, result.stderr
+        assert fragment in result.stderr
 
 
 def test_an_operation_over_the_limit_queues_and_the_worker_admits_it_when_a_slot_frees(
