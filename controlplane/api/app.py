@@ -240,6 +240,6 @@ async def _report(request: web.Request) -> web.Response:
     if report not in params.REPORTS:
         return _error(404, f"no report {report!r} (reports: {', '.join(params.REPORTS)})")
     by = params.report_by(request.query)
-    rows = await reports.summary(request.app[DB_KEY], report=report, by=by,
-                                 since=params.since(request.query.get("since")))
+    rows = await reports.report(request.app[DB_KEY], report=report, by=by,
+                                since=params.since(request.query.get("since")))
     return _json({"report": report, "by": by, "rows": rows})

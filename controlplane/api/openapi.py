@@ -121,11 +121,11 @@ def document() -> dict[str, Any]:
                 "responses": {"202": _json_response("accepted"),
                               **_errors(400, 401, 404, 409, 413)}}},
             "/api/v1/reports/{report}": {"get": {
-                "summary": "Operations, checkpoints or migrations grouped by kind, node, day "
-                           "or checkpoint class",
+                "summary": "Operations, checkpoints or migrations grouped by kind, node, "
+                           "day or checkpoint class; or drains, one row each",
                 "parameters": [
                     {"name": "report", "in": "path", "required": True,
-                     "schema": {"type": "string", "enum": list(reports.REPORTS)}},
+                     "schema": {"type": "string", "enum": list(reports.NAMES)}},
                     _query("by", "grouping (default kind)",
                            {"type": "string", "enum": list(reports.GROUPINGS)}),
                     _query("since", "only rows at or after (ISO 8601)",

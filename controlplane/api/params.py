@@ -23,7 +23,7 @@ _PHASE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 #: A Kubernetes node name (RFC 1123 subdomain), the decider re-checks it.
 _NODE_MAX = 253
 LIST_PARAMS = frozenset({"kind", "phase", "active", "since", "limit", "node", "namespace"})
-REPORTS = tuple(reports.REPORTS)
+REPORTS = reports.NAMES
 REPORT_BY = reports.GROUPINGS
 
 

@@ -198,8 +198,8 @@ async def cancel_cmd(args: argparse.Namespace) -> int:
 async def report_cmd(args: argparse.Namespace) -> int:
     async with opened(args) as db:
         await migrate.require_current(db)
-        summary = await reports.summary(db, report=args.report, by=args.by,
-                                        since=_since(args.since))
+        summary = await reports.report(db, report=args.report, by=args.by,
+                                       since=_since(args.since))
     if args.output in ("json", "yaml"):
         render.structured(summary, args.output)
     elif args.output == "csv":

@@ -73,6 +73,7 @@ exit: 0 when it succeeded (with --wait), 1 when it ended otherwise, 2 on bad inp
   cpctl report migrations --by node        # p50 of each phase, bytes moved, success rate
   cpctl report checkpoints --by class -o csv > checkpoints.csv
   cpctl report operations --by day --since 2026-11-01T00:00:00Z
+  cpctl report drains                      # each drain: children moved, failed, why
 The views behind it are plain SQL: docs/reporting.md.
 """,
     "replay": """examples:
@@ -171,7 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp = verb("report", commands.report_cmd, "summarise operations, checkpoints or "
               "migrations from the reporting views: counts, success rate, p50/p95 seconds, "
               "bytes; migrations also the p50 of each phase (SQL: docs/reporting.md)")
-    rp.add_argument("report", choices=["operations", "checkpoints", "migrations"])
+    rp.add_argument("report", choices=["operations", "checkpoints", "migrations", "drains"],
+                    help="drains: one row per drain (children moved, failed, in flight, "
+                    "failures by reason; --by does not apply)")
     rp.add_argument("--by", choices=["kind", "node", "day", "class"], default="kind",
                     help="group by operation kind, source node, day, or checkpoint class")
     rp.add_argument("--since", help="only those at or after this ISO time")

@@ -18,7 +18,8 @@ from controlplane.store.database import Database
 from controlplane.store.session import read_txn
 
 SUCCESS = frozenset({"Succeeded", "Suspended", "Resumed"})
-VIEWS = ("report_operations", "report_checkpoints", "report_daily", "report_migrations")
+VIEWS = ("report_operations", "report_checkpoints", "report_daily", "report_migrations",
+         "report_drains", "report_drain_children", "report_drain_failures")
 #: ``cpctl report`` names: (view, the time column ``--since`` and ``--by day`` use,
 #: the duration whose p50/p95 is reported).
 REPORTS = {
@@ -30,6 +31,8 @@ REPORTS = {
 MIGRATION_PHASES = ("queued_seconds", "checkpoint_seconds", "delete_seconds",
                     "restore_seconds", "gc_seconds")
 GROUPINGS = ("kind", "node", "day", "class")
+#: Every ``cpctl report`` name: the grouped summaries, and ``drains`` (one row per drain).
+NAMES = (*REPORTS, "drains")
 
 
 async def rows(db: Database, sql: str, params: dict[str, Any] | None = None
@@ -49,6 +52,53 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+async def report(db: Database, *, report: str, by: str,
+                 since: datetime | None = None) -> list[dict[str, Any]]:
+    """What ``cpctl report NAME`` and ``GET /api/v1/reports/NAME`` return."""
+    if report == "drains":
+        return await drains(db, since=since)
+    return await summary(db, report=report, by=by, since=since)
+
+
+def _since_param(db: Database, since: datetime) -> Any:
+    # SQLite keeps UTC text in one fixed format (see schema.UtcDateTime): compare alike.
+    return (since.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+            if db.backend == "sqlite" else since)
+
+
+async def drains(db: Database, *, since: datetime | None = None) -> list[dict[str, Any]]:
+    """One row per drain, oldest first: node, outcome, children moved / failed / in
+    flight, duration, p50/p95 of its children's durations, and failures by reason."""
+    sql = "SELECT * FROM report_drains"
+    params: dict[str, Any] = {}
+    if since is not None:
+        sql += " WHERE submitted_at >= :since"
+        params["since"] = _since_param(db, since)
+    children: dict[str, list[float]] = defaultdict(list)
+    for row in await rows(db, "SELECT drain_id, duration_seconds FROM report_drain_children "
+                              "WHERE duration_seconds IS NOT NULL"):
+        children[str(row["drain_id"])].append(float(row["duration_seconds"]))
+    failures: dict[str, list[str]] = defaultdict(list)
+    for row in await rows(db, "SELECT drain_id, reason, children FROM report_drain_failures "
+                              "ORDER BY drain_id, reason"):
+        failures[str(row["drain_id"])].append(f"{row['reason']}: {int(row['children'])}")
+    out = []
+    for row in sorted(await rows(db, sql, params), key=lambda r: str(r["submitted_at"])):
+        drain_id = str(row["drain_id"])
+        times = children.get(drain_id, [])
+        out.append({
+            "drain": drain_id, "node": row["node"], "outcome": row["outcome"],
+            "children": int(row["children"]), "succeeded": int(row["succeeded"]),
+            "failed": int(row["failed"]), "in_flight": int(row["in_flight"]),
+            "duration_seconds": None if row["duration_seconds"] is None
+            else float(row["duration_seconds"]),
+            "p50_child_seconds": _percentile(times, 0.5),
+            "p95_child_seconds": _percentile(times, 0.95),
+            "failures": "; ".join(failures.get(drain_id, [])),
+        })
+    return out
+
+
 async def summary(db: Database, *, report: str, by: str,
                   since: datetime | None = None) -> list[dict[str, Any]]:
     """Operations, checkpoints or migrations grouped by ``kind``, ``node``, ``day`` or
@@ -59,9 +109,7 @@ async def summary(db: Database, *, report: str, by: str,
     params: dict[str, Any] = {}
     if since is not None:
         sql += f" WHERE {time_col} >= :since"
-        # SQLite keeps UTC text in one fixed format (see schema.UtcDateTime): compare alike.
-        params["since"] = (since.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
-                           if db.backend == "sqlite" else since)
+        params["since"] = _since_param(db, since)
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in await rows(db, sql, params):
         groups[_group_key(row, by, time_col)].append(row)

@@ -85,3 +85,11 @@ async def test_drain_views_count_children_outcomes_and_failure_reasons(
         db, "SELECT reason, children FROM report_drain_failures ORDER BY reason")
     assert [(f["reason"], f["children"]) for f in failures] == [("Refused", 1),
                                                                 ("RestoreFailed", 1)]
+
+    [row] = await reports.report(db, report="drains", by="kind")
+    assert (row["drain"], row["node"], row["outcome"]) == (DRAIN, "n1", "Failed")
+    assert (row["children"], row["succeeded"], row["failed"], row["in_flight"]) == (3, 1, 2, 0)
+    assert row["failures"] == "Refused: 1; RestoreFailed: 1"
+    assert row["p50_child_seconds"] is not None
+    assert await reports.report(db, report="drains", by="kind",
+                                since=clock.now() + timedelta(days=1)) == []
