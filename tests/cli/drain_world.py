@@ -128,9 +128,10 @@ def max_overlap(intervals: list[tuple[Any, Any]]) -> int:
 
 
 @contextlib.asynccontextmanager
-async def drain_world(tmp_path: Path, *, pods: int, max_per_node: int = 4
-                      ) -> AsyncIterator[DrainWorld]:
-    db = open_database(f"sqlite:///{tmp_path / 'cp.db'}")
+async def drain_world(tmp_path: Path, *, pods: int, max_per_node: int = 4,
+                      db_url: str | None = None) -> AsyncIterator[DrainWorld]:
+    """``db_url``: an empty database (the ``db_url`` fixture: SQLite and PostgreSQL)."""
+    db = open_database(db_url or f"sqlite:///{tmp_path / 'cp.db'}", pool_size=40)
     try:
         await migrate.upgrade(db)
         limits = Limits(max_cluster=10, max_per_source_node=max_per_node)

@@ -19,10 +19,10 @@ pytestmark = pytest.mark.slow
 
 
 async def test_draining_20_pods_never_exceeds_4_in_flight_nor_overfills_a_node(
-    tmp_path: Path,
+    tmp_path: Path, db_url: str,
 ) -> None:
     """Every pod moves with its marker; the node stays cordoned; no target overfilled."""
-    async with drain_world(tmp_path, pods=20) as w:
+    async with drain_world(tmp_path, pods=20, db_url=db_url) as w:
         plan = w.plan()
         assert len(plan.moves) == 20
         assert not plan.left
@@ -51,11 +51,11 @@ async def test_draining_20_pods_never_exceeds_4_in_flight_nor_overfills_a_node(
 
 
 async def test_cancelling_half_way_finishes_running_children_and_uncordons(
-    tmp_path: Path,
+    tmp_path: Path, db_url: str,
 ) -> None:
     """Nothing half-done: every started child ends Succeeded, the rest never start, every
     pod runs exactly once with its marker, the node is schedulable again."""
-    async with drain_world(tmp_path, pods=10, max_per_node=2) as w:
+    async with drain_world(tmp_path, pods=10, max_per_node=2, db_url=db_url) as w:
         drain_id = await w.submit(max_parallel=2)
 
         async def some_finished() -> bool:
