@@ -202,6 +202,13 @@ class DrainDecider:
             if isinstance(seen := obs.machines.get(c.id), MachineView) and seen.terminal]
         if finished:
             return emit(*finished)
+        # A started child the store definitely does not have: its SubmitOperation never
+        # ran (an earlier action of the same decision failed, and the runner stops at the
+        # first failure). Submitting again is safe: same id, same key, "exists" is done.
+        lost = [c for c in state.in_flight
+                if c.id in obs.machines and obs.machines[c.id] is None]
+        if lost:
+            return emit(actions=[self._submit(state, c) for c in lost])
         if state.cancelled and state.pending:
             return emit(stamped(CHILDREN_SKIPPED, now, {
                 "children": [c.id for c in state.pending], "reason": "cancelled"}))
@@ -264,21 +271,23 @@ class DrainDecider:
             set_node_unschedulable(f"{state.machine_id}:uncordon", node=node,
                                    unschedulable=False)])
 
+    def _submit(self, state: DrainState, c: Child) -> Action:
+        spec: JsonObject = {
+            "pod": {"namespace": c.namespace, "name": c.name, "uid": c.uid},
+            "source_node": state.spec.node, "target_node": c.target,
+            "template": c.template, "class": state.spec.klass}
+        return submit_operation(submit_key(state.machine_id, c.id), machine_id=c.id,
+                                kind="migration", spec=spec, parent=state.machine_id)
+
     def _start(self, state: DrainState, children: Sequence[Child], now: datetime) -> Step:
         events: list[Event] = []
         actions: list[Action] = []
         for c in children:
-            spec: JsonObject = {
-                "pod": {"namespace": c.namespace, "name": c.name, "uid": c.uid},
-                "source_node": state.spec.node, "target_node": c.target,
-                "template": c.template, "class": state.spec.klass}
             events.append(stamped(CHILD_STARTED, now, {
                 "child": c.id, "pod": c.pod_key, "uid": c.uid, "target": c.target,
                 "in_flight": len(state.in_flight) + len(events) + 1},
                 {"max_parallel": state.spec.max_parallel}))
-            actions.append(submit_operation(submit_key(state.machine_id, c.id),
-                                            machine_id=c.id, kind="migration", spec=spec,
-                                            parent=state.machine_id))
+            actions.append(self._submit(state, c))
         return emit(*events, actions=actions)
 
     def evolve(self, state: DrainState, event: Event) -> DrainState:

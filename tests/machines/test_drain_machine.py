@@ -78,8 +78,9 @@ def test_starts_at_most_max_parallel_children_with_deterministic_ids() -> None:
     submitted = then.actions[0].params["spec"]
     assert isinstance(submitted, dict)
     assert (submitted["source_node"], submitted["target_node"]) == (NODE, "node-c")
-    # With two in flight (not yet created, or running), nothing more starts.
-    nxt = then.and_then().when(seen(True, {child(0): None, child(1): view(1)}), at(3))
+    # With two in flight (held by admission, or running), nothing more starts.
+    nxt = then.and_then().when(seen(True, {child(0): view(0, "Checkpointing"),
+                                           child(1): view(1)}), at(3))
     nxt.then_idle()
     assert nxt.decision.wake_at is not None
     assert nxt.decision.wake_at <= at(4)
@@ -179,3 +180,21 @@ def test_bad_specs_are_refused_naming_the_field(change: JsonObject, fragment: st
 def test_child_ids_depend_only_on_drain_and_pod() -> None:
     assert child_id(DRAIN, "uid-1") == child_id(DRAIN, "uid-1") != child_id(DRAIN, "uid-2")
     assert len(child_id("x" * 64, "uid")) <= 64
+
+
+def test_a_started_child_whose_submission_never_ran_is_submitted_again() -> None:
+    """Two children start in one step; the first is refused, and the runner stops there,
+    so the second's SubmitOperation never ran. The store shows no such machine: the drain
+    submits it again (same id and key) instead of waiting for it forever."""
+    g = draining(pods=3).decided(seen(True), at(2))
+    refusal = Event("ActionFailed", {"at": at(3).isoformat(), "action": SUBMIT_OPERATION,
+                                     "key": submit_key(DRAIN, child(0)), "error_class": "Refused",
+                                     "message": "pod gone", "retryable": False, "attempts": 1})
+    g = g.event(refusal)
+    then = g.when(seen(True, {child(1): None}), at(3))
+    assert then.decision.events == ()  # nothing new happened: the same child, again
+    assert [(a.type, a.key, a.params["machine_id"]) for a in then.actions] == [
+        (SUBMIT_OPERATION, submit_key(DRAIN, child(1)), child(1))]
+    # Once the store has it, it is not submitted again; the freed slot goes to child 2.
+    nxt = g.when(seen(True, {child(1): view(1)}), at(4)).then_events("ChildStarted")
+    assert [a.params["machine_id"] for a in nxt.actions] == [child(2)]
