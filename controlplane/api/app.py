@@ -24,6 +24,8 @@ from controlplane.clock import Clock, SystemClock
 from controlplane.engine.decider import Command, Event
 from controlplane.engine.kinds import KindRegistry
 from controlplane.errors import ControlPlaneError, UsageError
+from controlplane.machines.drain_state import KIND as DRAIN
+from controlplane.machines.drain_state import ChildStatus, child_id
 from controlplane.machines.registry import default_kinds
 from controlplane.operations import send_command
 from controlplane.store import queries, reports
@@ -135,10 +137,67 @@ def _operation(record: MachineRecord, *, detail: bool = False) -> dict[str, Any]
         "workload": record.workload, "source_node": record.source_node,
         "held": record.held, "attempts": record.attempts,
         "created_at": record.created_at, "updated_at": record.updated_at,
+        "parent": _parent(record),
     }
+    if record.kind == DRAIN:
+        out["drain"] = _drain_summary(record)
     if detail:
         out.update(spec=record.spec, state=record.state,
                    next_wake_at=record.next_wake_at, lease_owner=record.lease_owner)
+    return out
+
+
+def _parent(record: MachineRecord) -> str | None:
+    """The drain that started this migration, or ``None``.
+
+    A child's id is ``child_id(drain id, pod uid)`` (``<drain id>-<12 hex digits>``), so
+    the parent is read off the id and proven by recomputing it from the pod UID in the
+    child's spec: no query, and a migration that merely looks like a child is not one.
+    (Drain ids longer than 51 characters are truncated in their children's ids; cpctl
+    makes 36-character UUIDs.)"""
+    prefix, dash, _ = record.id.rpartition("-")
+    pod = record.spec.get("pod")
+    if record.kind != "migration" or not dash or not isinstance(pod, dict):
+        return None
+    uid = pod.get("uid")
+    return prefix if isinstance(uid, str) and child_id(prefix, uid) == record.id else None
+
+
+def _children(record: MachineRecord) -> list[dict[str, Any]]:
+    children = record.state.get("children")
+    return [c for c in children if isinstance(c, dict)] if isinstance(children, list) else []
+
+
+def _drain_summary(record: MachineRecord) -> dict[str, Any]:
+    """A drain's node and its children counted by how far they got (from its state)."""
+    children = _children(record)
+    status = [str(c.get("status")) for c in children]
+    moved = sum(1 for c in children
+                if c.get("status") == ChildStatus.FINISHED and c.get("phase") == "Succeeded")
+    return {"node": record.spec.get("node"), "children": len(status), "succeeded": moved,
+            "failed": status.count(ChildStatus.FINISHED) - moved
+            + status.count(ChildStatus.REFUSED),
+            "running": status.count(ChildStatus.STARTED),
+            "pending": status.count(ChildStatus.PENDING),
+            "skipped": status.count(ChildStatus.SKIPPED)}
+
+
+async def _drain_children(db: Database, record: MachineRecord) -> list[dict[str, Any]]:
+    """Each child of a drain: the drain's view of it (status, outcome, reason) and, for
+    one in flight, its migration's current phase (one read per in-flight child, at most
+    the drain's ``max_parallel``)."""
+    out = []
+    for c in _children(record):
+        phase = c.get("phase") or None
+        if c.get("status") == ChildStatus.STARTED:
+            try:
+                phase = (await queries.get_machine(db, str(c.get("id")))).phase
+            except MachineNotFound:  # started, the SubmitOperation not performed yet
+                phase = None
+        out.append({"id": c.get("id"), "pod": f"{c.get('namespace')}/{c.get('name')}",
+                    "target": c.get("target"), "status": c.get("status"), "phase": phase,
+                    "reason": c.get("reason") or None, "started_at": c.get("started_at"),
+                    "finished_at": c.get("finished_at")})
     return out
 
 
@@ -210,7 +269,10 @@ async def _list_operations(request: web.Request) -> web.Response:
 
 async def _get_operation(request: web.Request) -> web.Response:
     record = await queries.get_machine(request.app[DB_KEY], request.match_info["id"])
-    return _json(_operation(record, detail=True))
+    out = _operation(record, detail=True)
+    if record.kind == DRAIN:
+        out["children"] = await _drain_children(request.app[DB_KEY], record)
+    return _json(out)
 
 
 async def _operation_events(request: web.Request) -> web.Response:

@@ -5,6 +5,12 @@ token from ``?token=`` (then drops it from the address bar), calls the JSON API 
 Bearer header, lists operations with kind/phase filters and, for the selected operation
 (``&select=<id>`` or a click), draws a timeline: phases as bars over time and events as
 marks labelled with their type and reason. Data is inserted with ``textContent`` only.
+
+A drain is shown as a group: its row carries its node and a children summary ("2/3
+moved, 1 failed") from the list's ``drain`` field, and expands (its toggle, or selecting
+it) into a table of its child migrations read from ``GET /operations/{id}``'s
+``children``; a child with a machine opens its timeline on click. In the flat list a
+child migration (``parent`` set) is indented and labelled ``drain <short id>``.
 """
 
 from __future__ import annotations
@@ -33,6 +39,16 @@ tr.operation{cursor:pointer} tr.operation:hover,tr.selected{background:#e8f0fe}
  transform:rotate(30deg);transform-origin:0 0}
 #events{height:260px;position:relative;overflow:hidden}
 .axis{font-size:11px;color:#5f6673;display:flex;justify-content:space-between}
+.phase-Refused,.phase-Skipped{color:#b3261e}
+.toggle{border:0;background:none;cursor:pointer;padding:0 4px 0 0;font:inherit}
+tr.in-drain td.kind{padding-left:18px}
+.parent-label{margin-left:6px;font-size:11px;color:#5f6673;background:#eceef2;
+ border-radius:3px;padding:0 4px}
+tr.drain-children>td{padding:0 0 8px 24px;background:#fafbfc;white-space:normal}
+table.children{width:auto}
+table.children td,table.children th{font-size:12px;padding:2px 6px}
+table.children td.reason{white-space:normal;min-width:10em;color:#5f6673}
+tr.child.clickable{cursor:pointer} tr.child.clickable:hover{background:#e8f0fe}
 """
 
 SCRIPT = r"""
@@ -40,6 +56,9 @@ SCRIPT = r"""
   const url = new URL(window.location.href);
   const token = url.searchParams.get("token") || "";
   let selected = url.searchParams.get("select");
+  // Drains shown with their children; a selected drain is opened (select= one too).
+  const expanded = new Set(selected ? [selected] : []);
+  let generation = 0;  // a newer load wins: an older one's answers are dropped
   url.searchParams.delete("token");
   window.history.replaceState(null, "", url.pathname + url.search);
   const $ = (id) => document.getElementById(id);
@@ -60,28 +79,117 @@ SCRIPT = r"""
   function showError(err) { $("error").textContent = err ? String(err.message || err) : ""; }
 
   async function loadOperations() {
+    const mine = ++generation;
     const query = new URLSearchParams({limit: "200"});
     if ($("kind").value) query.set("kind", $("kind").value);
     if ($("phase").value.trim()) query.set("phase", $("phase").value.trim());
-    let data;
-    try { data = await api("/api/v1/operations?" + query); showError(null); }
-    catch (err) { showError(err); return; }
+    let data, details;
+    try {
+      data = await api("/api/v1/operations?" + query);
+      details = await Promise.all(data.operations
+        .filter((op) => op.kind === "drain" && expanded.has(op.id))
+        .map((op) => api("/api/v1/operations/" + encodeURIComponent(op.id))));
+      showError(null);
+    } catch (err) { showError(err); return; }
+    if (mine !== generation) return;
+    const children = new Map(details.map((d) => [d.id, d.children || []]));
     const rows = $("operations");
     rows.replaceChildren();
     for (const op of data.operations) {
       if (![...$("kind").options].some((o) => o.value === op.kind))
         $("kind").append(el("option", null, op.kind));
-      const tr = el("tr", "operation" + (op.id === selected ? " selected" : ""));
-      tr.dataset.id = op.id;
-      tr.append(el("td", null, op.kind), el("td", "phase-" + op.phase, op.phase),
-                el("td", null, op.workload || ""), el("td", null, op.source_node || ""),
-                el("td", null, op.created_at.replace("T", " ").slice(0, 19)),
-                el("td", "op-id", op.id.slice(0, 8)));
-      tr.addEventListener("click", () => { selected = op.id; loadOperations(); });
-      rows.append(tr);
+      rows.append(operationRow(op));
+      if (children.has(op.id)) rows.append(childrenRow(op, children.get(op.id)));
     }
     $("count").textContent = data.operations.length + " operations";
-    if (selected) await drawTimeline(selected);
+    if (selected) await drawTimeline(selected, mine);
+  }
+
+  function drainSummary(d) {
+    const parts = [d.succeeded + "/" + d.children + " moved"];
+    if (d.failed) parts.push(d.failed + " failed");
+    if (d.running) parts.push(d.running + " running");
+    if (d.pending) parts.push(d.pending + " waiting");
+    if (d.skipped) parts.push(d.skipped + " skipped");
+    return parts.join(", ");
+  }
+
+  // A child's id is "<drain id>-<12 hex>": its own part is the tail.
+  const shortId = (op) => op.parent ? "…" + op.id.slice(-12) : op.id.slice(0, 8);
+
+  function operationRow(op) {
+    const drain = op.kind === "drain" ? op.drain : null;
+    const tr = el("tr", "operation" + (drain ? " drain" : "") + (op.parent ? " in-drain" : "")
+                        + (op.id === selected ? " selected" : ""));
+    tr.dataset.id = op.id;
+    if (op.parent) tr.dataset.parent = op.parent;
+    const kind = el("td", "kind");
+    if (drain) {
+      const open = expanded.has(op.id);
+      const toggle = el("button", "toggle", open ? "▾" : "▸");
+      toggle.type = "button";
+      toggle.title = open ? "hide children" : "show children";
+      toggle.setAttribute("aria-expanded", String(open));
+      toggle.addEventListener("click", (event) => {
+        event.stopPropagation();
+        if (open) expanded.delete(op.id); else expanded.add(op.id);
+        loadOperations();
+      });
+      kind.append(toggle, el("span", null, op.kind));
+    } else {
+      kind.append(el("span", null, op.kind));
+    }
+    if (op.parent) kind.append(el("span", "parent-label", "drain " + op.parent.slice(0, 8)));
+    tr.append(kind, el("td", "phase-" + op.phase, op.phase),
+              drain ? el("td", "drain-summary", drainSummary(drain))
+                    : el("td", null, op.workload || ""),
+              el("td", null, (drain ? drain.node : op.source_node) || ""),
+              el("td", null, op.created_at.replace("T", " ").slice(0, 19)),
+              el("td", "op-id", shortId(op)));
+    tr.lastChild.title = op.id;
+    tr.addEventListener("click", () => {
+      selected = op.id;
+      if (drain) expanded.add(op.id);
+      loadOperations();
+    });
+    return tr;
+  }
+
+  function childrenRow(op, children) {
+    const tr = el("tr", "drain-children");
+    tr.dataset.drain = op.id;
+    const cell = el("td");
+    cell.colSpan = 6;
+    const table = el("table", "children");
+    const head = el("tr");
+    for (const h of ["child", "pod", "target", "phase / outcome", "reason"])
+      head.append(el("th", null, h));
+    table.append(head);
+    if (!children.length) table.append(el("tr", null, "no children"));
+    for (const c of children) {
+      // Pending, Skipped and Refused children never became machines: nothing to open.
+      const opens = c.status === "Started" || c.status === "Finished";
+      const row = el("tr", "child" + (opens ? " clickable" : "")
+                           + (c.id === selected ? " selected" : ""));
+      row.dataset.id = c.id;
+      row.dataset.status = c.status;
+      const outcome = c.phase || c.status;
+      const reason = c.reason || "";
+      row.append(el("td", "op-id", "…" + c.id.slice(-12)), el("td", null, c.pod),
+                 el("td", null, c.target), el("td", "phase-" + outcome, outcome),
+                 el("td", "reason", reason.length > 80 ? reason.slice(0, 79) + "…" : reason));
+      row.firstChild.title = c.id;
+      row.lastChild.title = reason;
+      if (opens) row.addEventListener("click", (event) => {
+        event.stopPropagation();
+        selected = c.id;
+        loadOperations();
+      });
+      table.append(row);
+    }
+    cell.append(table);
+    tr.append(cell);
+    return tr;
   }
 
   function reasonOf(ev) {
@@ -90,12 +198,14 @@ SCRIPT = r"""
     return typeof r === "string" ? r : JSON.stringify(r);
   }
 
-  async function drawTimeline(id) {
+  async function drawTimeline(id, mine) {
     let data;
     try { data = await api("/api/v1/operations/" + encodeURIComponent(id) + "/events"); }
     catch (err) { showError(err); return; }
+    if (mine !== generation) return;
     const op = data.operation, events = data.events;
-    $("selected-title").textContent = op.kind + " " + op.id + " — " + op.phase;
+    $("selected-title").textContent = op.kind + " " + op.id + " — " + op.phase
+      + (op.parent ? " (drain " + op.parent.slice(0, 8) + ")" : "");
     const box = $("timeline");
     box.replaceChildren();
     if (!events.length) return;

@@ -52,7 +52,26 @@ def document() -> dict[str, Any]:
                     "source_node": {"type": ["string", "null"]}, "held": {"type": "boolean"},
                     "attempts": {"type": "integer"},
                     "created_at": {"type": "string", "format": "date-time"},
-                    "updated_at": {"type": "string", "format": "date-time"}}},
+                    "updated_at": {"type": "string", "format": "date-time"},
+                    "parent": {"type": ["string", "null"],
+                               "description": "the drain that started this migration"},
+                    "drain": {"$ref": "#/components/schemas/DrainSummary"}}},
+                "DrainSummary": {
+                    "type": "object", "description": "drains only: node and children counts",
+                    "properties": {"node": {"type": "string"}, **{
+                        n: {"type": "integer"} for n in ("children", "succeeded", "failed",
+                                                         "running", "pending", "skipped")}}},
+                "DrainChild": {"type": "object", "properties": {
+                    "id": {"type": "string"}, "pod": {"type": "string"},
+                    "target": {"type": "string"},
+                    "status": {"type": "string", "enum": ["Pending", "Started", "Finished",
+                                                          "Refused", "Skipped"]},
+                    "phase": {"type": ["string", "null"],
+                              "description": "the child migration's phase (its outcome once "
+                                             "Finished); null if it has no machine"},
+                    "reason": {"type": ["string", "null"]},
+                    "started_at": {"type": ["string", "null"], "format": "date-time"},
+                    "finished_at": {"type": ["string", "null"], "format": "date-time"}}},
                 "Event": {"type": "object", "properties": {
                     "seq": {"type": "integer"}, "type": {"type": "string"},
                     "recorded_at": {"type": "string", "format": "date-time"},
@@ -94,8 +113,13 @@ def document() -> dict[str, Any]:
                         "operations": {"type": "array", "items": op_ref},
                         "limit": {"type": "integer"}}}), **_errors(400, 401)}}},
             "/api/v1/operations/{id}": {"get": {
-                "summary": "One operation, with spec and state", "parameters": [_ID],
-                "responses": {"200": _json_response("operation", op_ref),
+                "summary": "One operation, with spec and state (a drain: and its children)",
+                "parameters": [_ID],
+                "responses": {"200": _json_response("operation", {"allOf": [op_ref, {
+                    "type": "object", "properties": {
+                        "spec": {"type": "object"}, "state": {"type": "object"},
+                        "children": {"type": "array", "description": "drains only",
+                                     "items": {"$ref": "#/components/schemas/DrainChild"}}}}]}),
                               **_errors(401, 404)}}},
             "/api/v1/operations/{id}/events": {"get": {
                 "summary": "The operation's event history, in order", "parameters": [_ID],

@@ -25,12 +25,15 @@ from controlplane.clock import SystemClock, new_id
 from controlplane.engine.decider import Command
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
+from controlplane.machines.drain_state import KIND as DRAIN
+from controlplane.machines.drain_state import ChildStatus
 from controlplane.machines.registry import default_kinds
 from controlplane.machines.steps import WORK_ACTION
 from controlplane.operations import send_command, submit
 from controlplane.replay import ReplayReport, phase_after_each, rebuild, verify
 from controlplane.store import leases, migrate, queries, reports
 from controlplane.store.database import Database, open_database
+from controlplane.store.errors import MachineNotFound
 from controlplane.store.records import MachineRecord
 from controlplane.worker.actions import ActionRunner, RetryPolicy
 from controlplane.worker.ports import NullObserver
@@ -115,13 +118,38 @@ def _record_json(r: MachineRecord) -> dict[str, Any]:
 
 
 async def get_cmd(args: argparse.Namespace) -> int:
+    structured = args.output in ("json", "yaml")
     async with opened(args) as db:
         record = await queries.get_machine(db, args.id)
-    if args.output in ("json", "yaml"):
+        children = (await _drain_children(db, record)
+                    if record.kind == DRAIN and not structured else [])
+    if structured:
         render.structured(_record_json(record), args.output)
     else:
         render.table(["field", "value"], list(_record_json(record).items()), max_width=120)
+        if record.kind == DRAIN:
+            print()
+            render.table(["child", "pod", "target", "phase/outcome", "reason"], children)
     return 0
+
+
+async def _drain_children(db: Database, record: MachineRecord) -> list[tuple[str, ...]]:
+    """A drain's children, in plan order: id, pod, target, how far it got, why. A child
+    in flight shows its migration's current phase (one read each, at most the drain's
+    ``max_parallel``); the others their outcome as the drain recorded it."""
+    raw = record.state.get("children")
+    rows: list[tuple[str, ...]] = []
+    for c in raw if isinstance(raw, list) else []:
+        if not isinstance(c, dict):
+            continue
+        status = str(c.get("status"))
+        outcome = str(c.get("phase") or "") or status
+        if status == ChildStatus.STARTED:
+            with contextlib.suppress(MachineNotFound):  # not submitted yet: "Started"
+                outcome = (await queries.get_machine(db, str(c.get("id")))).phase
+        rows.append((str(c.get("id")), f"{c.get('namespace')}/{c.get('name')}",
+                     str(c.get("target")), outcome, str(c.get("reason") or "")))
+    return rows
 
 
 def _since(text: str | None) -> datetime | None:
