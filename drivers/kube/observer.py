@@ -43,6 +43,24 @@ class KubeObserver:
         self.api = api
         self.pods = pods
         self.nodes = nodes
+        #: The newest resourceVersion a read-through returned, per resource. A relist
+        #: answered by the server BEFORE a read-through but applied AFTER it leaves the
+        #: cache "synced" yet older than what this observer already reported: a pod seen
+        #: a moment ago would read as absent (a restore attempt judged vanished while it
+        #: ran on — two copies of one workload). Until the cache's version reaches this
+        #: mark, it is not trusted; reads go through.
+        self._read_mark: dict[str, int] = {}
+
+    def _trusted(self, cache: WatchCache) -> bool:
+        if not cache.synced:
+            return False
+        mark = self._read_mark.get(cache.kind.plural)
+        if mark is None:
+            return True
+        try:
+            return int(cache.resource_version) >= mark
+        except ValueError:  # an opaque version: nothing to compare, trust the watch
+            return True
 
     async def observe(self, interests: Interests) -> Observation:
         pods = {key: await self.pod(key) for key in sorted(interests.pods)}
@@ -54,7 +72,7 @@ class KubeObserver:
         namespace, sep, name = key.partition("/")
         if not sep or not namespace or not name:
             return ProbeError("BadKey", f"pod key {key!r} is not namespace/name", False)
-        if self.pods.synced and self.pods.covers(namespace):
+        if self._trusted(self.pods) and self.pods.covers(namespace):
             cached = self.pods.get(key)
             if cached is not None:
                 return pod_view(cached)
@@ -65,7 +83,7 @@ class KubeObserver:
         return found if found is None or isinstance(found, ProbeError) else pod_view(found)
 
     async def node(self, name: str) -> NodeFact:
-        if self.nodes.synced:
+        if self._trusted(self.nodes):
             cached = self.nodes.get(name)
             return None if cached is None else node_view(cached)
         found = await self._read(NODES, name, None)
@@ -87,11 +105,16 @@ class KubeObserver:
     async def _read(self, kind: Kind, name: str,
                     namespace: str | None) -> dict[str, object] | ProbeError | None:
         try:
-            return await self.api.get(kind, name, namespace=namespace)
+            found = await self.api.get(kind, name, namespace=namespace)
         except ApiNotFound:
             return None
         except KubeApiError as exc:
             return probe_error(exc)
+        version = (found.get("metadata") or {}).get("resourceVersion")
+        if isinstance(version, str) and version.isdigit():
+            self._read_mark[kind.plural] = max(int(version),
+                                               self._read_mark.get(kind.plural, 0))
+        return dict(found)
 
 
 class ReadThroughObserver:
