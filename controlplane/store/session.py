@@ -58,7 +58,7 @@ async def translate_errors(db: Database) -> AsyncIterator[None]:
                 hint="run `cpctl db upgrade` first",
             ) from exc
         # Any other driver error on a live connection is a bug (bad data, bad SQL): surface it.
-        transient = isinstance(exc, (OperationalError, InterfaceError))
+        transient = isinstance(exc, (OperationalError, InterfaceError)) or _server_gone(exc)
         if not transient and not exc.connection_invalidated:
             raise
         raise DatabaseUnavailable(
@@ -70,6 +70,22 @@ async def translate_errors(db: Database) -> AsyncIterator[None]:
             f"cannot reach the database at {db.display_url}: {exc or type(exc).__name__}",
             hint="check that it is running and that CONTROLPLANE_DATABASE_URL / --db is right",
         ) from exc
+
+
+#: SQLSTATEs that mean "the server is going away or not there yet", not "your SQL is
+#: wrong": connection exceptions (class 08), and operator intervention — admin or crash
+#: shutdown, "the database system is starting up / shutting down" (57P01-57P03) — and too
+#: many connections (53300). asyncpg reports them as plain DBAPIErrors on a connection
+#: SQLAlchemy does not always invalidate; a worker must back off on them, not crash.
+_SERVER_GONE = ("08", "57P01", "57P02", "57P03", "53300")
+
+
+def _server_gone(exc: DBAPIError) -> bool:
+    for err in (exc.orig, getattr(exc.orig, "__cause__", None)):
+        code = getattr(err, "sqlstate", None) or getattr(err, "pgcode", None)
+        if isinstance(code, str) and code.startswith(_SERVER_GONE):
+            return True
+    return False
 
 
 def _first_line(exc: BaseException) -> str:
