@@ -36,8 +36,12 @@ def _decision(row: Row[tuple[object, ...]]) -> DecisionRecord:
 
 
 async def get_machine(db: Database, machine_id: str) -> MachineRecord:
-    async with read_txn(db) as conn:
-        row = (await conn.execute(select(m).where(m.c.id == machine_id))).first()
+    # PostgreSQL text cannot hold NUL, so no stored id has one; asking the server anyway
+    # is an encoding error (a 500 from the API), not an answer.
+    row = None
+    if "\x00" not in machine_id:
+        async with read_txn(db) as conn:
+            row = (await conn.execute(select(m).where(m.c.id == machine_id))).first()
     if row is None:
         raise MachineNotFound(
             f"no machine with id {machine_id!r}", hint="list ids with `cpctl list`"
