@@ -7,19 +7,18 @@ naming the offending parameter, so a malformed request never reaches the store.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from controlplane.engine.kinds import KindRegistry
 from controlplane.store import reports
-from controlplane.store.queries import MachineFilter
+from controlplane.store.queries import NAMESPACE_NAME, PHASE_NAME, MachineFilter
 
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
 #: Phases are StrEnum names (``CollectingGarbage``); anything else cannot match a row.
-_PHASE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+_PHASE = PHASE_NAME
 #: A Kubernetes node name (RFC 1123 subdomain), the decider re-checks it.
 _NODE_MAX = 253
 LIST_PARAMS = frozenset({"kind", "phase", "active", "since", "limit", "node", "namespace"})
@@ -27,7 +26,7 @@ REPORTS = reports.NAMES
 REPORT_BY = reports.GROUPINGS
 
 
-_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_NAMESPACE = NAMESPACE_NAME
 
 
 class BadRequest(Exception):

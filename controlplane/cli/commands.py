@@ -164,6 +164,16 @@ def _since(text: str | None) -> datetime | None:
 
 
 async def list_cmd(args: argparse.Namespace) -> int:
+    kinds = default_kinds()
+    if args.kind is not None and args.kind not in kinds:
+        raise UsageError(f"--kind {args.kind!r} is not a kind", hint="kinds: "
+                         + ", ".join(kinds))
+    if args.phase is not None and not queries.PHASE_NAME.fullmatch(args.phase):
+        raise UsageError(f"--phase {args.phase!r} is not a phase name",
+                         hint="e.g. Succeeded, Restoring, Failed")
+    if args.namespace is not None and not queries.NAMESPACE_NAME.fullmatch(args.namespace):
+        raise UsageError(f"--namespace {args.namespace!r} is not a namespace name",
+                         hint="a DNS label such as 'default'")
     flt = queries.MachineFilter(kind=args.kind, phase=args.phase,
                                 settled=False if args.active else None,
                                 since=_since(args.since), node=args.node,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -63,6 +64,11 @@ class MachineFilter:
     namespace: str | None = None  # of the workload
     limit: int = 100
 
+
+#: What a phase name looks like (a filter that cannot match one is refused, not run).
+PHASE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+#: What a namespace looks like (a DNS label).
+NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 #: Spec fields naming the node an operation puts a workload on.
 TARGET_FIELDS = ("target_node", "node")

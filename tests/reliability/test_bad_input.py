@@ -170,15 +170,25 @@ def test_every_cli_verb_refuses_bad_input_and_writes_nothing(
     assert _db_counts(cli_db) == before
 
 
-@pytest.mark.parametrize("flag", ["--kind", "--phase", "--since"])
-def test_hostile_list_filters_are_bound_not_spliced(
+@pytest.mark.parametrize("flag", ["--kind", "--phase", "--since", "--namespace"])
+def test_hostile_list_filters_are_refused_naming_the_flag(
         cli_db: str, capsys: pytest.CaptureFixture[str], flag: str) -> None:
-    """``list`` binds filters as parameters: an injection string matches nothing (or is
-    refused as a bad time) and changes nothing. (The API refuses an unknown kind or a
-    malformed phase with 400; the CLI answers with the empty list.)"""
+    """``list`` refuses a filter that cannot be a kind, phase, time or namespace (as the
+    API does with 400), names the flag, and changes nothing."""
     before = _db_counts(cli_db)
     code, err = _cpctl(capsys, "--db", cli_db, "list", flag, INJECTION, "-o", "json")
-    assert code == (2 if flag == "--since" else 0), err
+    assert code == 2, err
+    assert flag.removeprefix("--") in err
+    assert _db_counts(cli_db) == before
+
+
+def test_a_hostile_node_filter_is_bound_not_spliced(
+        cli_db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Node names are free text here: the injection string is a bound parameter that
+    matches nothing, and nothing changes."""
+    before = _db_counts(cli_db)
+    code, err = _cpctl(capsys, "--db", cli_db, "list", "--node", INJECTION, "-o", "json")
+    assert code == 0, err
     assert _db_counts(cli_db) == before
 
 
