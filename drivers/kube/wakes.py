@@ -4,8 +4,10 @@ The pod cache calls :meth:`WakeDispatcher.notify` with a pod UID for every chang
 sees (both UIDs when a pod is replaced under the same name). The dispatcher coalesces
 them (a UID already pending is not queued twice) and one task calls the engine's
 ``on_pod_change(uid)`` — e.g. a closure over ``store.leases.wake_by_key`` — awaiting it if
-it is a coroutine. A failing callback is logged and the UID dropped: the machines it
-would have woken still wake at their own ``wake_at`` deadlines.
+it is a coroutine. A failing callback (the database is restarting, say) is logged and the
+UID is delivered again after a backoff (``retry_delays``); after the last one it is
+dropped, and the machines it would have woken still wake at their own ``wake_at``
+deadlines. A newer change of the same pod is still coalesced with a pending retry.
 
 Called by :mod:`drivers.kube.driver`.
 """
@@ -29,8 +31,11 @@ PodChangeCallback = Callable[[str], object]
 class WakeDispatcher:
     """UIDs in, callback calls out: coalesced, in order, off the watch's path."""
 
-    def __init__(self, callback: PodChangeCallback) -> None:
+    def __init__(self, callback: PodChangeCallback,
+                 retry_delays: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)) -> None:
         self._callback = callback
+        self._retry_delays = retry_delays
+        self._attempts: dict[str, int] = {}  # uid -> failed deliveries so far
         self._order: deque[str] = deque()
         self._pending: set[str] = set()
         self._ready = asyncio.Event()
@@ -47,6 +52,11 @@ class WakeDispatcher:
     @property
     def idle(self) -> bool:
         return not self._pending
+
+    @property
+    def retrying(self) -> int:
+        """UIDs whose delivery failed and will be tried again."""
+        return len(self._attempts)
 
     def start(self) -> None:
         if self._task is None:
@@ -71,6 +81,19 @@ class WakeDispatcher:
                     if inspect.isawaitable(result):
                         await result
                     self.delivered += 1
+                    self._attempts.pop(uid, None)
                 except Exception as exc:  # the engine's trouble must not kill the wakes
                     self.failed += 1
-                    log.warning("pod wake failed", uid=uid, error=repr(exc))
+                    self._retry_later(uid, exc)
+
+    def _retry_later(self, uid: str, exc: Exception) -> None:
+        attempt = self._attempts.get(uid, 0)
+        if attempt >= len(self._retry_delays):
+            self._attempts.pop(uid, None)
+            log.warning("pod wake dropped after retries; machines wake at their deadlines",
+                        uid=uid, error=repr(exc))
+            return
+        self._attempts[uid] = attempt + 1
+        delay = self._retry_delays[attempt]
+        log.warning("pod wake failed; retrying", uid=uid, error=repr(exc), retry_in=delay)
+        asyncio.get_running_loop().call_later(delay, self.notify, uid)
