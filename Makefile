@@ -7,7 +7,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit bench bench-quick clean
+.PHONY: demo test lint unit bench bench-quick bench-scale bench-growth bench-recovery bench-replay \
+	bench-all soak clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -40,6 +41,32 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	scripts/ensure-postgres
 	$(BIN)/python -m bench.engine_throughput --machines 300 --recovery 100
+
+# One target per scenario of docs/performance.md; each prints a table and one JSON line
+# and writes bench/results/<scenario>.json. `bench` stays the engine benchmark.
+bench-scale: $(STAMP)
+	scripts/ensure-postgres
+	$(BIN)/python -m bench.scale --migrations 10000 --nodes 100
+
+bench-growth: $(STAMP)
+	scripts/ensure-postgres
+	$(BIN)/python -m bench.growth --sizes 100,1000,10000
+
+bench-recovery: $(STAMP)
+	scripts/ensure-postgres
+	$(BIN)/python -m bench.recovery --migrations 500
+
+bench-replay: $(STAMP)
+	scripts/ensure-postgres
+	$(BIN)/python -m bench.replay --events 1000000
+
+bench-all: bench bench-scale bench-growth bench-recovery bench-replay
+
+# Reliability soak (never in CI): 5,000 migrations, 3 workers SIGKILLed at random
+# (docs/reliability.md). SOAK_ARGS adds options, e.g. SOAK_ARGS="--profile faults".
+soak: $(STAMP)
+	scripts/ensure-postgres
+	$(BIN)/python -m tests.reliability.campaign --migrations 5000 --workers 3 $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -29,9 +29,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 from sqlalchemy import text
 
+from bench.common import ROOT, floor, fresh_database, until_all_terminal
 from controlplane.clock import SystemClock, new_id
 from controlplane.logs import configure as configure_logs
 from controlplane.machines.registry import default_kinds
@@ -44,50 +44,11 @@ from controlplane.worker.actions import ActionRunner, RetryPolicy
 from controlplane.worker.ports import NullObserver
 from controlplane.worker.runtime import Worker, WorkerConfig
 
-ROOT = Path(__file__).resolve().parents[1]
-ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 clock = SystemClock()
-
-
-async def fresh_database(name: str) -> str:
-    conn = await asyncpg.connect(ADMIN)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    return f"postgresql://postgres@127.0.0.1:5432/{name}"
-
-
-async def floor(db: Database, total: int, concurrency: int) -> float:
-    """Single-row INSERT + COMMIT per second, ~200 B JSON, through the same engine."""
-    async with db.writer.begin() as conn:
-        await conn.execute(text("DROP TABLE IF EXISTS bench_floor"))
-        await conn.execute(text("CREATE TABLE bench_floor (id bigserial PRIMARY KEY, "
-                                "payload jsonb NOT NULL)"))
-    payload = json.dumps({"payload": "x" * 200})
-    per_task = total // concurrency
-
-    async def loop() -> None:
-        for _ in range(per_task):
-            async with db.writer.begin() as conn:
-                await conn.execute(text("INSERT INTO bench_floor (payload) VALUES "
-                                        "(CAST(:p AS jsonb))"), {"p": payload})
-
-    started = time.perf_counter()
-    await asyncio.gather(*(loop() for _ in range(concurrency)))
-    return per_task * concurrency / (time.perf_counter() - started)
 
 
 async def _noop(_action: Any) -> None:
     return None
-
-
-async def until_all_terminal(db: Database, every: float = 0.1) -> None:
-    """Poll the database (the workers may be other processes: nothing to await)."""
-    flt = queries.MachineFilter(settled=False, limit=1)
-    while await queries.list_machines(db, flt):  # noqa: ASYNC110
-        await asyncio.sleep(every)
 
 
 async def throughput(db: Database, machines: int, concurrency: int) -> dict[str, float]:

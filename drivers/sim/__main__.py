@@ -36,6 +36,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     up.add_argument("--kubeconfig", help="write a kubeconfig pointing at the simulator here")
     up.add_argument("--node-cpu", default="4", help="allocatable CPU per node (default 4)")
     up.add_argument("--node-memory", default="8Gi", help="allocatable memory per node")
+    up.add_argument("--node-pods", type=int, default=110,
+                    help="allocatable pods per node (default 110, as a kubelet's default)")
     up.add_argument("--start-seconds", type=float, default=0.0,
                     help="how long a scheduled pod takes to become Running (default 0)")
     up.add_argument("--stop-seconds", type=float, default=0.0,
@@ -56,7 +58,8 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with SimCluster(nodes=args.nodes, port=args.port, node_cpu=args.node_cpu,
-                          node_memory=args.node_memory, start_seconds=args.start_seconds,
+                          node_memory=args.node_memory, node_pods=args.node_pods,
+                          start_seconds=args.start_seconds,
                           stop_seconds=args.stop_seconds, seed=args.seed) as cluster:
         for spec in args.fault:
             spec.install(cluster.faults)

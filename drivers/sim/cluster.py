@@ -43,7 +43,7 @@ class SimCluster:
 
     def __init__(self, nodes: int | Sequence[str] = 3, *, host: str = "127.0.0.1",
                  port: int = 0, node_cpu: str = "4", node_memory: str = "8Gi",
-                 namespaces: Sequence[str] = ("default", "kube-system"),
+                 node_pods: int = 110, namespaces: Sequence[str] = ("default", "kube-system"),
                  start_seconds: float = 0.0, stop_seconds: float = 0.0,
                  bookmark_seconds: float = 30.0, history_limit: int = 100_000,
                  seed: int = 0) -> None:
@@ -60,6 +60,7 @@ class SimCluster:
                                  stop_seconds=stop_seconds)
         self._namespaces = tuple(namespaces)
         self._node_size = (node_cpu, node_memory)
+        self._node_pods = node_pods
         self._runner: web.AppRunner | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -76,7 +77,8 @@ class SimCluster:
         for name in self._namespaces:
             self.store.create("namespaces", "", {"metadata": {"name": name}})
         for name in self.node_names:
-            self.kubelets.add_node(name, cpu=self._node_size[0], memory=self._node_size[1])
+            self.kubelets.add_node(name, cpu=self._node_size[0], memory=self._node_size[1],
+                                   pods=self._node_pods)
         self.kubelets.start()
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)

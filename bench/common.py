@@ -1,0 +1,163 @@
+"""Shared pieces of the benchmarks: a fresh PostgreSQL database, the bare commit-rate
+floor measured in the same run, peak-RSS sampling, database footprint, JSON output.
+
+Every scenario (``bench.engine_throughput``, ``bench.scale``, ``bench.growth``,
+``bench.recovery``, ``bench.replay``) prints a human table, then one JSON line, and
+writes the same JSON to ``bench/results/<scenario>.json`` (or ``--json FILE``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from sqlalchemy import text
+
+from controlplane.store import queries
+from controlplane.store.database import Database
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+#: The tables a machine's history and projection live in (footprint per operation).
+TABLES = ("events", "decisions", "machines", "machine_keys")
+
+
+def db_name(scenario: str) -> str:
+    """``cp_bench_<scenario>``; ``$BENCH_DB_PREFIX`` replaces ``cp_bench`` (the smoke tests
+    use their own, so they never drop a database a benchmark run is using)."""
+    return f"{os.environ.get('BENCH_DB_PREFIX', 'cp_bench')}_{scenario}"
+
+
+async def fresh_database(name: str) -> str:
+    """Drop and create ``name`` on the local server (benchmarks never touch ``test``)."""
+    conn = await asyncpg.connect(ADMIN)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return f"postgresql://postgres@127.0.0.1:5432/{name}"
+
+
+async def drop_database(name: str) -> None:
+    conn = await asyncpg.connect(ADMIN)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+async def floor(db: Database, total: int, concurrency: int) -> float:
+    """Single-row INSERT + COMMIT per second, ~200 B JSON, through the same engine."""
+    async with db.writer.begin() as conn:
+        await conn.execute(text("DROP TABLE IF EXISTS bench_floor"))
+        await conn.execute(text("CREATE TABLE bench_floor (id bigserial PRIMARY KEY, "
+                                "payload jsonb NOT NULL)"))
+    payload = json.dumps({"payload": "x" * 200})
+    per_task = total // concurrency
+
+    async def loop() -> None:
+        for _ in range(per_task):
+            async with db.writer.begin() as conn:
+                await conn.execute(text("INSERT INTO bench_floor (payload) VALUES "
+                                        "(CAST(:p AS jsonb))"), {"p": payload})
+
+    started = time.perf_counter()
+    await asyncio.gather(*(loop() for _ in range(concurrency)))
+    rate = per_task * concurrency / (time.perf_counter() - started)
+    async with db.writer.begin() as conn:
+        await conn.execute(text("DROP TABLE bench_floor"))
+    return rate
+
+
+async def floors(db: Database, *, quick: bool = False) -> dict[str, float]:
+    """The bare commit floor at concurrency 1 and 32 (``quick``: a quarter of the commits;
+    ``$BENCH_FLOOR_COMMITS`` sets the count at concurrency 1, e.g. tiny for smoke tests)."""
+    c1 = int(os.environ.get("BENCH_FLOOR_COMMITS", "0")) or (500 if quick else 2000)
+    return {"floor_c1_per_s": await floor(db, c1, 1),
+            "floor_c32_per_s": await floor(db, max(32, 4 * c1), 32)}
+
+
+async def until_all_terminal(db: Database, every: float = 0.1) -> None:
+    """Poll the database (the workers may be other processes: nothing to await)."""
+    flt = queries.MachineFilter(settled=False, limit=1)
+    while await queries.list_machines(db, flt):  # noqa: ASYNC110
+        await asyncio.sleep(every)
+
+
+async def footprint(db: Database) -> dict[str, dict[str, int]]:
+    """Rows and on-disk bytes (heap + indexes + TOAST) of each engine table."""
+    out: dict[str, dict[str, int]] = {}
+    async with db.reader.connect() as conn:
+        for table in TABLES:
+            rows = await conn.scalar(text(f"SELECT count(*) FROM {table}"))
+            size = await conn.scalar(text(f"SELECT pg_total_relation_size('{table}')"))
+            out[table] = {"rows": int(rows or 0), "bytes": int(size or 0)}
+    return out
+
+
+def rss_bytes(pid: int | None = None) -> int:
+    """Resident set size now, from /proc (this process by default)."""
+    where = f"/proc/{pid or os.getpid()}/status"
+    with open(where) as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def peak_rss_bytes() -> int:
+    """This process's high-water RSS (the kernel's, so no sample can miss it)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class RssSampler:
+    """Samples this process's RSS every ``every`` seconds while running (a timeline)."""
+
+    def __init__(self, every: float = 0.5) -> None:
+        self.every = every
+        self.samples: list[tuple[float, int]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._started = time.perf_counter()
+
+    async def _run(self) -> None:
+        while True:
+            self.samples.append((time.perf_counter() - self._started, rss_bytes()))
+            await asyncio.sleep(self.every)
+
+    def start(self) -> None:
+        self._started = time.perf_counter()
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @property
+    def peak(self) -> int:
+        return max((b for _, b in self.samples), default=rss_bytes())
+
+
+def write_results(scenario: str, results: dict[str, Any], path: Path | None = None) -> Path:
+    """Print the figures as one JSON line and write them to ``bench/results/``."""
+    target = path or RESULTS / f"{scenario}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    results = {"scenario": scenario, "argv": sys.argv[1:], **results}
+    target.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    print(json.dumps(results, sort_keys=True), flush=True)
+    return target
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:.0f} MiB"

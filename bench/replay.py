@@ -1,0 +1,177 @@
+"""Replay: rebuild every projection from 1M events on PostgreSQL, events/s.
+
+``python -m bench.replay [--events 1000000]`` (``make bench-replay``), on a fresh
+``cp_bench_replay`` database:
+
+1. template histories: a few real migrations on the simulator (:func:`bench.scale.
+   run_scale` into this database), so the events, facts and decisions replayed are the
+   product's own, not a synthetic kind;
+2. bulk load: the template machines, their events and decisions cloned server-side
+   (``INSERT ... SELECT`` over ``generate_series``, one statement per table) under fresh
+   ids until the events table holds ``--events`` rows; ``ANALYZE``;
+3. the read alone (machines + events decoded, no fold: what a log-reading figure such
+   as the eventsourcing library's measures), timed;
+4. ``controlplane.replay.rebuild`` (what ``cpctl replay`` runs): fold every machine's
+   events from its ``Submitted`` spec and compare with the stored projection, timed;
+   every projection must match.
+
+Prints the bare commit floor of the same run, a table and one JSON line; writes
+``bench/results/replay.json``. The eventsourcing library reads its log at ~200k
+events/s on this machine: the target is above that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import text
+
+from bench.common import db_name, floors, footprint, mib, peak_rss_bytes, write_results
+from bench.scale import run_scale
+from controlplane.clock import SystemClock
+from controlplane.logs import configure as configure_logs
+from controlplane.machines.registry import default_kinds
+from controlplane.replay import rebuild
+from controlplane.store import replay_reads
+from controlplane.store.database import Database, open_database
+
+DB_NAME = db_name("replay")
+CHUNK = 250  # copies per INSERT
+URL = f"postgresql://postgres@127.0.0.1:5432/{DB_NAME}"
+clock = SystemClock()
+
+
+async def _columns(db: Database, table: str, *, skip: tuple[str, ...] = ()
+                   ) -> list[tuple[str, str]]:
+    async with db.reader.connect() as conn:
+        rows = (await conn.execute(text(
+            "SELECT column_name, data_type FROM information_schema.columns "
+            "WHERE table_name = :t ORDER BY ordinal_position"), {"t": table})).all()
+    return [(str(c), str(t)) for c, t in rows if c not in skip]
+
+
+async def clone(db: Database, copies: int) -> None:
+    """``copies`` more of every machine (ids ``<n>-<id>``), with events and decisions."""
+    async with db.writer.begin() as conn:
+        await conn.execute(text("DROP TABLE IF EXISTS bench_template"))
+        await conn.execute(text("CREATE TABLE bench_template AS SELECT id FROM machines"))
+    for table, skip in (("machines", ()), ("events", ("position",)), ("decisions", ())):
+        cols = await _columns(db, table, skip=skip)
+        key = "id" if table == "machines" else "machine_id"
+        # A faithful clone: the machine id also appears inside the JSON (checkpoint ids,
+        # artifact tags), so it is replaced there too, as if the machine had that id.
+        new_id = f"lpad(g::text, 7, '0') || '-' || t.{key}"
+        picked = ", ".join(
+            new_id if c == key
+            else f"CAST(replace(CAST(t.{c} AS text), t.{key}, {new_id}) AS {kind})"
+            if kind in ("json", "jsonb") else f"t.{c}"
+            for c, kind in cols)
+        names = ", ".join(c for c, _ in cols)
+        for first in range(1, copies + 1, CHUNK):  # statements under the 60 s timeout
+            async with db.writer.begin() as conn:
+                await conn.execute(text(
+                    f"INSERT INTO {table} ({names}) SELECT {picked} "
+                    f"FROM {table} t, generate_series(CAST(:a AS int), CAST(:b AS int)) g "
+                    f"WHERE t.{key} IN (SELECT id FROM bench_template)"),
+                    {"a": first, "b": min(copies, first + CHUNK - 1)})
+    async with db.writer.begin() as conn:
+        await conn.execute(text("DROP TABLE bench_template"))
+        for table in ("machines", "events", "decisions"):
+            await conn.execute(text(f"ANALYZE {table}"))
+
+
+async def load_history(*, events: int, template_migrations: int = 20) -> dict[str, Any]:
+    """``cp_bench_replay`` holding ~``events`` events: real migrations, cloned."""
+    template = await run_scale(migrations=template_migrations, nodes=4, db_name=DB_NAME,
+                               measure_floor=False)
+    assert template["succeeded"] == template_migrations, template["phases"]
+    db = open_database(URL, pool_size=4)
+    try:
+        per_copy = template["db"]["events"]["rows"]
+        copies = max(0, -(-events // per_copy) - 1)
+        t0 = time.perf_counter()
+        await clone(db, copies)
+        return {"template_migrations": template_migrations,
+                "load_s": round(time.perf_counter() - t0, 1), "db": await footprint(db)}
+    finally:
+        await db.dispose()
+
+
+async def loaded(events: int) -> dict[str, Any] | None:
+    """The history already in the database if it holds ``events`` (``--reuse``)."""
+    try:
+        db = open_database(URL, pool_size=2)
+        try:
+            found = await footprint(db)
+        finally:
+            await db.dispose()
+    except Exception:  # no such database (or no schema): load it
+        return None
+    if found["events"]["rows"] < events:
+        return None
+    return {"template_migrations": None, "load_s": None, "db": found, "reused": True}
+
+
+async def run_replay(*, events: int, template_migrations: int = 20,
+                     measure_floor: bool = True, reuse: bool = False) -> dict[str, Any]:
+    results = (reuse and await loaded(events)) or await load_history(
+        events=events, template_migrations=template_migrations)
+    db = open_database(URL, pool_size=8)
+    try:
+        if measure_floor:
+            results.update(await floors(db, quick=True))
+        t0 = time.perf_counter()  # the read alone (what the eventsourcing figure is)
+        read = sum([len(evs) async for _r, evs in replay_reads.stream_events(db)])
+        results["read_events_per_s"] = round(read / (time.perf_counter() - t0))
+        kinds = default_kinds()
+        t0 = time.perf_counter()
+        report = await rebuild(db, kinds, now=clock.now())
+        elapsed = time.perf_counter() - t0
+    finally:
+        await db.dispose()
+    results.update({
+        "machines": report.machines, "events": report.events,
+        "rebuild_s": round(elapsed, 2),
+        "events_per_s": round(report.events / elapsed),
+        "machines_per_s": round(report.machines / elapsed),
+        "mismatches": len(report.mismatches),
+        "rss_peak_bytes": peak_rss_bytes(),
+    })
+    return results
+
+
+def print_table(r: dict[str, Any]) -> None:
+    how = ("an already loaded history" if r.get("reused") else
+           f"clones of {r['template_migrations']} real migrations; load {r['load_s']} s")
+    print(f"replay: rebuild of {r['machines']} machines, {r['events']} events ({how})")
+    if "floor_c1_per_s" in r:
+        print(f"  bare INSERT+COMMIT floor   c=1 {r['floor_c1_per_s']:.0f}/s   "
+              f"c=32 {r['floor_c32_per_s']:.0f}/s")
+    print(f"  read only (decode)         {r['read_events_per_s']:,} events/s")
+    print(f"  rebuild                    {r['rebuild_s']:.1f} s: {r['events_per_s']:,} events/s,"
+          f" {r['machines_per_s']:,} machines/s; mismatches {r['mismatches']}")
+    print(f"  peak RSS                   {mib(r['rss_peak_bytes'])}")
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--events", type=int, default=1_000_000)
+    p.add_argument("--template", type=int, default=20, help="real migrations to clone")
+    p.add_argument("--reuse", action="store_true",
+                   help="rebuild the history already loaded (e.g. by bench.growth) if it "
+                        "holds --events events")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+    configure_logs("console", "warning")
+    results = await run_replay(events=args.events, template_migrations=args.template,
+                               reuse=args.reuse)
+    print_table(results)
+    write_results("replay", results, args.json)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,287 @@
+"""Scale: N concurrent migrations on the simulator through the real kube driver over HTTP.
+
+``python -m bench.scale --migrations 10000 --nodes 100`` (``make bench-scale``), on the
+local PostgreSQL (a fresh ``cp_bench_scale`` database each run):
+
+- the world runs as separate processes (:mod:`bench.cluster`): ``python -m drivers.sim
+  up`` with its data plane instant (pods start and stop at once), every node's agent
+  (``sim`` dumper) in ``python -m bench.sim_agents``, an OCI layout on disk;
+- this process is the control plane: ``cli.assembly.product()`` (KubeDriver with its
+  watch caches + registry + one worker). Its RSS and its API and registry request counts
+  are the control plane's own;
+- N pods ``app-i`` on node ``i mod nodes``; every one is submitted for migration to the
+  next node (through ``submit_operation`` against the API server, as ``cpctl migrate``
+  does: counted apart as "submission"), then the worker runs all N at once.
+
+Reports: wall time (submission, run), transitions/s, API requests per migration by verb
+(and by verb/resource) for the worker and for submission, registry requests per
+migration, peak RSS, database rows and bytes per migration, and the bare PostgreSQL
+commit floor of the same run. Prints a table and one JSON line; writes
+``bench/results/scale.json`` (or ``--json FILE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import text
+
+from bench import common
+from bench.cluster import REGISTRY_HOST, CountingRegistry, kube_settings, migration_spec, sim_world
+from bench.common import (
+    RssSampler,
+    floors,
+    footprint,
+    fresh_database,
+    mib,
+    peak_rss_bytes,
+    rss_bytes,
+    write_results,
+)
+from controlplane.cli.assembly import product
+from controlplane.clock import SystemClock, new_id
+from controlplane.logs import configure as configure_logs
+from controlplane.machines.registry import default_kinds
+from controlplane.machines.submission import Limits
+from controlplane.operations import submit_operation
+from controlplane.store import leases, migrate, queries
+from controlplane.store.database import Database, open_database
+from controlplane.worker.runtime import WorkerConfig
+from drivers.kube import KubeSettings
+from drivers.registry import OciLayout
+
+clock = SystemClock()
+
+
+async def phases(db: Database) -> dict[str, int]:
+    async with db.reader.connect() as conn:
+        rows = (await conn.execute(text(
+            "SELECT kind || ':' || phase, count(*) FROM machines GROUP BY 1"))).all()
+    return {str(k): int(n) for k, n in rows}
+
+
+def per(counts: dict[str, int] | Counter[str], n: int) -> dict[str, float]:
+    return {k: round(v / n, 3) for k, v in sorted(counts.items()) if v}
+
+
+class WakeTimer:
+    """Counts and times ``leases.wake_by_key`` (each is its own transaction): pod-change
+    wakes are delivered one at a time, so their total time bounds the throughput."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.seconds = 0.0
+        self._real = leases.wake_by_key
+
+    async def _timed(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return await self._real(*args, **kwargs)
+        finally:
+            self.calls += 1
+            self.seconds += time.perf_counter() - t0
+
+    def __enter__(self) -> WakeTimer:
+        leases.wake_by_key = self._timed
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        leases.wake_by_key = self._real
+
+
+async def until_done(db: Database, started: float, *, every: float = 0.25,
+                     report_every: float = 15.0) -> None:
+    """Until every machine is terminal; a progress line on stderr now and then."""
+    last = time.perf_counter()
+    while True:
+        if time.perf_counter() - last >= report_every:
+            last = time.perf_counter()
+            print(f"  [{last - started:6.0f} s] {await phases(db)}", file=sys.stderr,
+                  flush=True)
+        if not await queries.list_machines(db, queries.MachineFilter(settled=False, limit=1)):
+            return
+        await asyncio.sleep(every)  # the database: nothing to await
+
+
+async def submit_all(db: Database, running: Any, pods: list[dict[str, Any]], nodes: int,
+                     limits: Limits, concurrency: int = 16) -> list[str]:
+    kinds = default_kinds()
+    slots = asyncio.Semaphore(concurrency)
+    ids: list[str] = []
+
+    async def one(i: int, pod: dict[str, Any]) -> None:
+        target = f"node-{(i + 1) % nodes + 1}"
+        repository = f"{REGISTRY_HOST}/checkpoints/{pod['metadata']['name']}"
+        async with slots:
+            outcome = await submit_operation(
+                db, kinds, running.fresh, kind="migration", machine_id=new_id(),
+                spec=migration_spec(pod, target, repository), now=clock.now(), limits=limits)
+        assert not outcome.queued, outcome.queued
+        ids.append(outcome.machine_id)
+        if len(ids) % 1000 == 0:  # long runs: show the submission rate as it goes
+            print(f"  submitted {len(ids)} of {len(pods)}", file=sys.stderr, flush=True)
+
+    await asyncio.gather(*(one(i, pod) for i, pod in enumerate(pods)))
+    return ids
+
+
+async def run_scale(*, migrations: int, nodes: int, concurrency: int = 64, qps: float = 0,
+                    db_name: str | None = None, workdir: Path | None = None,
+                    measure_floor: bool = True) -> dict[str, Any]:
+    """One scale run; returns the figures (see the module docstring)."""
+    url = await fresh_database(db_name or common.db_name("scale"))
+    db = open_database(url, pool_size=20)
+    results: dict[str, Any] = {"migrations": migrations, "nodes": nodes,
+                               "worker_concurrency": concurrency, "client_qps": qps}
+    try:
+        await migrate.upgrade(db)
+        if measure_floor:
+            results.update(await floors(db, quick=True))
+        with tempfile.TemporaryDirectory(prefix="bench-scale-", dir=workdir) as tmp:
+            setup = time.perf_counter()
+            async with sim_world(Path(tmp), nodes=nodes, pods=migrations) as (world, pods):
+                results["setup_s"] = round(time.perf_counter() - setup, 2)
+                results.update(await drive(db, world.kubeconfig, world.layout, pods,
+                                           nodes=nodes, concurrency=concurrency, qps=qps))
+                results["pods_running_after"] = await world.running()
+        results["db"] = await footprint(db)
+    finally:
+        await db.dispose()
+    n = migrations
+    db_rows = sum(t["rows"] for t in results["db"].values())
+    db_bytes = sum(t["bytes"] for t in results["db"].values())
+    results["db_rows_per_migration"] = round(db_rows / n, 2)
+    results["db_bytes_per_migration"] = round(db_bytes / n)
+    results["events_per_migration"] = round(results["db"]["events"]["rows"] / n, 2)
+    return results
+
+
+async def drive(db: Database, kubeconfig: Path, layout: Path, pods: list[dict[str, Any]], *,
+                nodes: int, concurrency: int, qps: float) -> dict[str, Any]:
+    n = len(pods)
+    limits = Limits(max_cluster=n + 1, max_per_source_node=n + 1)
+    registry = CountingRegistry(OciLayout(layout))
+    config = WorkerConfig(worker_id="bench-scale", concurrency=concurrency,
+                          batch_size=min(concurrency, 128), poll_seconds=0.1, limits=limits)
+    sampler = RssSampler()
+    sampler.start()
+    rss_before = rss_bytes()
+    out: dict[str, Any] = {}
+    wakes = WakeTimer()
+    with wakes, kube_settings(KubeSettings(qps=qps, burst=max(100, int(qps)))):
+        async with product(db, clock, registry=registry, config=config,
+                           kubeconfig=str(kubeconfig), run_worker=False) as running:
+            counter = running.kube.requests
+            startup = counter.snapshot()
+            t0 = time.perf_counter()
+            await submit_all(db, running, pods, nodes, limits)
+            submitted = counter.snapshot()
+            t1 = time.perf_counter()
+            reg_before = Counter(registry.counts)
+            by_resource_before = Counter(counter.by_resource)
+            worker = running.worker
+            task = asyncio.create_task(worker.run())
+            worker_error = ""
+            try:
+                await until_done(db, t1)
+            finally:
+                t2 = time.perf_counter()
+                worker.stop()
+                try:
+                    await task
+                except Exception as exc:  # reported, not hidden: a finding of the run
+                    worker_error = repr(exc)[:500]
+            worker_counts = counter.since(submitted)
+            by_resource = Counter(counter.by_resource)
+            by_resource.subtract(by_resource_before)
+            registry_counts = Counter(registry.counts)
+            registry_counts.subtract(reg_before)
+            out.update({
+                "startup_requests": {k: v for k, v in startup.items() if v},
+                "submit_s": round(t1 - t0, 2), "run_s": round(t2 - t1, 2),
+                "wall_s": round(t2 - t0, 2),
+                "transitions": worker.transitions,
+                "transitions_per_s": round(worker.transitions / (t2 - t1), 1),
+                "migrations_per_s": round(n / (t2 - t0), 2),
+                "api_requests_per_migration": round(sum(worker_counts.values()) / n, 3),
+                "api_per_migration_by_verb": per(worker_counts, n),
+                "api_per_migration_by_resource": per(
+                    Counter({f"{v} {r}": c for (v, r), c in by_resource.items()}), n),
+                "api_errors": dict(counter.errors),
+                "submission_api_per_migration_by_verb": per(
+                    {k: v - startup.get(k, 0) for k, v in submitted.items()}, n),
+                "registry_requests_per_migration": round(sum(registry_counts.values()) / n, 3),
+                "registry_per_migration_by_method": per(registry_counts, n),
+                "write_batches": worker.committer.batches,
+                "wake_calls_per_migration": round(wakes.calls / n, 2),
+                "wake_busy_s": round(wakes.seconds, 1),
+                "worker_error": worker_error,
+            })
+    await sampler.stop()
+    out["rss_before_bytes"] = rss_before
+    out["rss_peak_bytes"] = max(sampler.peak, peak_rss_bytes())
+    out["phases"] = await phases(db)
+    out["succeeded"] = out["phases"].get("migration:Succeeded", 0)
+    return out
+
+
+def print_table(r: dict[str, Any]) -> None:
+    n = r["migrations"]
+    print(f"scale: {n} migrations on {r['nodes']} simulated nodes (data plane instant)")
+    if "floor_c1_per_s" in r:
+        print(f"  bare INSERT+COMMIT floor      c=1 {r['floor_c1_per_s']:.0f}/s   "
+              f"c=32 {r['floor_c32_per_s']:.0f}/s")
+    print(f"  succeeded                     {r['succeeded']} of {n}  {r['phases']}")
+    print(f"  wall                          {r['wall_s']:.1f} s (submit {r['submit_s']:.1f} s"
+          f" + run {r['run_s']:.1f} s); setup {r['setup_s']:.1f} s")
+    fl = r.get("floor_c32_per_s")
+    ratio = f" ({r['transitions_per_s'] / fl:.2f}x c=32 floor)" if fl else ""
+    print(f"  transitions                   {r['transitions']} "
+          f"({r['transitions'] / n:.1f}/migration), {r['transitions_per_s']:.0f}/s{ratio}")
+    print(f"  API requests / migration      {r['api_requests_per_migration']:.2f} "
+          f"{r['api_per_migration_by_verb']}")
+    print(f"    by resource                 {r['api_per_migration_by_resource']}")
+    print(f"    at submission               {r['submission_api_per_migration_by_verb']}")
+    print(f"  registry requests / migration {r['registry_requests_per_migration']:.2f} "
+          f"{r['registry_per_migration_by_method']}")
+    print(f"  pod-change wakes            {r['wake_calls_per_migration']:.1f} wake_by_key "
+          f"transactions/migration, busy {r['wake_busy_s']:.0f} s of the {r['wall_s']:.0f} s "
+          f"wall (delivered one at a time)")
+    print(f"  peak RSS (control plane)      {mib(r['rss_peak_bytes'])} "
+          f"(before start {mib(r['rss_before_bytes'])})")
+    if r.get("worker_error"):
+        print(f"  WORKER ERROR                  {r['worker_error'][:300]}")
+    print(f"  DB per migration              {r['db_rows_per_migration']:.1f} rows, "
+          f"{r['db_bytes_per_migration'] / 1024:.1f} KiB "
+          f"({r['events_per_migration']:.1f} events)")
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--migrations", type=int, default=10_000)
+    p.add_argument("--nodes", type=int, default=100)
+    p.add_argument("--concurrency", type=int, default=64, help="the worker's slots")
+    p.add_argument("--qps", type=float, default=0,
+                   help="the control plane's client-side API throttle (0: none; the "
+                        "driver's default is 50)")
+    p.add_argument("--timeout", type=float, default=1800, help="give up after (s)")
+    p.add_argument("--json", type=Path, help="write the figures here "
+                                             "(default bench/results/scale.json)")
+    args = p.parse_args()
+    configure_logs("console", "warning")
+    async with asyncio.timeout(args.timeout):  # a hung run still tears its world down
+        results = await run_scale(migrations=args.migrations, nodes=args.nodes,
+                                  concurrency=args.concurrency, qps=args.qps)
+    print_table(results)
+    write_results("scale", results, args.json)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

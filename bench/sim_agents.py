@@ -1,0 +1,86 @@
+"""Many simulated nodes' agents in one process: the data plane of the scale benchmarks.
+
+``python -m bench.sim_agents --kubeconfig K --layout DIR --workdir DIR --nodes 100``
+
+Each node gets the real :class:`~drivers.agent.agent.NodeAgent` with the ``sim`` dumper
+(the one ``python -m drivers.agent --dumper sim`` runs), its own pod watch scoped to its
+node, pushing to the shared on-disk OCI layout — only the process is shared, which is
+the lightest faithful way to run 100 agents on a 2-core machine (100 processes would
+cost ~100 interpreters). Nodes are spread over several API connections because one
+``kubernetes_asyncio`` client pools at most 100 connections and every watch holds one.
+The agents' API requests are their own (this process), never the control plane's.
+Prints one line when every agent serves; runs until SIGTERM/SIGINT; ``--stats FILE``
+then writes the agents' summed counters (captures, pushed, restores, dumps...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+from collections import Counter
+from pathlib import Path
+
+from controlplane.logs import configure as configure_logs
+from drivers.agent import AgentSettings, NodeAgent, node_agent
+from drivers.agent.sim import SimDumper
+from drivers.kube import KubeDriver, KubeSettings
+from drivers.registry import OciLayout
+
+NODES_PER_CONNECTION = 25
+
+
+async def serve(args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    names = [f"node-{i}" for i in range(1, args.nodes + 1)]
+    settings = KubeSettings(qps=0)  # the data plane is not what is measured: no throttle
+    registry = OciLayout(Path(args.layout))
+    async with contextlib.AsyncExitStack() as stack:
+        drivers: list[KubeDriver] = []
+        for _ in range(0, len(names), NODES_PER_CONNECTION):
+            kube = await KubeDriver.connect(kubeconfig=args.kubeconfig, settings=settings)
+            stack.push_async_callback(kube.close)
+            drivers.append(kube)
+        agents: list[NodeAgent] = []
+        starting = []
+        for i, node in enumerate(names):
+            kube = drivers[i // NODES_PER_CONNECTION]
+            starting.append(stack.enter_async_context(node_agent(
+                client=kube.client, registry=registry, dumper=SimDumper, kube=settings,
+                settings=AgentSettings(node, Path(args.workdir) / node,
+                                       capture_timeout=args.timeout,
+                                       restore_timeout=args.timeout))))
+        agents.extend(await asyncio.gather(*starting))
+        print(f"{len(names)} node agents serving with the sim dumper", flush=True)
+        await stop.wait()
+        if args.stats:
+            totals: Counter[str] = Counter()
+            for agent in agents:
+                for name, value in vars(agent.stats).items():
+                    if isinstance(value, int):
+                        totals[name] += value
+                dumps = getattr(agent.dumper, "dumps", 0)
+                totals["dumps"] += dumps if isinstance(dumps, int) else 0
+            Path(args.stats).write_text(json.dumps(dict(totals)))  # noqa: ASYNC240 (at exit)
+    await registry.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kubeconfig", required=True)
+    p.add_argument("--layout", required=True, help="the shared OCI layout directory")
+    p.add_argument("--workdir", required=True, help="scratch space (one folder per node)")
+    p.add_argument("--nodes", type=int, default=100)
+    p.add_argument("--stats", help="on exit, write the agents' summed counters here (JSON)")
+    p.add_argument("--timeout", type=float, default=600.0, help="capture/restore deadline")
+    configure_logs("json", "warning")  # to stderr; the agents' info lines are noise here
+    asyncio.run(serve(p.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

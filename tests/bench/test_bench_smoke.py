@@ -1,0 +1,95 @@
+"""The benchmarks still run: each scenario at a tiny size, its JSON checked for the
+figures it must report and for the invariants (every migration succeeded, no repeated
+side effect, replay found no mismatch) — never for timings, which are not pass/fail."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFIX = f"cp_smoke_{os.getpid()}"
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+
+async def _drop_all() -> None:
+    conn = await asyncpg.connect("postgresql://postgres@127.0.0.1:5432/postgres", timeout=10)
+    try:
+        for name in await conn.fetch("SELECT datname FROM pg_database WHERE datname LIKE $1",
+                                     f"{PREFIX}%"):
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name["datname"]}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _own_databases() -> Iterator[None]:
+    yield
+    asyncio.run(_drop_all())
+
+
+def bench(tmp_path: Path, module: str, *args: str) -> dict[str, Any]:
+    out = tmp_path / f"{module}.json"
+    env = {**os.environ, "BENCH_DB_PREFIX": PREFIX, "BENCH_FLOOR_COMMITS": "50"}
+    done = subprocess.run([sys.executable, "-m", f"bench.{module}", *args, "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=100,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    results: dict[str, Any] = json.loads(out.read_text())
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == results  # the JSON line
+    return results
+
+
+def test_scale_reports_per_migration_costs_and_every_migration_succeeds(
+    tmp_path: Path,
+) -> None:
+    r = bench(tmp_path, "scale", "--migrations", "12", "--nodes", "4")
+    assert r["succeeded"] == 12
+    assert r["worker_error"] == ""
+    for key in ("floor_c1_per_s", "floor_c32_per_s", "wall_s", "transitions_per_s",
+                "api_requests_per_migration", "api_per_migration_by_verb",
+                "registry_requests_per_migration", "rss_peak_bytes",
+                "db_rows_per_migration", "db_bytes_per_migration"):
+        assert key in r, key
+    assert r["api_per_migration_by_verb"]["create"] >= 1  # at least the restored pod
+    assert r["pods_running_after"] == 12
+
+
+def test_recovery_resumes_every_migration_without_repeating_a_side_effect(
+    tmp_path: Path,
+) -> None:
+    r = bench(tmp_path, "recovery", "--migrations", "12", "--nodes", "4", "--workers", "1",
+              "--lease-seconds", "2")
+    assert r["phases"] == {"migration:Succeeded": 12}
+    assert r["resumed"] == r["in_flight_at_kill"]
+    assert r["once_events_repeated"] == {}
+    assert r["agents"]["captures"] == 12
+    assert r["agents"]["restores"] == 12
+    assert r["markers_preserved"]
+    assert "all_resumed_s_after_expiry" in r
+
+
+def test_replay_rebuilds_cloned_real_histories_without_a_mismatch(tmp_path: Path) -> None:
+    r = bench(tmp_path, "replay", "--events", "600", "--template", "4")
+    assert r["events"] >= 600
+    assert r["mismatches"] == 0
+    assert r["events_per_s"] > 0
+    assert r["read_events_per_s"] > 0
+
+
+def test_growth_prints_ratios_and_the_idle_tick(tmp_path: Path) -> None:
+    r = bench(tmp_path, "growth", "--sizes", "4,8", "--nodes", "4", "--history-events", "600")
+    assert [run["succeeded"] for run in r["runs"]] == [4, 8]
+    assert set(r["ratios_to_smallest"]) == {"4", "8"}
+    assert r["ratios_to_smallest"]["4"]["api_requests_per_migration"] == 1.0
+    assert r["idle"]["history_events"] >= 600
+    assert r["idle"]["idle_tick_ratio"] > 0
