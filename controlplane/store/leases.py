@@ -99,11 +99,23 @@ async def claim_due(
 async def heartbeat(
     db: Database, *, owner: str, token: str, now: datetime, lease_seconds: float
 ) -> int:
-    """Extend every live lease of one claim batch; return how many are still held."""
+    """Extend the live leases of one claim batch; return how many it extended.
+
+    It never waits for a row lock: rows locked right now (this worker committing that
+    machine, or a wake) are skipped (``SKIP LOCKED``) and extended by the next heartbeat,
+    a third of a lease later. Waiting for them, in whatever order the rows come, could
+    deadlock with the worker's own group commit (seen by the scale benchmark on
+    PostgreSQL: the heartbeat loop died and every lease of the worker expired).
+    """
+    mine = (select(m.c.id)
+            .where(m.c.lease_token == token, m.c.lease_owner == owner,
+                   m.c.lease_expires_at > now)
+            .with_for_update(skip_locked=True))
     stmt = (
         update(m)
-        .where(m.c.lease_token == token, m.c.lease_owner == owner, m.c.lease_expires_at > now)
+        .where(m.c.id.in_(mine.scalar_subquery()), m.c.lease_token == token)
         .values(lease_expires_at=now + timedelta(seconds=lease_seconds))
+        .execution_options(synchronize_session=False)
     )
     async with write_txn(db) as conn:
         result = await conn.execute(stmt)

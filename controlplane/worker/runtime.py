@@ -223,6 +223,9 @@ class Worker:
                                            now=self.clock.now(), lease_seconds=cfg.lease_seconds)
                 except DatabaseUnavailable as exc:
                     log.warning("heartbeat failed", error=str(exc))
+                except Exception as exc:  # the loop must outlive any error
+                    # A dead heartbeat loop lets every lease of this worker expire.
+                    log.warning("heartbeat failed unexpectedly", error=repr(exc))
 
     # -- driving one machine -----------------------------------------------------------
 

@@ -255,3 +255,47 @@ async def test_a_terminal_machine_with_a_lease_held_is_not_yet_settled(
     assert await queries.list_machines(db, unsettled) == []
     assert [r.id for r in await queries.list_machines(db, queries.MachineFilter(settled=True))] \
         == ["m1"]
+
+
+@pytest.mark.postgres
+async def test_a_heartbeat_never_waits_for_a_row_another_transaction_holds(
+    pg_database: str, clock: FakeClock,
+) -> None:
+    """Rows locked right now are skipped (extended by the next heartbeat), so a heartbeat
+    cannot deadlock with its own worker's group commit."""
+    import asyncpg
+
+    from controlplane.store import migrate
+    from controlplane.store.database import open_database
+
+    admin = await asyncpg.connect(pg_database, timeout=10)
+    try:  # an empty schema of its own, as the db_url fixture gives
+        await admin.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")
+    finally:
+        await admin.close()
+    db = open_database(pg_database)
+    try:
+        await migrate.upgrade(db)
+        for mid in ("a", "b"):
+            await submit_steps(db, clock, mid)
+        claimed = await leases.claim_due(db, owner="w1", token="t1", now=clock.now(),
+                                         limit=10, lease_seconds=30)
+        assert len(claimed) == 2
+        holder = await asyncpg.connect(pg_database, timeout=10)
+        try:
+            tx = holder.transaction()
+            await tx.start()
+            await holder.execute("SELECT 1 FROM machines WHERE id = 'a' FOR UPDATE")
+            clock.advance(10)
+            async with asyncio.timeout(10):  # it would block until the holder commits
+                extended = await leases.heartbeat(db, owner="w1", token="t1",
+                                                  now=clock.now(), lease_seconds=30)
+            await tx.rollback()
+        finally:
+            await holder.close()
+        assert extended == 1  # b now; a at the next heartbeat
+        clock.advance(1)
+        assert await leases.heartbeat(db, owner="w1", token="t1", now=clock.now(),
+                                      lease_seconds=30) == 2
+    finally:
+        await db.dispose()
