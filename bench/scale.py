@@ -72,13 +72,13 @@ def per(counts: dict[str, int] | Counter[str], n: int) -> dict[str, float]:
 
 
 class WakeTimer:
-    """Counts and times ``leases.wake_by_key`` (each is its own transaction): pod-change
-    wakes are delivered one at a time, so their total time bounds the throughput."""
+    """Counts and times ``leases.wake_by_keys`` (one transaction per burst of pod
+    changes): their total time bounds the throughput if the wakes fall behind."""
 
     def __init__(self) -> None:
         self.calls = 0
         self.seconds = 0.0
-        self._real = leases.wake_by_key
+        self._real = leases.wake_by_keys
 
     async def _timed(self, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
@@ -89,11 +89,11 @@ class WakeTimer:
             self.seconds += time.perf_counter() - t0
 
     def __enter__(self) -> WakeTimer:
-        leases.wake_by_key = self._timed
+        leases.wake_by_keys = self._timed
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        leases.wake_by_key = self._real
+        leases.wake_by_keys = self._real
 
 
 async def until_done(db: Database, started: float, *, every: float = 0.25,
@@ -251,7 +251,7 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"    at submission               {r['submission_api_per_migration_by_verb']}")
     print(f"  registry requests / migration {r['registry_requests_per_migration']:.2f} "
           f"{r['registry_per_migration_by_method']}")
-    print(f"  pod-change wakes            {r['wake_calls_per_migration']:.1f} wake_by_key "
+    print(f"  pod-change wakes            {r['wake_calls_per_migration']:.1f} wake_by_keys "
           f"transactions/migration, busy {r['wake_busy_s']:.0f} s of the {r['wall_s']:.0f} s "
           f"wall (delivered one at a time)")
     print(f"  peak RSS (control plane)      {mib(r['rss_peak_bytes'])} "

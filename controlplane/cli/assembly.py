@@ -57,18 +57,21 @@ async def product(db: Database, clock: Clock, *, registry: Registry, config: Wor
     workers: list[Worker] = []
     drivers: list[KubeDriver] = []
 
-    async def wake(uid: str) -> None:
-        await leases.wake_by_key(db, key=uid, now=clock.now())
-        pod = drivers[0].pods.get_by_uid(uid) if drivers else None
-        meta = (pod or {}).get("metadata") or {}
-        if isinstance(meta, dict) and meta.get("namespace") and meta.get("name"):
-            key = pod_key(str(meta["namespace"]), str(meta["name"]))
-            await leases.wake_by_key(db, key=key, now=clock.now())
+    async def wake(uids: list[str]) -> None:
+        """Every pending pod change in one transaction: machines index pods by UID, and
+        by namespace/name while they wait for a pod that does not exist yet."""
+        keys = list(uids)
+        for uid in uids:
+            pod = drivers[0].pods.get_by_uid(uid) if drivers else None
+            meta = (pod or {}).get("metadata") or {}
+            if isinstance(meta, dict) and meta.get("namespace") and meta.get("name"):
+                keys.append(pod_key(str(meta["namespace"]), str(meta["name"])))
+        await leases.wake_by_keys(db, keys=keys, now=clock.now())
         for worker in workers:
             worker.nudge()
 
     kube = await KubeDriver.connect(kubeconfig=kubeconfig, in_cluster=in_cluster,
-                                    on_pod_change=wake)
+                                    on_pod_changes=wake)
     drivers.append(kube)
     async with kube:
         children = StoreMachineObserver(db)

@@ -215,6 +215,15 @@ async def wake_by_key(db: Database, *, key: str, now: datetime) -> int:
     return await _wake(db, m.c.id.in_(interested), now)
 
 
+async def wake_by_keys(db: Database, *, keys: Sequence[str], now: datetime) -> int:
+    """:func:`wake_by_key` for many keys in one transaction (a burst of pod changes)."""
+    if not keys:
+        return 0
+    k = schema.machine_keys
+    interested = select(k.c.machine_id).where(k.c.key.in_(sorted(set(keys))))
+    return await _wake(db, m.c.id.in_(interested.scalar_subquery()), now)
+
+
 async def wake_machine(db: Database, *, machine_id: str, now: datetime) -> int:
     """Make one machine due now (e.g. after an operator command)."""
     return await _wake(db, m.c.id == machine_id, now)

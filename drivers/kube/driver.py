@@ -12,7 +12,7 @@
 :class:`~drivers.kube.client.KubeClient`; :meth:`KubeDriver.start` runs a pod cache and a
 node cache (:mod:`drivers.kube.cache`) and waits for their first sync. Every pod change
 the pod cache sees calls ``on_pod_change(uid)`` through a :class:`~drivers.kube.wakes.
-WakeDispatcher` (the engine passes a closure over ``store.leases.wake_by_key``): machines
+WakeDispatcher` (the engine passes a closure over ``store.leases.wake_by_keys``): machines
 are woken by the watch, never by polling the API server per machine.
 
 Called by the control plane's composition root (CLI worker, demo, benchmarks) and tests.
@@ -38,7 +38,7 @@ from drivers.kube.metrics import RequestCounter
 from drivers.kube.observer import KubeObserver, ReadThroughObserver
 from drivers.kube.ratelimit import TokenBucket
 from drivers.kube.resources import NODES, PODS, CoreV1
-from drivers.kube.wakes import PodChangeCallback, WakeDispatcher
+from drivers.kube.wakes import PodChangeCallback, PodChangesCallback, WakeDispatcher
 
 USER_AGENT = "checkpoint-controlplane/0.1 (kubernetes_asyncio)"
 
@@ -48,11 +48,13 @@ class KubeDriver:
 
     def __init__(self, client: KubeClient, *, settings: KubeSettings | None = None,
                  on_pod_change: PodChangeCallback | None = None, clock: Clock | None = None,
-                 loader: KubeConfigLoader | None = None) -> None:
+                 loader: KubeConfigLoader | None = None,
+                 on_pod_changes: PodChangesCallback | None = None) -> None:
         self.settings = s = settings or KubeSettings()
         self.client = client
         self.api = CoreV1(client)
-        self.wakes = WakeDispatcher(on_pod_change) if on_pod_change is not None else None
+        self.wakes = (WakeDispatcher(on_pod_change, batch_callback=on_pod_changes)
+                      if on_pod_change is not None or on_pod_changes is not None else None)
         self.pods = WatchCache(self.api, PODS, settings=s, namespace=s.namespace,
                                label_selector=s.pod_label_selector, on_change=self._pod_changed)
         self.nodes = WatchCache(self.api, NODES, settings=s)
@@ -69,6 +71,7 @@ class KubeDriver:
     async def connect(cls, *, kubeconfig: str | None = None, context: str | None = None,
                       in_cluster: bool | None = None, settings: KubeSettings | None = None,
                       on_pod_change: PodChangeCallback | None = None,
+                      on_pod_changes: PodChangesCallback | None = None,
                       clock: Clock | None = None,
                       limiter: TokenBucket | None = None) -> KubeDriver:
         """Load the cluster config and build a driver (not started yet)."""
@@ -82,7 +85,7 @@ class KubeDriver:
                             counter=RequestCounter(), request_timeout=s.request_timeout,
                             connect_timeout=s.connect_timeout)
         return cls(client, settings=s, on_pod_change=on_pod_change, clock=clock,
-                   loader=loaded.loader)
+                   loader=loaded.loader, on_pod_changes=on_pod_changes)
 
     @property
     def requests(self) -> RequestCounter:

@@ -79,3 +79,24 @@ async def test_a_wake_is_dropped_after_its_last_retry() -> None:
         await wakes.stop()
     assert calls == ["pod-uid"] * 3  # the first try and two retries
     assert wakes.failed == 3
+
+
+async def test_a_burst_of_changes_reaches_a_batch_callback_in_one_call() -> None:
+    batches: list[list[str]] = []
+    done = asyncio.Event()
+
+    async def wake_many(uids: list[str]) -> None:
+        batches.append(uids)
+        done.set()
+
+    wakes = WakeDispatcher(batch_callback=wake_many)
+    for uid in ("a", "b", "a", "c", ""):
+        wakes.notify(uid)
+    wakes.start()
+    try:
+        async with asyncio.timeout(5):
+            await done.wait()
+    finally:
+        await wakes.stop()
+    assert batches == [["a", "b", "c"]]  # coalesced, in order, one call
+    assert (wakes.delivered, wakes.failed) == (3, 0)

@@ -171,6 +171,23 @@ async def test_wake_by_key_makes_only_the_interested_machines_due(
     assert [c.record.id for c in due] == ["gated"]
 
 
+async def test_wake_by_keys_wakes_every_interested_machine_in_one_go(
+    db: Database, clock: FakeClock
+) -> None:
+    for mid, uid in (("a", "uid-1"), ("b", "uid-2"), ("c", "uid-3")):
+        await submit_steps(db, clock, mid, gate_pod=f"ns/{mid}", gate_pod_uid=uid)
+    for c in await leases.claim_due(db, owner="w", token="t", now=clock.now(), limit=10,
+                                    lease_seconds=30):
+        await leases.release(db, lease=c.lease, now=clock.now(), wake_at=None,
+                             reset_attempts=True)
+    assert await leases.wake_by_keys(db, keys=["uid-1", "uid-3", "uid-1", "nobody"],
+                                     now=clock.now()) == 2
+    assert await leases.wake_by_keys(db, keys=[], now=clock.now()) == 0
+    due = await leases.claim_due(db, owner="w", token="t2", now=clock.now(), limit=10,
+                                 lease_seconds=30)
+    assert sorted(c.record.id for c in due) == ["a", "c"]
+
+
 async def test_a_wake_during_a_lease_is_not_slept_through(
     db: Database, clock: FakeClock
 ) -> None:
