@@ -253,7 +253,7 @@ def print_table(r: dict[str, Any]) -> None:
           f"{r['registry_per_migration_by_method']}")
     print(f"  pod-change wakes            {r['wake_calls_per_migration']:.1f} wake_by_keys "
           f"transactions/migration, busy {r['wake_busy_s']:.0f} s of the {r['wall_s']:.0f} s "
-          f"wall (delivered one at a time)")
+          f"wall (a transaction per burst of pod changes)")
     print(f"  peak RSS (control plane)      {mib(r['rss_peak_bytes'])} "
           f"(before start {mib(r['rss_before_bytes'])})")
     if r.get("worker_error"):

@@ -233,10 +233,15 @@ async def _wake(db: Database, which: ColumnElement[bool], now: datetime) -> int:
     sooner = case(
         (or_(m.c.next_wake_at.is_(None), m.c.next_wake_at > now), now), else_=m.c.next_wake_at
     )
+    # Lock the rows in id order first (as group commits do, store.batch): a wake of many
+    # machines must not deadlock with a worker's group transaction.
+    in_order = (select(m.c.id).where(and_(which, m.c.terminal.is_(False)))
+                .order_by(m.c.id).with_for_update())
     stmt = (
         update(m)
-        .where(and_(which, m.c.terminal.is_(False)))
+        .where(m.c.id.in_(in_order.scalar_subquery()))
         .values(next_wake_at=sooner, wake_seq=m.c.wake_seq + 1)
+        .execution_options(synchronize_session=False)
     )
     async with write_txn(db) as conn:
         result = await conn.execute(stmt)

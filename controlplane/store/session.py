@@ -77,7 +77,10 @@ async def translate_errors(db: Database) -> AsyncIterator[None]:
 #: shutdown, "the database system is starting up / shutting down" (57P01-57P03) — and too
 #: many connections (53300). asyncpg reports them as plain DBAPIErrors on a connection
 #: SQLAlchemy does not always invalidate; a worker must back off on them, not crash.
-_SERVER_GONE = ("08", "57P01", "57P02", "57P03", "53300")
+_SERVER_GONE = ("08", "57P01", "57P02", "57P03", "53300",
+                # ... and the transaction was chosen to be rolled back so others could go
+                # on: a deadlock victim or a serialization failure. Retrying is the fix.
+                "40P01", "40001")
 
 
 def _server_gone(exc: DBAPIError) -> bool:

@@ -101,17 +101,26 @@ class WakeDispatcher:
                         self._attempts.pop(uid, None)
                 except Exception as exc:  # the engine's trouble must not kill the wakes
                     self.failed += len(uids)
-                    for uid in uids:
-                        self._retry_later(uid, exc)
+                    self._retry_later(uids, exc)
 
-    def _retry_later(self, uid: str, exc: Exception) -> None:
-        attempt = self._attempts.get(uid, 0)
-        if attempt >= len(self._retry_delays):
-            self._attempts.pop(uid, None)
-            log.warning("pod wake dropped after retries; machines wake at their deadlines",
-                        uid=uid, error=repr(exc))
-            return
-        self._attempts[uid] = attempt + 1
-        delay = self._retry_delays[attempt]
-        log.warning("pod wake failed; retrying", uid=uid, error=repr(exc), retry_in=delay)
-        asyncio.get_running_loop().call_later(delay, self.notify, uid)
+    def _retry_later(self, uids: list[str], exc: Exception) -> None:
+        """Deliver ``uids`` again after their backoff; drop those out of retries."""
+        by_delay: dict[float, list[str]] = {}
+        dropped = 0
+        for uid in uids:
+            attempt = self._attempts.get(uid, 0)
+            if attempt >= len(self._retry_delays):
+                self._attempts.pop(uid, None)
+                dropped += 1
+                continue
+            self._attempts[uid] = attempt + 1
+            by_delay.setdefault(self._retry_delays[attempt], []).append(uid)
+        loop = asyncio.get_running_loop()
+        for delay, again in by_delay.items():
+            loop.call_later(delay, self._notify_all, again)
+        log.warning("pod wakes failed", error=repr(exc), uids=len(uids),
+                    retrying=sum(map(len, by_delay.values())), dropped=dropped)
+
+    def _notify_all(self, uids: list[str]) -> None:
+        for uid in uids:
+            self.notify(uid)
