@@ -26,12 +26,12 @@ from controlplane.machines.submission import (
     Queue,
     Reject,
     SubmissionUnverifiable,
-    admission,
+    admission_from_counts,
     submission_interests,
     validate_submission,
 )
 from controlplane.store import event_store, queries
-from controlplane.store.admission import LiveOperation
+from controlplane.store.admission import AdmissionFacts
 from controlplane.store.database import Database
 from controlplane.store.errors import ConcurrencyConflict
 from controlplane.store.records import Projection
@@ -178,10 +178,12 @@ async def submit_operation(
     state = decider.initial_state(machine_id, normalised)
     held: list[str] = []
 
-    def admit(live: list[LiveOperation]) -> str | None:
-        active = [ActiveOperation(op.machine_id, op.kind, op.workload, op.source_node,
-                                  queued=op.held) for op in live]
-        verdict = admission(request, active, limits or Limits())
+    def admit(facts: AdmissionFacts) -> str | None:
+        op = facts.same_workload
+        same = None if op is None else ActiveOperation(op.machine_id, op.kind, op.workload,
+                                                       op.source_node, queued=op.held)
+        verdict = admission_from_counts(request, same, facts.running_by_kind,
+                                        facts.on_node_by_kind, limits or Limits())
         if isinstance(verdict, Reject):
             raise UsageError(f"{kind} of {workload} refused: {verdict.reason}")
         if isinstance(verdict, Queue):

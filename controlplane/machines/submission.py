@@ -15,7 +15,7 @@ Two pure layers, called by the API/CLI before a machine is created:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from controlplane.engine.decider import InvalidSpec
@@ -171,20 +171,37 @@ Admission = Admit | Queue | Reject
 def admission(request: OperationRequest, active: Sequence[ActiveOperation],
               limits: Limits = Limits()) -> Admission:
     """Admit, queue (limits) or reject (another operation owns the workload)."""
+    same = next((op for op in active if op.workload == request.workload), None)
+    running: dict[str, int] = {}
+    on_node: dict[str, int] = {}
     for op in active:
-        if op.workload == request.workload:
-            state = "queued" if op.queued else "running"
-            return Reject(f"workload {request.workload} already has a {state} {op.kind} "
-                          f"({op.machine_id}); wait for it to finish or cancel it")
+        if not op.queued:
+            running[op.kind] = running.get(op.kind, 0) + 1
+            if request.source_node is not None and op.source_node == request.source_node:
+                on_node[op.kind] = on_node.get(op.kind, 0) + 1
+    return admission_from_counts(request, same, running, on_node, limits)
+
+
+def admission_from_counts(request: OperationRequest, same_workload: ActiveOperation | None,
+                          running_by_kind: Mapping[str, int],
+                          on_node_by_kind: Mapping[str, int],
+                          limits: Limits = Limits()) -> Admission:
+    """:func:`admission` from what the store can count without listing every live
+    operation: the live operation on the same workload (if any), and the operations
+    running (not queued) by kind, in the cluster and on the request's source node."""
+    if same_workload is not None:
+        state = "queued" if same_workload.queued else "running"
+        return Reject(f"workload {request.workload} already has a {state} "
+                      f"{same_workload.kind} ({same_workload.machine_id}); wait for it to "
+                      "finish or cancel it")
     if request.kind in GROUP_KINDS:
         return Admit()  # a drain moves nothing itself; its children are admitted one by one
-    running = [op for op in active if not op.queued and op.kind not in GROUP_KINDS]
-    if len(running) >= limits.max_cluster:
-        return Queue(f"cluster limit: {len(running)} of {limits.max_cluster} operations "
-                     "running")
+    running = sum(n for kind, n in running_by_kind.items() if kind not in GROUP_KINDS)
+    if running >= limits.max_cluster:
+        return Queue(f"cluster limit: {running} of {limits.max_cluster} operations running")
     if request.source_node is not None:
-        on_node = [op for op in running if op.source_node == request.source_node]
-        if len(on_node) >= limits.max_per_source_node:
-            return Queue(f"node limit: {len(on_node)} of {limits.max_per_source_node} "
+        on_node = sum(n for kind, n in on_node_by_kind.items() if kind not in GROUP_KINDS)
+        if on_node >= limits.max_per_source_node:
+            return Queue(f"node limit: {on_node} of {limits.max_per_source_node} "
                          f"operations running on source node {request.source_node}")
     return Admit()

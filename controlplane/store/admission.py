@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import and_, case, func, insert, literal, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.engine.decider import ADMITTED
@@ -58,6 +58,38 @@ async def live_operations_txn(conn: AsyncConnection) -> list[LiveOperation]:
     rows = (await conn.execute(stmt)).all()
     return [LiveOperation(r.id, r.kind, r.workload, r.source_node, r.held, r.version)
             for r in rows]
+
+
+@dataclass(frozen=True)
+class AdmissionFacts:
+    """What a submission's admission needs, counted by the database (O(1) rows read per
+    submission however many operations are live): the live operation already on the
+    workload, and the running (not held) operations by kind, in the cluster and on the
+    request's source node."""
+
+    same_workload: LiveOperation | None
+    running_by_kind: dict[str, int]
+    on_node_by_kind: dict[str, int]
+
+
+async def admission_facts_txn(conn: AsyncConnection, *, workload: str | None,
+                              source_node: str | None) -> AdmissionFacts:
+    live = and_(m.c.terminal.is_(False), m.c.workload.is_not(None))
+    same = None
+    if workload is not None:
+        r = (await conn.execute(
+            select(m.c.id, m.c.kind, m.c.workload, m.c.source_node, m.c.held, m.c.version)
+            .where(live, m.c.workload == workload)
+            .order_by(m.c.created_at, m.c.id).limit(1))).first()
+        if r is not None:
+            same = LiveOperation(r.id, r.kind, r.workload, r.source_node, r.held, r.version)
+    on_node = (func.sum(case((m.c.source_node == source_node, 1), else_=0))
+               if source_node is not None else literal(0))
+    rows = (await conn.execute(
+        select(m.c.kind, func.count(), on_node)
+        .where(live, m.c.held.is_(False)).group_by(m.c.kind))).all()
+    return AdmissionFacts(same, {k: int(n) for k, n, _ in rows},
+                          {k: int(x or 0) for k, _, x in rows})
 
 
 async def any_held(db: Database) -> bool:

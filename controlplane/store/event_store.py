@@ -34,7 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from controlplane.engine.decider import QUEUED, SUBMITTED, Action, Event
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.store import pg_batch, schema
-from controlplane.store.admission import LiveOperation, live_operations_txn, lock_admission_txn
+from controlplane.store.admission import AdmissionFacts, admission_facts_txn, lock_admission_txn
 from controlplane.store.database import Database
 from controlplane.store.errors import (
     ConcurrencyConflict,
@@ -61,15 +61,16 @@ async def create_machine(
     worker_id: str,
     workload: str | None = None,
     source_node: str | None = None,
-    admission: Callable[[list[LiveOperation]], str | None] | None = None,
+    admission: Callable[[AdmissionFacts], str | None] | None = None,
 ) -> None:
     """Insert a machine with its ``Submitted`` event (seq 1), due at once.
 
     ``workload`` claims that workload for this machine while it is live (a second live
     machine for it raises :class:`WorkloadBusy`, enforced by a unique index).
-    ``admission`` is called with the live operations under the admission lock, in this
-    transaction; it may raise to refuse, or return a reason to hold the machine in the
-    admission queue: a ``Queued`` event (seq 2), not due until the admitter lets it in.
+    ``admission`` is called with the :class:`AdmissionFacts` for this workload and source
+    node (counted under the admission lock, in this transaction); it may raise to refuse,
+    or return a reason to hold the machine in the admission queue: a ``Queued`` event
+    (seq 2), not due until the admitter lets it in.
     """
     async with write_txn(db) as conn:
         exists = await conn.scalar(select(m.c.id).where(m.c.id == machine_id))
@@ -78,7 +79,8 @@ async def create_machine(
         held = None
         if admission is not None:
             await lock_admission_txn(conn)
-            held = admission(await live_operations_txn(conn))
+            held = admission(await admission_facts_txn(conn, workload=workload,
+                                                       source_node=source_node))
         events = [Event(SUBMITTED, {"kind": kind, "spec": spec})]
         if held is not None:
             events.append(Event(QUEUED, {"reason": held}, {"limit": held}))

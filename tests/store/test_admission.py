@@ -198,3 +198,33 @@ async def test_a_submitted_migration_accepts_retarget_and_records_it(
     history = [e.type for e in await queries.history(db, "mig")]
     assert history[-1] == "Retargeted"
     assert (await queries.get_machine(db, "mig")).next_wake_at == clock.now()  # woken
+
+
+async def test_admission_facts_count_the_same_operations_as_listing_them(
+    db: Database, cluster: Cluster, clock: FakeClock
+) -> None:
+    """Submission counts live operations in SQL (O(1) rows per submission); the counts
+    agree with the full list the admitter reads: held ones are not running, finished
+    ones are not live, and the same workload is found."""
+    from controlplane.store.admission import admission_facts_txn, live_operations_txn
+    from controlplane.store.session import read_txn
+
+    for i in range(4):
+        cluster.add_pod(f"p{i}", f"uid-{i}", node_name=SRC_NODE if i < 3 else TARGET)
+    limits = Limits(max_cluster=2, max_per_source_node=5)
+    for i in range(4):
+        target = TARGET if i < 3 else SRC_NODE
+        await _submit(db, cluster, clock, f"m{i}", migration(
+            f"p{i}", f"uid-{i}", source_node=SRC_NODE if i < 3 else TARGET,
+            target_node=target), limits=limits)
+    async with read_txn(db) as conn:
+        live = await live_operations_txn(conn)
+        facts = await admission_facts_txn(conn, workload=f"{NS}/p1", source_node=SRC_NODE)
+    running = [op for op in live if not op.held]
+    assert len(running) == 2
+    assert len(live) == 4
+    assert facts.running_by_kind == {"migration": 2}
+    assert facts.on_node_by_kind == {"migration": sum(op.source_node == SRC_NODE
+                                                      for op in running)}
+    assert facts.same_workload is not None
+    assert facts.same_workload.machine_id == "m1"
