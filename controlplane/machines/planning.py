@@ -279,7 +279,9 @@ def tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Mapping[str, Any]
     return False
 
 
-def _expression(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+def matches_expression(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """One node-selector requirement (``In``, ``NotIn``, ``Exists``, ``DoesNotExist``,
+    ``Gt``, ``Lt``) against a node's labels (or fields), as the scheduler reads it."""
     key, op = str(expr.get("key", "")), expr.get("operator", "")
     wanted = [str(v) for v in expr.get("values") or []]
     present = key in labels
@@ -314,7 +316,7 @@ def why_not(pod: PodInfo, node: NodeInfo, room: Resources) -> str | None:
     if any(node.labels.get(k) != v for k, v in pod.node_selector.items()):
         return "nodeSelector does not match"
     if pod.affinity_terms and not any(
-            t and all(_expression(e, node.labels) for e in t) for t in pod.affinity_terms):
+            t and all(matches_expression(e, node.labels) for e in t) for t in pod.affinity_terms):
         return "required node affinity does not match"
     return pod.requests.fits_in(room)
 

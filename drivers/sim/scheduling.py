@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
+from controlplane.machines.planning import matches_expression, tolerates
 from drivers.sim.objects import Obj, is_true, meta, quantity
 
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
@@ -48,39 +48,6 @@ def allocatable(node: Obj) -> dict[str, float]:
             for key in ("cpu", "memory", "pods")}
 
 
-def tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
-    for t in tolerations:
-        if t.get("effect") and t.get("effect") != taint.get("effect"):
-            continue
-        if t.get("operator") == "Exists":
-            if not t.get("key") or t.get("key") == taint.get("key"):
-                return True
-        elif t.get("key") == taint.get("key") and t.get("value", "") == taint.get("value", ""):
-            return True
-    return False
-
-
-def _expression(expr: Mapping[str, Any], values: Mapping[str, str]) -> bool:
-    key, op = expr.get("key", ""), expr.get("operator", "")
-    wanted = [str(v) for v in expr.get("values") or []]
-    present = key in values
-    if op == "In":
-        return present and values[key] in wanted
-    if op == "NotIn":
-        return not present or values[key] not in wanted
-    if op == "Exists":
-        return present
-    if op == "DoesNotExist":
-        return not present
-    if op in ("Gt", "Lt") and present and len(wanted) == 1:
-        try:
-            seen, limit = int(values[key]), int(wanted[0])
-        except ValueError:
-            return False
-        return seen > limit if op == "Gt" else seen < limit
-    return False
-
-
 def matches_affinity(pod: Obj, node: Obj) -> bool:
     spec = pod.get("spec") or {}
     labels = meta(node).get("labels") or {}
@@ -97,8 +64,8 @@ def matches_affinity(pod: Obj, node: Obj) -> bool:
         field_exprs = term.get("matchFields") or []
         if not exprs and not field_exprs:
             continue  # an empty term matches nothing
-        if all(_expression(e, labels) for e in exprs) and \
-                all(_expression(e, fields) for e in field_exprs):
+        if all(matches_expression(e, labels) for e in exprs) and \
+                all(matches_expression(e, fields) for e in field_exprs):
             return True
     return False
 
