@@ -33,6 +33,14 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int,
         assert fragment in lines[0]
 
 
+def reap(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """Kill a server subprocess if a test left it running; close and drain its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+    out, err = proc.communicate(timeout=20)  # reads what is left, closes the pipes
+    return out or "", err or ""
+
+
 @pytest.fixture
 def ready_db(db_url: str) -> str:
     result = cpctl(db_url, "db", "upgrade")
@@ -169,12 +177,7 @@ def test_sim_up_serves_a_cluster_with_the_asked_nodes_until_sigterm(tmp_path: Pa
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-        proc.communicate()  # drain and close the pipes
+        reap(proc)
 
 
 def test_demo_migrates_suspends_and_resumes_with_the_markers_surviving(tmp_path: Path) -> None:
@@ -236,12 +239,7 @@ def test_serve_answers_with_the_token_and_refuses_without_it(ready_db: str,
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-        out, err = proc.communicate()
+        out, err = reap(proc)
     assert token not in out + err
 
 
@@ -290,8 +288,4 @@ def test_a_worker_serves_its_own_metrics_and_health_until_sigterm(ready_db: str)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        reap(proc)
