@@ -23,7 +23,7 @@ What happens to the workload afterwards (release, kill, delete) is the owner's c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
@@ -48,6 +48,7 @@ from controlplane.machines.common import (
     tag_facts,
     wait,
 )
+from controlplane.machines.frozen import replace
 from controlplane.machines.refs import parse_tag_ref
 
 CAPTURE_REQUESTED = "CaptureRequested"

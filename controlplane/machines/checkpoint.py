@@ -20,7 +20,7 @@ Registered by :func:`controlplane.machines.catalog.product_kinds`. Pure.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -47,6 +47,7 @@ from controlplane.machines.common import (
     stamped,
     with_facts,
 )
+from controlplane.machines.frozen import replace
 from controlplane.machines.refs import parse_tag_ref
 from controlplane.machines.sourceops import SourceOp, SourceOpKind, SourceOpStatus
 from controlplane.machines.specs import (

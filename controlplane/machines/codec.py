@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import types
 import typing
+from collections.abc import Callable
 from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, TypeVar
@@ -28,24 +29,66 @@ T = TypeVar("T")
 
 
 def encode(value: object) -> JsonValue:
-    """Encode a state tree as JSON (datetimes as ISO text, enums as their value)."""
-    if value is None or isinstance(value, bool | int | float):
-        return value
-    if isinstance(value, Enum):
-        return _enum_value(value)
-    if isinstance(value, str):
-        return value
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise ValueError("naive datetime in a machine state; pass timezone-aware UTC")
-        return value.isoformat()
-    if isinstance(value, tuple | list):
-        return [encode(item) for item in value]
-    if isinstance(value, dict):
-        return {str(k): encode(v) for k, v in value.items()}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    raise TypeError(f"cannot encode {type(value).__name__} in a machine state")
+    """Encode a state tree as JSON (datetimes as ISO text, enums as their value).
+
+    Every ``to_json`` (each transition's projection, each replayed machine) runs this
+    over the whole state, pod template included, so it dispatches on the exact type
+    through a per-type table (dataclass field names are read once per class) instead of
+    a chain of ``isinstance`` and ``dataclasses.fields`` calls per value.
+    """
+    kind = type(value)
+    if kind in _PLAIN:
+        return value  # type: ignore[return-value]
+    encoder = _ENCODERS.get(kind)
+    if encoder is None:
+        encoder = _ENCODERS[kind] = _encoder_for(kind)
+    return encoder(value)
+
+
+_PLAIN: frozenset[type] = frozenset({str, int, float, bool, type(None)})
+_ENCODERS: dict[type, Callable[[Any], JsonValue]] = {}
+
+
+def _encode_list(value: Any) -> JsonValue:
+    return [item if type(item) in _PLAIN else encode(item) for item in value]
+
+
+def _encode_dict(value: Any) -> JsonValue:
+    return {str(k): v if type(v) in _PLAIN else encode(v) for k, v in value.items()}
+
+
+def _encode_datetime(value: Any) -> JsonValue:
+    if value.tzinfo is None:
+        raise ValueError("naive datetime in a machine state; pass timezone-aware UTC")
+    text: str = value.isoformat()
+    return text
+
+
+def _encoder_for(kind: type) -> Callable[[Any], JsonValue]:
+    # Same precedence as a chain of isinstance checks: JSON scalars (and their
+    # subclasses that are not enums), enums, datetimes, sequences, dicts, dataclasses.
+    if issubclass(kind, Enum):
+        return _enum_value
+    if issubclass(kind, bool | int | float | str):
+        return lambda value: value
+    if issubclass(kind, datetime):
+        return _encode_datetime
+    if issubclass(kind, tuple | list):
+        return _encode_list
+    if issubclass(kind, dict):
+        return _encode_dict
+    if dataclasses.is_dataclass(kind):
+        names = tuple(f.name for f in dataclasses.fields(kind))
+
+        def encode_dataclass(value: Any) -> JsonValue:
+            out: JsonObject = {}
+            for name in names:
+                item = getattr(value, name)
+                out[name] = item if type(item) in _PLAIN else encode(item)
+            return out
+
+        return encode_dataclass
+    raise TypeError(f"cannot encode {kind.__name__} in a machine state")
 
 
 def encode_object(value: object) -> JsonObject:

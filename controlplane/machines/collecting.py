@@ -16,7 +16,7 @@ Warning on every failure, retried with exponential backoff until the class's GC 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from controlplane.engine.decider import ACTION_FAILED, Action, Event
@@ -36,6 +36,7 @@ from controlplane.machines.common import (
     tag_facts,
     wait,
 )
+from controlplane.machines.frozen import replace
 
 ARTIFACT_KEPT = "ArtifactKept"
 ARTIFACT_DELETION_REQUESTED = "ArtifactDeletionRequested"

@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
 from controlplane.machines.codec import encode_object
+from controlplane.machines.frozen import replace
 
 SAVER_NAME = "checkpoint-saver"
 LOADER_NAME = "checkpoint-loader"

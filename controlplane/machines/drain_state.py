@@ -11,7 +11,7 @@ Pure.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from controlplane.engine.decider import ACTION_FAILED, Event
 from controlplane.machines.codec import RawJson
 from controlplane.machines.common import STARTED, event_time
+from controlplane.machines.frozen import replace
 from controlplane.machines.states import PhasedState
 
 KIND = "drain"

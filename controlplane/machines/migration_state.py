@@ -7,7 +7,7 @@ migration's own (``Retargeted``, ``CancelRequested``, ``SourceDeletionAborted``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -30,6 +30,7 @@ from controlplane.machines.common import (
     seconds,
     set_condition,
 )
+from controlplane.machines.frozen import replace
 from controlplane.machines.restoring import Restore, RestoreContext
 from controlplane.machines.sourceops import SourceOp, SourcePod
 from controlplane.machines.states import PhasedState

@@ -22,7 +22,7 @@ Commands: ``Cancel``. Registered by :func:`controlplane.machines.catalog.product
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -49,6 +49,7 @@ from controlplane.machines.common import (
     wait,
     with_facts,
 )
+from controlplane.machines.frozen import replace
 from controlplane.machines.refs import parse_digest_ref
 from controlplane.machines.restoring import Restore, RestoreContext, RestorePlan, RestoreStatus
 from controlplane.machines.specs import (

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
@@ -53,6 +53,7 @@ from controlplane.machines.common import (
     stamped,
     wait,
 )
+from controlplane.machines.frozen import replace
 
 RESTORE_POD_REQUESTED = "RestorePodRequested"
 RESTORE_POD_OBSERVED = "RestorePodObserved"

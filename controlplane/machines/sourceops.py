@@ -20,7 +20,7 @@ Used by the checkpoint, migration and suspend machines. Pure.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
@@ -45,6 +45,7 @@ from controlplane.machines.common import (
     tag_facts,
     wait,
 )
+from controlplane.machines.frozen import replace
 
 _NOT_OBSERVED = ProbeError("NotObserved", "the pod was not observed")
 

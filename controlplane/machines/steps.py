@@ -16,7 +16,7 @@ Pure: no I/O, clock or randomness (see ``controlplane.engine.decider``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -32,6 +32,7 @@ from controlplane.engine.decider import (
 )
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation, PodView, ProbeError
+from controlplane.machines.frozen import replace
 from controlplane.machines.states import PhasedState
 
 KIND = "steps"

@@ -1,0 +1,83 @@
+"""The machines' fast ``replace`` is ``dataclasses.replace``: same copy, same refusals, and
+every dataclass the machine modules define (and so may copy) qualifies for it."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import pkgutil
+from datetime import UTC, datetime
+
+import pytest
+
+import controlplane.machines as machines_package
+from controlplane.machines.capturing import Capture
+from controlplane.machines.common import Condition
+from controlplane.machines.frozen import check_copyable, replace
+
+
+def _machine_dataclasses() -> list[type]:
+    found: dict[str, type] = {}
+    for info in pkgutil.iter_modules(machines_package.__path__):
+        module = importlib.import_module(f"{machines_package.__name__}.{info.name}")
+        for _name, cls in inspect.getmembers(module, inspect.isclass):
+            if dataclasses.is_dataclass(cls) and cls.__module__ == module.__name__:
+                found[f"{cls.__module__}.{cls.__qualname__}"] = cls
+    return [found[k] for k in sorted(found)]
+
+
+MODULES_USING_REPLACE = [
+    name for name in (i.name for i in pkgutil.iter_modules(machines_package.__path__))
+    if "replace" in vars(importlib.import_module(f"controlplane.machines.{name}"))
+    and name != "frozen"
+]
+
+
+def test_every_dataclass_of_a_module_that_copies_states_is_copyable() -> None:
+    checked = [cls for cls in _machine_dataclasses()
+               if cls.__module__.rsplit(".", 1)[1] in MODULES_USING_REPLACE]
+    assert len(checked) > 20  # the states, steps and their parts, not an empty sweep
+    for cls in checked:
+        check_copyable(cls)
+
+
+def test_replace_gives_what_dataclasses_replace_gives() -> None:
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    capture = Capture(attempt=2, issued_at=at)
+    ours = replace(capture, attempt=3, digest="sha256:" + "a" * 64)
+    theirs = dataclasses.replace(capture, attempt=3, digest="sha256:" + "a" * 64)
+    assert ours == theirs
+    assert vars(ours) == vars(theirs)
+    assert capture.attempt == 2  # the original is untouched
+    assert type(ours) is Capture
+
+
+def test_the_copy_is_still_frozen() -> None:
+    copy = replace(Condition("Ready", "Fine", "ok", datetime(2026, 1, 1, tzinfo=UTC)),
+                   reason="Better")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        copy.reason = "mutated"  # type: ignore[misc]
+
+
+def test_an_unknown_field_is_refused_naming_it() -> None:
+    with pytest.raises(TypeError, match=r"no field.*colour"):
+        replace(Capture(), colour="blue")
+
+
+def test_classes_replace_cannot_copy_faithfully_are_refused() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Checked:
+        n: int
+
+        def __post_init__(self) -> None:
+            assert self.n >= 0
+
+    @dataclasses.dataclass(frozen=True)
+    class Derived:
+        n: int
+        twice: int = dataclasses.field(init=False, default=0)
+
+    for cls in (Checked, Derived, int):
+        with pytest.raises(TypeError):
+            check_copyable(cls)
