@@ -15,9 +15,10 @@ Callers: ``cpctl replay`` and tests. ``rebuild`` reads through ``store.replay_re
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from controlplane.engine.decider import SUBMITTED, Command, CommandRejected, Event, fold
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
@@ -26,6 +27,7 @@ from controlplane.engine.observation import Observation
 from controlplane.store import queries, replay_reads, replay_writes
 from controlplane.store.database import Database
 from controlplane.store.records import DecisionRecord, MachineRecord, Projection, RecordedEvent
+from controlplane.store.replay_reads import StoredProjection
 
 
 @dataclass(frozen=True)
@@ -63,15 +65,38 @@ def _event_json(e: Event) -> JsonValue:
     return _norm({"type": e.type, "data": e.data, "facts": e.facts})
 
 
-def replay_machine(kinds: KindRegistry, record: MachineRecord,
-                   events: list[RecordedEvent]) -> tuple[Any, int]:
-    """The state folded from a machine's events, and its version (last seq)."""
+class _Machine(Protocol):
+    @property
+    def id(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+
+
+class _Foldable(Protocol):
+    @property
+    def seq(self) -> int: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def data(self) -> JsonObject: ...
+
+
+def replay_machine(kinds: KindRegistry, record: _Machine,
+                   events: Sequence[_Foldable]) -> tuple[Any, int]:
+    """The state folded from a machine's events, and its version (last seq).
+
+    Only each event's type and data are folded: ``evolve`` never reads ``facts``.
+    """
     decider = kinds.get(record.kind)
     if not events or events[0].seq != 1:
         raise ValueError(f"machine {record.id} has no Submitted event at seq 1")
     spec = events[0].data.get("spec", {})
     assert isinstance(spec, dict)
-    state = fold(decider, decider.initial_state(record.id, spec), map(_as_event, events[1:]))
+    state = decider.initial_state(record.id, spec)
+    evolve = decider.evolve
+    for i in range(1, len(events)):
+        event = events[i]
+        state = evolve(state, Event(event.type, event.data))
     return state, events[-1].seq
 
 
@@ -94,7 +119,7 @@ async def rebuild(db: Database, kinds: KindRegistry, *, now: datetime,
     return report
 
 
-def _projection_differences(record: MachineRecord, state: Any, version: int) -> list[Mismatch]:
+def _projection_differences(record: StoredProjection, state: Any, version: int) -> list[Mismatch]:
     folded = state.to_json()
     if (folded == record.state and state.phase == record.phase
             and state.terminal == record.terminal and version == record.version):

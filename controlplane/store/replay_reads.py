@@ -1,60 +1,96 @@
-"""Replay's read path for ``rebuild``: every machine with its events, decisions left out.
+"""Replay's read path for ``rebuild``: each stored projection with the events that fold into it.
 
-``rebuild`` folds events and compares projections; it never looks at the recorded
-decisions (``verify`` does, through ``queries.stream_histories``). Leaving them out
-saves their query and the decoding of their recorded observations, the largest JSON in
-the store. Batches are larger than ``stream_histories``' and the next batch is read
+``rebuild`` folds events and compares the result with the stored projection, so it reads
+only what those two need: of a machine its id, kind, phase, version, terminal flag and
+state; of an event its seq, type and data. Not the recorded decisions (``verify`` reads
+those, through ``queries.stream_histories``), not an event's ``facts`` (the observation
+that justified it: history's *why*, which ``evolve`` never reads — a rebuild that needed
+them would mismatch the projections the workers wrote), not the spec column (the
+``Submitted`` event carries it).
+
+The JSON columns are read as text and decoded with ``orjson``: the driver's per-value
+JSON codec and the ORM-free row mapping were most of a rebuild's time (8k events/s read;
+see ``docs/performance.md``). Batches are large, in id order, and the next batch is read
 while the caller folds the current one, so the database's time overlaps the fold.
 
-Called by :func:`controlplane.replay.rebuild`.
+Called by :func:`controlplane.replay.rebuild` and the replay benchmark.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import fields
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
-from sqlalchemy import select
+import orjson
+from sqlalchemy import Text, cast, select
 
+from controlplane.engine.jsonvalue import JsonObject
 from controlplane.store import schema
 from controlplane.store.database import Database
-from controlplane.store.leases import row_to_record
-from controlplane.store.records import MachineRecord, RecordedEvent
 from controlplane.store.session import read_txn
 
 m = schema.machines
 e = schema.events
-_EVENT_COLUMNS = (e.c.position, e.c.machine_id, e.c.seq, e.c.type, e.c.data, e.c.facts,
-                  e.c.recorded_at, e.c.worker_id)
-assert [c.name for c in _EVENT_COLUMNS] == [f.name for f in fields(RecordedEvent)]
 
-Batch = list[tuple[MachineRecord, list[RecordedEvent]]]
+
+@dataclass(frozen=True)
+class StoredProjection:
+    """The projection a rebuild checks: what the workers last wrote for one machine."""
+
+    id: str
+    kind: str
+    phase: str
+    version: int
+    terminal: bool
+    state: JsonObject
+
+
+class FoldEvent(NamedTuple):
+    """One event as a fold needs it (a tuple: a million of them are built per rebuild)."""
+
+    seq: int
+    type: str
+    data: JsonObject
+
+
+Batch = list[tuple[StoredProjection, list[FoldEvent]]]
+
+_MACHINES = select(m.c.id, m.c.kind, m.c.phase, m.c.version, m.c.terminal,
+                   cast(m.c.state, Text)).order_by(m.c.id)
+_EVENTS = select(e.c.machine_id, e.c.seq, e.c.type, cast(e.c.data, Text)).order_by(
+    e.c.machine_id, e.c.seq)
+
+
+def _object(text: Any) -> JsonObject:
+    value = orjson.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object in the store, got {type(value).__name__}")
+    return value
 
 
 async def _batch(db: Database, after: str, size: int) -> Batch:
     async with read_txn(db) as conn:
-        rows = (await conn.execute(
-            select(m).where(m.c.id > after).order_by(m.c.id).limit(size))).all()
+        rows = (await conn.execute(_MACHINES.where(m.c.id > after).limit(size))).all()
         if not rows:
             return []
-        records = [row_to_record(r) for r in rows]
+        first, last = rows[0][0], rows[-1][0]
         ev_rows = (await conn.execute(
-            select(*_EVENT_COLUMNS)
-            .where(e.c.machine_id >= records[0].id, e.c.machine_id <= records[-1].id)
-            .order_by(e.c.machine_id, e.c.seq))).all()
-    by_machine: dict[str, list[RecordedEvent]] = {r.id: [] for r in records}
-    for row in ev_rows:
-        # By position, in RecordedEvent's field order: a mapping per row cost more than
-        # building the event.
-        ev = RecordedEvent(*row)
-        by_machine[ev.machine_id].append(ev)
-    return [(record, by_machine[record.id]) for record in records]
+            _EVENTS.where(e.c.machine_id >= first, e.c.machine_id <= last))).all()
+    by_machine: dict[str, list[FoldEvent]] = {str(r[0]): [] for r in rows}
+    loads = orjson.loads
+    for machine_id, seq, type_, data in ev_rows:
+        by_machine[machine_id].append(FoldEvent(seq, type_, loads(data)))
+    return [(StoredProjection(str(r[0]), str(r[1]), str(r[2]), int(r[3]), bool(r[4]),
+                              _object(r[5])), by_machine[str(r[0])])
+            for r in rows]
 
 
 async def stream_events(db: Database, *, batch_machines: int = 2000
-                        ) -> AsyncIterator[tuple[MachineRecord, list[RecordedEvent]]]:
-    """Every machine with its events in seq order, in id order; one batch read ahead."""
+                        ) -> AsyncIterator[tuple[StoredProjection, list[FoldEvent]]]:
+    """Every machine's projection with its events in seq order, in id order; one batch read
+    ahead."""
     batch = await _batch(db, "", batch_machines)
     while batch:
         ahead = asyncio.ensure_future(_batch(db, batch[-1][0].id, batch_machines))
