@@ -12,7 +12,9 @@ newline-delimited JSON events (``ADDED``, ``MODIFIED``, ``DELETED``, ``BOOKMARK`
   (like the real server, past authorization) an HTTP 200 whose only event is an
   ``ERROR`` carrying a ``410 Expired`` Status when the history lost them;
 - ``allowWatchBookmarks=true``: a ``BOOKMARK`` every ``bookmark_seconds`` and before a
-  ``timeoutSeconds`` close, carrying only ``metadata.resourceVersion``;
+  ``timeoutSeconds`` close, carrying only ``metadata.resourceVersion`` — a version the
+  stream has caught up to: every event queued before it is sent first (a bookmark past
+  an unsent event would make the client resume after it, and miss it for good);
 - fault hooks: :meth:`WatchHub.drop` (end every stream, or cut the connection),
   :meth:`WatchHub.expire` (an ``ERROR 410`` on every stream, then close), and
   :attr:`WatchHub.interrupt`, asked after every event sent whether to end that stream
@@ -76,9 +78,11 @@ class Watch:
 class WatchHub:
     """Every open watch of one server, fed by the store."""
 
-    def __init__(self, store: Store, *, bookmark_seconds: float) -> None:
+    def __init__(self, store: Store, *, bookmark_seconds: float,
+                 clock: Callable[[], float] | None = None) -> None:
         self.store = store
         self.bookmark_seconds = bookmark_seconds
+        self.clock = clock  # for watch deadlines; None: the event loop's (tests fake it)
         self.watches: set[Watch] = set()
         # After each event sent: None to go on, "drop" to end the stream, "cut" to cut it.
         self.interrupt: Callable[[], str | None] = lambda: None
@@ -112,10 +116,13 @@ class WatchHub:
     def close(self, watch: Watch) -> None:
         self.watches.discard(watch)
 
-    def bookmark(self, resource: Resource) -> Obj:
+    def bookmark(self, resource: Resource, version: int | None = None) -> Obj:
+        """A bookmark at ``version`` (default: now). Only for a watch with nothing queued
+        up to that version: the client resumes from it."""
+        at = self.store.rv if version is None else version
         return {"type": "BOOKMARK", "object": {
             "kind": resource.kind, "apiVersion": "v1",
-            "metadata": {"resourceVersion": str(self.store.rv)}}}
+            "metadata": {"resourceVersion": str(at)}}}
 
     def send_bookmarks(self) -> int:
         """Queue a bookmark on every watch that allows them; returns how many."""
@@ -157,44 +164,71 @@ async def stream_error(request: web.Request, error: ApiError) -> web.StreamRespo
     return response
 
 
+async def _send(response: web.StreamResponse, hub: WatchHub,
+                item: Obj | _Signal) -> str | None:
+    """Write one queued item; then None to go on, "end" the stream, or "cut" it."""
+    if isinstance(item, _Signal):
+        if item.kind == "expire":
+            status = ApiError(410, "too old resource version", reason="Expired").status()
+            await response.write(_line({"type": "ERROR", "object": status}))
+        return "cut" if item.kind == "cut" else "end"
+    await response.write(_line(item))
+    stop = hub.interrupt()
+    return "cut" if stop == "cut" else None if stop is None else "end"
+
+
+async def _close(response: web.StreamResponse, hub: WatchHub, watch: Watch) -> str:
+    """At the deadline: send what is queued, then a bookmark no later than that.
+
+    A real API server's closing bookmark follows every event before it on the same stream.
+    Bookmarking the store's version while events still sat in the queue (a busy server
+    lags its streams) told the client to resume AFTER events it was never sent: the scale
+    benchmark's agents lost restore and capture requests until their next resync. What is
+    queued now is older than ``version``; what arrives while it is written is newer, and
+    the next watch replays it from there.
+    """
+    version, pending = hub.store.rv, watch.queue.qsize()
+    for _ in range(pending):
+        outcome = await _send(response, hub, watch.queue.get_nowait())
+        if outcome is not None:
+            return outcome
+    if watch.bookmarks:
+        await response.write(_line(hub.bookmark(watch.resource, version)))
+    return "end"
+
+
 async def stream(request: web.Request, hub: WatchHub, watch: Watch, *,
                  timeout_seconds: float | None) -> web.StreamResponse:
     """Write ``watch`` to the client until its timeout, a signal or a disconnect."""
     response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
     response.enable_chunked_encoding()
     await response.prepare(request)
-    loop = asyncio.get_running_loop()
-    deadline = None if timeout_seconds is None else loop.time() + timeout_seconds
+    now = hub.clock or asyncio.get_running_loop().time
+    deadline = None if timeout_seconds is None else now() + timeout_seconds
     try:
         while True:
             wait = hub.bookmark_seconds if watch.bookmarks else None
-            if deadline is not None:
-                left = deadline - loop.time()
-                if left <= 0:
-                    if watch.bookmarks:
+            left = None if deadline is None else deadline - now()
+            outcome: str | None
+            if left is not None and left <= 0:
+                outcome = await _close(response, hub, watch)
+            else:
+                if left is not None:
+                    wait = left if wait is None else min(wait, left)
+                try:
+                    item = await asyncio.wait_for(watch.queue.get(), wait)
+                except TimeoutError:
+                    # Caught up to the store's version only with nothing queued (wait_for
+                    # may time out just as an event arrives: it goes out next, then).
+                    if watch.bookmarks and watch.queue.empty() and (
+                            deadline is None or deadline > now()):
                         await response.write(_line(hub.bookmark(watch.resource)))
-                    break
-                wait = left if wait is None else min(wait, left)
-            try:
-                item = await asyncio.wait_for(watch.queue.get(), wait)
-            except TimeoutError:
-                if watch.bookmarks and (deadline is None or deadline > loop.time()):
-                    await response.write(_line(hub.bookmark(watch.resource)))
-                continue
-            if isinstance(item, _Signal):
-                if item.kind == "expire":
-                    status = ApiError(410, "too old resource version", reason="Expired").status()
-                    await response.write(_line({"type": "ERROR", "object": status}))
-                elif item.kind == "cut" and request.transport is not None:
-                    request.transport.close()
-                    return response
-                break
-            await response.write(_line(item))
-            stop = hub.interrupt()
-            if stop == "cut" and request.transport is not None:
+                    continue
+                outcome = await _send(response, hub, item)
+            if outcome == "cut" and request.transport is not None:
                 request.transport.close()
                 return response
-            if stop is not None:
+            if outcome is not None:
                 break
         await response.write_eof()
     except ConnectionResetError:
