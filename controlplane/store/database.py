@@ -6,6 +6,11 @@ connection in-process and on SQLite's lock across processes, so a transaction ne
 upgrades from read to write halfway (the source of SQLITE_BUSY deadlocks). Reads use a
 separate small pool. PostgreSQL uses asyncpg and one pool for both.
 
+JSON columns (states, events, recorded observations) are encoded and decoded with
+``orjson`` on both backends: every transition writes a state, its events and the
+observation it decided on, and every claim reads a state back, so the JSON codec is a
+large share of a worker's CPU per transition (``bench.scale`` reports that figure).
+
 Called by the CLI, the worker runtime and tests; everything else receives a
 :class:`Database`.
 """
@@ -16,6 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
@@ -24,6 +30,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from controlplane.errors import UsageError
 
 Backend = Literal["sqlite", "postgresql"]
+
+
+def json_dumps(value: Any) -> str:
+    """JSON text for a column (orjson; also used by the batched PostgreSQL statements)."""
+    # Non-string keys become strings, as with the stdlib encoder the columns held before.
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+JSON_CODEC: dict[str, Any] = {"json_serializer": json_dumps,
+                              "json_deserializer": orjson.loads}
 
 DEFAULT_SQLITE_PATH = "var/controlplane.db"
 
@@ -90,13 +106,14 @@ def open_database(raw_url: str, *, pool_size: int = 10, connect_timeout: float =
         max_overflow=pool_size,
         pool_pre_ping=True,
         connect_args={"timeout": connect_timeout, "command_timeout": 60},
+        **JSON_CODEC,
     )
     return Database("postgresql", url, engine, engine)
 
 
 def _sqlite_engine(url: URL, *, pool_size: int, begin: str) -> AsyncEngine:
     engine = create_async_engine(
-        url, pool_size=pool_size, max_overflow=0, connect_args={"timeout": 30}
+        url, pool_size=pool_size, max_overflow=0, connect_args={"timeout": 30}, **JSON_CODEC
     )
 
     @event.listens_for(engine.sync_engine, "connect")

@@ -11,12 +11,13 @@ Called by ``event_store.commit_many_txn`` and ``leases.release_many_txn`` on Pos
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
+
+from controlplane.store.database import json_dumps
 
 _UPDATE_LEASED = text("""
 UPDATE machines AS m
@@ -67,8 +68,7 @@ RETURNING m.id
 """)
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+_json = json_dumps
 
 
 async def update_leased(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> set[str]:
