@@ -115,6 +115,60 @@ def rss_bytes(pid: int | None = None) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a live process has used, from /proc (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_cpu_seconds() -> float:
+    """CPU of every live PostgreSQL process (backends, writers), summed.
+
+    A backend's CPU leaves the sum when it exits, so compare two readings taken while
+    the same pooled connections are open.
+    """
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/comm") as comm:
+                    if comm.read().startswith("postgres"):
+                        total += cpu_seconds(int(entry))
+            except OSError:
+                continue
+    return total
+
+
+class CpuMeter:
+    """CPU seconds of named processes between :meth:`start` and :meth:`stop`.
+
+    Wall time moves with whatever else the machine runs; CPU per process says which
+    part of a run is busy (the control plane, the simulator, the agents, PostgreSQL).
+    """
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self._start: dict[str, float] = {}
+        self.used: dict[str, float] = {}
+
+    def _read(self) -> dict[str, float]:
+        now = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        now["postgres"] = postgres_cpu_seconds()
+        return now
+
+    def start(self) -> None:
+        self._start = self._read()
+
+    def stop(self) -> dict[str, float]:
+        end = self._read()
+        self.used = {k: round(end[k] - self._start.get(k, 0.0), 1) for k in end}
+        return self.used
+
+
 def peak_rss_bytes() -> int:
     """This process's high-water RSS (the kernel's, so no sample can miss it)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 import time
@@ -36,6 +37,7 @@ from sqlalchemy import text
 from bench import common
 from bench.cluster import REGISTRY_HOST, CountingRegistry, kube_settings, migration_spec, sim_world
 from bench.common import (
+    CpuMeter,
     RssSampler,
     floors,
     footprint,
@@ -148,8 +150,11 @@ async def run_scale(*, migrations: int, nodes: int, concurrency: int = 64, qps: 
             setup = time.perf_counter()
             async with sim_world(Path(tmp), nodes=nodes, pods=migrations) as (world, pods):
                 results["setup_s"] = round(time.perf_counter() - setup, 2)
+                pids = {"control_plane": os.getpid(),
+                        **{name: proc.pid for name, proc in world.procs.items()}}
                 results.update(await drive(db, world.kubeconfig, world.layout, pods,
-                                           nodes=nodes, concurrency=concurrency, qps=qps))
+                                           nodes=nodes, concurrency=concurrency, qps=qps,
+                                           cpu=CpuMeter(pids)))
                 results["pods_running_after"] = await world.running()
         results["db"] = await footprint(db)
     finally:
@@ -164,7 +169,7 @@ async def run_scale(*, migrations: int, nodes: int, concurrency: int = 64, qps: 
 
 
 async def drive(db: Database, kubeconfig: Path, layout: Path, pods: list[dict[str, Any]], *,
-                nodes: int, concurrency: int, qps: float) -> dict[str, Any]:
+                nodes: int, concurrency: int, qps: float, cpu: CpuMeter) -> dict[str, Any]:
     n = len(pods)
     limits = Limits(max_cluster=n + 1, max_per_source_node=n + 1)
     registry = CountingRegistry(OciLayout(layout))
@@ -184,6 +189,7 @@ async def drive(db: Database, kubeconfig: Path, layout: Path, pods: list[dict[st
             await submit_all(db, running, pods, nodes, limits)
             submitted = counter.snapshot()
             t1 = time.perf_counter()
+            cpu.start()
             reg_before = Counter(registry.counts)
             by_resource_before = Counter(counter.by_resource)
             worker = running.worker
@@ -193,6 +199,7 @@ async def drive(db: Database, kubeconfig: Path, layout: Path, pods: list[dict[st
                 await until_done(db, t1)
             finally:
                 t2 = time.perf_counter()
+                used = cpu.stop()
                 worker.stop()
                 try:
                     await task
@@ -208,6 +215,12 @@ async def drive(db: Database, kubeconfig: Path, layout: Path, pods: list[dict[st
                 "submit_s": round(t1 - t0, 2), "run_s": round(t2 - t1, 2),
                 "wall_s": round(t2 - t0, 2),
                 "transitions": worker.transitions,
+                # CPU of this process (the control plane) while the worker ran: a figure
+                # that, unlike wall time, does not move with what else the machine runs.
+                "run_cpu_s": used,
+                "cpu_ms_per_migration": round(used["control_plane"] * 1000 / n, 2),
+                "cpu_us_per_transition": round(used["control_plane"] * 1e6
+                                               / max(1, worker.transitions)),
                 "transitions_per_s": round(worker.transitions / (t2 - t1), 1),
                 "migrations_per_s": round(n / (t2 - t0), 2),
                 "api_requests_per_migration": round(sum(worker_counts.values()) / n, 3),
@@ -245,6 +258,10 @@ def print_table(r: dict[str, Any]) -> None:
     ratio = f" ({r['transitions_per_s'] / fl:.2f}x c=32 floor)" if fl else ""
     print(f"  transitions                   {r['transitions']} "
           f"({r['transitions'] / n:.1f}/migration), {r['transitions_per_s']:.0f}/s{ratio}")
+    print(f"  CPU while running (s)         {r['run_cpu_s']}")
+    print(f"  control-plane CPU             "
+          f"{r['cpu_ms_per_migration']:.1f} ms/migration, "
+          f"{r['cpu_us_per_transition']} us/transition")
     print(f"  API requests / migration      {r['api_requests_per_migration']:.2f} "
           f"{r['api_per_migration_by_verb']}")
     print(f"    by resource                 {r['api_per_migration_by_resource']}")
