@@ -95,12 +95,20 @@ def why_not(pod: Obj, node: Obj, used: Mapping[str, float]) -> str | None:
     return None
 
 
+def counted_node(pod: Obj) -> str | None:
+    """The node whose capacity ``pod`` takes: bound there and not finished (else None)."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    return str(node)
+
+
 def usage(pods: Iterable[Obj]) -> dict[str, dict[str, float]]:
     """Per node: CPU, memory and pod count taken by pods bound there and not finished."""
     out: dict[str, dict[str, float]] = {}
     for pod in pods:
-        node = (pod.get("spec") or {}).get("nodeName")
-        if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        node = counted_node(pod)
+        if node is None:
             continue
         slot = out.setdefault(node, {"cpu": 0.0, "memory": 0.0, "pods": 0.0})
         for key, value in pod_requests(pod).items():

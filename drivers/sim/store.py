@@ -107,6 +107,10 @@ class Store:
         simulated kubelets' reconcile pass; write through :meth:`mutate`)."""
         return [obj for _, obj in sorted(self._objects[plural].items())]
 
+    def peek_one(self, plural: str, key: Key) -> Obj | None:
+        """One stored object itself by key, or ``None``: READ-ONLY, as :meth:`peek`."""
+        return self._objects[plural].get(key)
+
     def changes_since(self, rv: int) -> list[Change]:
         """Every change after version ``rv``; ``410 Expired`` if the history lost some."""
         if rv < self._compacted:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drivers.sim import MARKER, SimCluster
+from drivers.sim import MARKER, SimCluster, scheduling
 
 Obj = dict[str, Any]
 
@@ -121,3 +121,41 @@ async def test_the_marker_is_the_pods_workload_state(sim: SimCluster) -> None:
     await sim.wait_for(lambda: _phase(sim, "stateful") == "Running")
     assert _pod(sim, "stateful")["metadata"]["annotations"][MARKER] == "counter=41"
     assert sim.marker("default", "absent") is None
+
+
+async def test_a_pod_change_makes_the_kubelets_look_at_that_pod_only(
+        sim: SimCluster, monkeypatch: Any) -> None:
+    """A pass after one pod changed does not walk every pod: the simulator's CPU per
+    operation must not grow with the number of pods (it did, and at 10,000 pods cost more
+    than the control plane it served)."""
+    for i in range(30):
+        sim.create_pod("default", f"p{i}")
+    await sim.wait_for(lambda: all(_phase(sim, f"p{i}") == "Running" for i in range(30)))
+    sim.kubelets.reconcile_changed()  # whatever the loop has not looked at yet
+    looked_at: list[str] = []
+    follow = sim.kubelets._follow_node
+
+    def spy(pod: Obj, node: Obj) -> None:
+        looked_at.append(pod["metadata"]["name"])
+        follow(pod, node)
+
+    monkeypatch.setattr(sim.kubelets, "_follow_node", spy)
+    sim.set_marker("default", "p7", "changed")  # a store change: the loop has not run yet
+    sim.kubelets.reconcile_changed()
+    assert looked_at == ["p7"]
+    sim.kubelets.reconcile()  # the full pass still looks at every pod
+    assert len(looked_at) == 31
+
+
+async def test_the_usage_kept_from_changes_is_a_recount_of_the_stored_pods() -> None:
+    async with SimCluster(nodes=2, node_cpu="2", node_memory="2Gi") as sim:
+        for i in range(6):
+            sim.create_pod("default", f"w{i}", cpu=f"{100 * (i + 1)}m", memory="100Mi")
+        await sim.wait_for(lambda: all(_phase(sim, f"w{i}") == "Running" for i in range(6)))
+        sim.store.delete("pods", "default", "w2")
+        sim.create_pod("default", "late", cpu="300m", node="node-2")
+        await sim.wait_for(lambda: _phase(sim, "late") == "Running"
+                           and sim.pod("default", "w2") is None)
+        recount = scheduling.usage(sim.store.peek("pods"))
+        assert sim.kubelets.usage() == recount
+        assert sum(slot["pods"] for slot in recount.values()) == 6
