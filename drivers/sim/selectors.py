@@ -48,6 +48,9 @@ class Selector:
 
     label_terms: tuple[Predicate, ...] = ()
     field_terms: tuple[Predicate, ...] = ()
+    #: The node an equality term ``spec.nodeName=X`` requires (a node agent's watch),
+    #: so the watch fan-out offers such a watch only the changes of pods on its node.
+    node_name: str | None = None
 
     def matches(self, obj: Mapping[str, Any]) -> bool:
         labels = (obj.get("metadata") or {}).get("labels") or {}
@@ -58,7 +61,17 @@ EVERYTHING = Selector()
 
 
 def parse(label_selector: str | None, field_selector: str | None) -> Selector:
-    return Selector(parse_labels(label_selector or ""), parse_fields(field_selector or ""))
+    return Selector(parse_labels(label_selector or ""), parse_fields(field_selector or ""),
+                    required_node(field_selector or ""))
+
+
+def required_node(text: str) -> str | None:
+    """X when the field selector has an equality term ``spec.nodeName=X`` (else None)."""
+    for raw in filter(None, (part.strip() for part in text.split(","))):
+        match = re.fullmatch(r"spec\.nodeName\s*(==|=)\s*(?P<val>.*)", raw)
+        if match:
+            return match["val"]
+    return None
 
 
 def parse_labels(text: str) -> tuple[Predicate, ...]:

@@ -34,7 +34,7 @@ from aiohttp import web
 from controlplane.logs import get_logger
 from drivers.sim import selectors
 from drivers.sim.faults import Faults, Request
-from drivers.sim.objects import RESOURCES, ApiError, Obj, Resource, meta
+from drivers.sim.objects import RESOURCES, ApiError, Obj, Resource, dumps, meta
 from drivers.sim.store import Store
 from drivers.sim.watch import WatchHub, stream, stream_error
 
@@ -96,7 +96,7 @@ def _flag(value: str | None) -> bool:
 
 
 def _json(body: Obj, status: int = 200) -> web.Response:
-    return web.json_response(body, status=status)
+    return web.json_response(body, status=status, dumps=dumps)
 
 
 def _static(body: Obj | str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

@@ -25,7 +25,6 @@ scheduler/kubelet and :class:`~drivers.sim.cluster.SimCluster`.
 
 from __future__ import annotations
 
-import copy
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from drivers.sim.objects import (
     Obj,
     Resource,
     already_exists,
+    clone,
     conflict,
     meta,
     not_found,
@@ -89,16 +89,16 @@ class Store:
         return found
 
     def get(self, plural: str, namespace: str, name: str) -> Obj:
-        return copy.deepcopy(self._find(plural, namespace, name))
+        return clone(self._find(plural, namespace, name))
 
     def find(self, plural: str, namespace: str, name: str) -> Obj | None:
         obj = self._objects[plural].get((namespace, name))
-        return None if obj is None else copy.deepcopy(obj)
+        return None if obj is None else clone(obj)
 
     def select(self, plural: str, namespace: str | None = None,
              selector: Selector = EVERYTHING) -> tuple[list[Obj], int]:
         """Matching objects sorted by (namespace, name), and the list's version."""
-        items = [copy.deepcopy(obj) for key, obj in sorted(self._objects[plural].items())
+        items = [clone(obj) for key, obj in sorted(self._objects[plural].items())
                  if (namespace is None or key[0] == namespace) and selector.matches(obj)]
         return items, self.rv
 
@@ -134,7 +134,7 @@ class Store:
 
     def create(self, plural: str, namespace: str, body: Obj) -> Obj:
         resource = self.resource(plural)
-        obj = copy.deepcopy(body)
+        obj = clone(body)
         m = meta(obj)
         if resource.namespaced:
             self._check_namespace(namespace)
@@ -201,7 +201,7 @@ class Store:
         old = self._objects[plural].get((namespace, name))
         if old is None or (uid is not None and meta(old).get("uid") != uid):
             return None
-        new = copy.deepcopy(old)
+        new = clone(old)
         change(new)
         return self._replace(self.resource(plural), old, new)
 
@@ -227,11 +227,11 @@ class Store:
             current = m.get("deletionGracePeriodSeconds")
             seconds = min(seconds, current if isinstance(current, int) else seconds)
             if seconds == current:
-                return copy.deepcopy(old)
+                return clone(old)
         if seconds == 0 and not m.get("finalizers"):
             key = (namespace if resource.namespaced else "", name)
             return self._remove(resource, key)
-        new = copy.deepcopy(old)
+        new = clone(old)
         meta(new)["deletionGracePeriodSeconds"] = seconds
         if meta(new).get("deletionTimestamp") is None or seconds == 0:
             meta(new)["deletionTimestamp"] = timestamp(datetime.now(UTC)
@@ -259,7 +259,7 @@ class Store:
         key = (str(meta(old).get("namespace") or ""), str(meta(old)["name"]))
         meta(new)["resourceVersion"] = meta(old).get("resourceVersion")
         if new == old:
-            return copy.deepcopy(old)
+            return clone(old)
         m = meta(new)
         if (m.get("deletionTimestamp") is not None and not m.get("finalizers")
                 and m.get("deletionGracePeriodSeconds") in (0, None)):
@@ -271,16 +271,16 @@ class Store:
         meta(obj)["resourceVersion"] = str(self.rv)
         self._objects[resource.plural][key] = obj
         self._emit(Change(self.rv, resource.plural, "MODIFIED" if prev else "ADDED",
-                          copy.deepcopy(obj), prev))
-        return copy.deepcopy(obj)
+                          clone(obj), prev))
+        return clone(obj)
 
     def _remove(self, resource: Resource, key: Key, *, last: Obj | None = None) -> Obj:
         prev = self._objects[resource.plural].pop(key)
         self.rv += 1
-        gone = copy.deepcopy(last if last is not None else prev)
+        gone = clone(last if last is not None else prev)
         meta(gone)["resourceVersion"] = str(self.rv)
         self._emit(Change(self.rv, resource.plural, "DELETED", gone, prev))
-        return copy.deepcopy(gone)
+        return clone(gone)
 
     def _emit(self, change: Change) -> None:
         self._history.append(change)

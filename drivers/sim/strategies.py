@@ -16,9 +16,16 @@ Called by :mod:`drivers.sim.store`. Pure.
 
 from __future__ import annotations
 
-import copy
-
-from drivers.sim.objects import ApiError, Obj, Resource, invalid, meta, quantity, timestamp
+from drivers.sim.objects import (
+    ApiError,
+    Obj,
+    Resource,
+    clone,
+    invalid,
+    meta,
+    quantity,
+    timestamp,
+)
 
 DEFAULT_GRACE_SECONDS = 30
 _MUTABLE_POD_SPEC = ("activeDeadlineSeconds", "tolerations", "schedulingGates")
@@ -102,11 +109,11 @@ def prepare_update(resource: Resource, old: Obj, new: Obj, *, subresource: str |
             raise invalid(resource, name, f"metadata.{field}",
                           f'Invalid value: "{seen}": field is immutable')
     if subresource == "status":
-        out = copy.deepcopy(old)
-        out["status"] = copy.deepcopy(new.get("status") or {})
+        out = clone(old)
+        out["status"] = clone(new.get("status") or {})
         return out
     validate_meta(resource, new)
-    out = copy.deepcopy(new)
+    out = clone(new)
     out["kind"], out["apiVersion"] = resource.kind, "v1"
     for field in ("uid", "name", "creationTimestamp", "deletionTimestamp",
                   "deletionGracePeriodSeconds", "generation"):
@@ -118,7 +125,7 @@ def prepare_update(resource: Resource, old: Obj, new: Obj, *, subresource: str |
         meta(out)["namespace"] = old_meta["namespace"]
     if resource.has_status:
         if "status" in old:
-            out["status"] = copy.deepcopy(old["status"])
+            out["status"] = clone(old["status"])
         else:
             out.pop("status", None)
     if resource.plural == "pods":

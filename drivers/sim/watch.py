@@ -26,10 +26,10 @@ Called by :mod:`drivers.sim.server`.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import orjson
 from aiohttp import web
 
 from drivers.sim.objects import ApiError, Obj, Resource, meta
@@ -84,12 +84,22 @@ class WatchHub:
         self.bookmark_seconds = bookmark_seconds
         self.clock = clock  # for watch deadlines; None: the event loop's (tests fake it)
         self.watches: set[Watch] = set()
+        # The same watches, by the node a ``spec.nodeName=X`` field selector requires
+        # (None: every other watch). A pod change can only match a node-scoped watch of
+        # the node the pod is on or was on, so the fan-out offers it to those and to the
+        # unscoped watches — not to every node agent's watch (100 at scale).
+        self._by_node: dict[str | None, set[Watch]] = {}
         # After each event sent: None to go on, "drop" to end the stream, "cut" to cut it.
         self.interrupt: Callable[[], str | None] = lambda: None
         self._unsubscribe = store.subscribe(self._fan_out)
 
     def _fan_out(self, change: Change) -> None:
-        for watch in list(self.watches):
+        targets = list(self._by_node.get(None, ()))
+        if self._by_node.keys() - {None}:
+            nodes = {_node_of(change.obj), _node_of(change.prev)}
+            for node in nodes - {None}:
+                targets.extend(self._by_node.get(node, ()))
+        for watch in targets:
             watch.offer(change)
 
     def open(self, resource: Resource, namespace: str | None, selector: Selector, *,
@@ -111,10 +121,16 @@ class WatchHub:
             for change in self.store.changes_since(since):
                 watch.offer(change)
         self.watches.add(watch)
+        self._by_node.setdefault(selector.node_name, set()).add(watch)
         return watch
 
     def close(self, watch: Watch) -> None:
         self.watches.discard(watch)
+        scoped = self._by_node.get(watch.selector.node_name)
+        if scoped is not None:
+            scoped.discard(watch)
+            if not scoped:
+                del self._by_node[watch.selector.node_name]
 
     def bookmark(self, resource: Resource, version: int | None = None) -> Obj:
         """A bookmark at ``version`` (default: now). Only for a watch with nothing queued
@@ -151,8 +167,13 @@ class WatchHub:
         self._unsubscribe()
 
 
+def _node_of(obj: Obj | None) -> str | None:
+    node = ((obj or {}).get("spec") or {}).get("nodeName")
+    return str(node) if node else None
+
+
 def _line(event: Obj) -> bytes:
-    return (json.dumps(event, separators=(",", ":")) + "\n").encode()
+    return orjson.dumps(event) + b"\n"
 
 
 async def stream_error(request: web.Request, error: ApiError) -> web.StreamResponse:

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from drivers.sim import SimCluster
+from drivers.sim import SimCluster, selectors
 
 PODS = "/api/v1/namespaces/default/pods"
 
@@ -55,3 +55,36 @@ async def test_a_watch_ending_at_its_timeout_sends_what_was_queued_before_its_bo
             if c.resource == "pods" and c.rv <= resume}
     assert {"first", "second", "third"} <= {name for name, _ in owed}
     assert owed <= delivered, f"resuming from {resume} skips {sorted(owed - delivered)}"
+
+
+def _drain(queue: Any) -> list[tuple[str, str]]:
+    out = []
+    while not queue.empty():
+        item = queue.get_nowait()
+        out.append((item["type"], item["object"]["metadata"]["name"]))
+    return out
+
+
+async def test_a_node_scoped_watch_sees_exactly_the_pods_on_its_node(sim: SimCluster) -> None:
+    """The fan-out offers a ``spec.nodeName=X`` watch only the changes of pods on X (or
+    that were on X): the same events as offering it every change and filtering."""
+    pods = sim.store.resource("pods")
+    scoped = {node: sim.hub.open(pods, None, selectors.parse(None, f"spec.nodeName={node}"),
+                                 resource_version=str(sim.store.rv), bookmarks=False)
+              for node in ("node-1", "node-2")}
+    everything = sim.hub.open(pods, None, selectors.parse(None, None),
+                              resource_version=str(sim.store.rv), bookmarks=False)
+    sim.create_pod("default", "on-one", node="node-1")
+    sim.create_pod("default", "on-two", node="node-2")
+    sim.settle()
+    sim.store.delete("pods", "default", "on-one")
+    sim.settle()
+    got = {node: _drain(w.queue) for node, w in scoped.items()}
+    assert {name for _type, name in got["node-1"]} == {"on-one"}
+    assert {name for _type, name in got["node-2"]} == {"on-two"}
+    assert got["node-1"][0][0] == "ADDED"  # bound by the scheduler: started matching
+    assert got["node-1"][-1][0] == "DELETED"
+    assert {name for _type, name in _drain(everything.queue)} == {"on-one", "on-two"}
+    for watch in (*scoped.values(), everything):
+        sim.hub.close(watch)
+    assert sim.hub.watches == set()
