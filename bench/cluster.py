@@ -10,6 +10,10 @@
   (``product()`` takes none, so ``KubeDriver.connect`` is given them here);
 - :func:`migration_spec`: what ``cpctl migrate`` submits for a pod.
 
+With ``BENCH_PROFILE_DIR`` set, the simulator and the agents run under cProfile and
+write ``sim.prof`` / ``agents.prof`` there when they stop (what the scale figures' CPU
+per process pointed at: the simulator costs about as much CPU as the control plane).
+
 Used by ``bench.scale``, ``bench.growth`` and ``bench.recovery``.
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -120,6 +125,9 @@ class SimWorld:
         self._drains: list[asyncio.Task[None]] = []
 
     async def _start(self, name: str, *args: str) -> str:
+        profile_dir = os.environ.get("BENCH_PROFILE_DIR")
+        if profile_dir:  # cProfile the process; written when it exits on SIGTERM
+            args = ("cProfile", "-o", str(Path(profile_dir) / f"{name}.prof"), "-m", *args)
         with (self.root / f"{name}.stderr").open("w") as err:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", *args, cwd=ROOT, stdin=subprocess.DEVNULL,
