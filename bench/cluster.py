@@ -6,8 +6,6 @@
   layout on disk shared by agents and control plane; pods created over plain HTTP (not
   through the control plane, so not in its counts);
 - :class:`CountingRegistry`: the control plane's registry, counting requests by method;
-- :func:`kube_settings`: the control plane's Kubernetes client knobs for the run
-  (``product()`` takes none, so ``KubeDriver.connect`` is given them here);
 - :func:`migration_spec`: what ``cpctl migrate`` submits for a pod.
 
 With ``BENCH_PROFILE_DIR`` set, the simulator and the agents run under cProfile and
@@ -27,16 +25,14 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import aiohttp
 
 from bench.common import ROOT
 from controlplane.engine.jsonvalue import JsonObject
-from drivers.kube import KubeDriver, KubeSettings
 from drivers.registry.port import Descriptor, Manifest, Registry, Resolved
 
 MARKER = "sim.controlplane.dev/marker"
@@ -78,21 +74,6 @@ class CountingRegistry:
 
     async def close(self) -> None:
         await self.inner.close()
-
-
-@contextlib.contextmanager
-def kube_settings(settings: KubeSettings) -> Iterator[None]:
-    """Within the block, ``KubeDriver.connect`` uses ``settings`` (the product's root
-    builds the driver with the defaults, whose 50 QPS client throttle would cap a
-    10,000-migration run at the throttle, not at the control plane)."""
-    real = KubeDriver.connect
-
-    async def connect(**kwargs: Any) -> KubeDriver:
-        kwargs["settings"] = settings
-        return await real(**kwargs)
-
-    with mock.patch.object(KubeDriver, "connect", new=connect):
-        yield
 
 
 def migration_spec(pod: dict[str, Any], target: str, repository: str) -> JsonObject:

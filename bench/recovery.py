@@ -36,7 +36,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench.cluster import MARKER, CountingRegistry, kube_settings, sim_world
+from bench.cluster import MARKER, CountingRegistry, sim_world
 from bench.common import ROOT, db_name, floors, fresh_database, until_all_terminal, write_results
 from bench.scale import phases, submit_all
 from controlplane.cli.assembly import product
@@ -51,6 +51,7 @@ from drivers.kube import KubeSettings
 from drivers.registry import OciLayout
 
 clock = SystemClock()
+UNTHROTTLED = KubeSettings(qps=0)  # the client throttle is not what is measured
 ONCE = ("CaptureRequested", "SourceDeletionRequested", "SourceDeleted", "RestorePodRequested",
         "ArtifactVerified", "RestoreVerified", "ArtifactDeletionRequested", "MigrationFinished")
 
@@ -75,11 +76,10 @@ async def run_recovery(*, migrations: int, nodes: int, workers: int,
         with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
             async with sim_world(Path(tmp), nodes=nodes, pods=n) as (world, pods):
                 registry = OciLayout(world.layout)
-                with kube_settings(KubeSettings(qps=0)):
-                    async with product(db, clock, registry=registry, config=WorkerConfig(),
-                                       kubeconfig=str(world.kubeconfig),
-                                       run_worker=False) as submitting:
-                        await submit_all(db, submitting, pods, nodes, limits)
+                async with product(db, clock, registry=registry, config=WorkerConfig(),
+                                   kubeconfig=str(world.kubeconfig), kube=UNTHROTTLED,
+                                   run_worker=False) as submitting:
+                    await submit_all(db, submitting, pods, nodes, limits)
                 doomed = [await _start_worker(url, world.kubeconfig, world.layout, i, n,
                                               lease_seconds, Path(tmp))
                           for i in range(workers)]
@@ -105,7 +105,7 @@ async def _start_worker(url: str, kubeconfig: Path, layout: Path, i: int, n: int
             "--kubeconfig", str(kubeconfig), "--registry-layout", str(layout),
             "--worker-id", f"doomed-{i}", "--lease-seconds", str(lease_seconds),
             "--poll-seconds", "0.05", "--concurrency", "64",
-            "--max-operations", str(n + 1), "--max-per-node", str(n + 1),
+            "--max-operations", str(n + 1), "--max-per-node", str(n + 1), "--kube-qps", "0",
             cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
 
 
@@ -159,25 +159,25 @@ async def _rescue(db: Database, kubeconfig: Path, layout: Path, limits: Limits,
                           poll_seconds=0.05, limits=limits)
     runtime.leases.claim_due = recording_claim  # type: ignore[attr-defined]
     try:
-        with kube_settings(KubeSettings(qps=0)):
-            async with product(db, clock, registry=registry, config=config,
-                               kubeconfig=str(kubeconfig), run_worker=False) as running:
-                started = datetime.now(UTC).timestamp()
-                task = asyncio.create_task(running.worker.run())
-                worker_error = ""
+        async with product(db, clock, registry=registry, config=config,
+                           kubeconfig=str(kubeconfig), kube=UNTHROTTLED,
+                           run_worker=False) as running:
+            started = datetime.now(UTC).timestamp()
+            task = asyncio.create_task(running.worker.run())
+            worker_error = ""
+            try:
+                await until_all_terminal(db, every=0.02)
+                finished = datetime.now(UTC).timestamp()
+            finally:
+                running.worker.stop()
                 try:
-                    await until_all_terminal(db, every=0.02)
-                    finished = datetime.now(UTC).timestamp()
-                finally:
-                    running.worker.stop()
-                    try:
-                        await task
-                    except Exception as exc:  # reported, not hidden (see the scale notes)
-                        worker_error = repr(exc)[:500]
-                requests = running.kube.requests
-                api = dict(requests.snapshot())
-                errors = dict(requests.errors)
-                transitions = running.worker.transitions
+                    await task
+                except Exception as exc:  # reported, not hidden (see the scale notes)
+                    worker_error = repr(exc)[:500]
+            requests = running.kube.requests
+            api = dict(requests.snapshot())
+            errors = dict(requests.errors)
+            transitions = running.worker.transitions
     finally:
         runtime.leases.claim_due = real_claim  # type: ignore[attr-defined]
     resumed = [first_claim[i] for i in live if i in first_claim]

@@ -35,7 +35,7 @@ from typing import Any
 from sqlalchemy import text
 
 from bench import common
-from bench.cluster import REGISTRY_HOST, CountingRegistry, kube_settings, migration_spec, sim_world
+from bench.cluster import REGISTRY_HOST, CountingRegistry, migration_spec, sim_world
 from bench.common import (
     CpuMeter,
     RssSampler,
@@ -180,9 +180,11 @@ async def drive(db: Database, kubeconfig: Path, layout: Path, pods: list[dict[st
     rss_before = rss_bytes()
     out: dict[str, Any] = {}
     wakes = WakeTimer()
-    with wakes, kube_settings(KubeSettings(qps=qps, burst=max(100, int(qps)))):
+    with wakes:
         async with product(db, clock, registry=registry, config=config,
-                           kubeconfig=str(kubeconfig), run_worker=False) as running:
+                           kubeconfig=str(kubeconfig),
+                           kube=KubeSettings(qps=qps, burst=max(100, int(qps))),
+                           run_worker=False) as running:
             counter = running.kube.requests
             startup = counter.snapshot()
             t0 = time.perf_counter()

@@ -1,6 +1,7 @@
 """The product assembled against a cluster and a registry: the composition root.
 
-``product(...)`` connects the Kubernetes driver (kubeconfig or in-cluster), wraps the
+``product(...)`` connects the Kubernetes driver (kubeconfig or in-cluster, with the
+given ``KubeSettings``: ``--kube-qps``/``--kube-burst`` on the command line), wraps the
 registry, and builds one worker over every machine kind: pods and nodes observed from the
 watch cache, tags from the registry (``CompositeObserver``), actions performed by the
 kube and registry handlers. Pod watch events wake the machines that indexed the pod's UID
@@ -32,7 +33,7 @@ from controlplane.worker.children import ChildSubmitter, StoreMachineObserver
 from controlplane.worker.composite import CompositeObserver
 from controlplane.worker.ports import ActionHandler
 from controlplane.worker.runtime import Worker, WorkerConfig
-from drivers.kube import KubeDriver
+from drivers.kube import KubeDriver, KubeSettings
 from drivers.registry import ManifestActions, RegistryObserver
 from drivers.registry.port import Registry
 
@@ -53,6 +54,7 @@ async def _noop(_action: Any) -> None:
 @contextlib.asynccontextmanager
 async def product(db: Database, clock: Clock, *, registry: Registry, config: WorkerConfig,
                   kubeconfig: str | None = None, in_cluster: bool | None = None,
+                  kube: KubeSettings | None = None,
                   run_worker: bool = True) -> AsyncIterator[Product]:
     workers: list[Worker] = []
     drivers: list[KubeDriver] = []
@@ -70,25 +72,25 @@ async def product(db: Database, clock: Clock, *, registry: Registry, config: Wor
         for worker in workers:
             worker.nudge()
 
-    kube = await KubeDriver.connect(kubeconfig=kubeconfig, in_cluster=in_cluster,
-                                    on_pod_changes=wake)
-    drivers.append(kube)
-    async with kube:
+    driver = await KubeDriver.connect(kubeconfig=kubeconfig, in_cluster=in_cluster,
+                                      settings=kube, on_pod_changes=wake)
+    drivers.append(driver)
+    async with driver:
         children = StoreMachineObserver(db)
-        observer = CompositeObserver(cluster=kube.observer,
+        observer = CompositeObserver(cluster=driver.observer,
                                      registry=RegistryObserver(registry), machines=children)
-        fresh = CompositeObserver(cluster=kube.fresh_observer,
+        fresh = CompositeObserver(cluster=driver.fresh_observer,
                                   registry=RegistryObserver(registry), machines=children)
         kinds = default_kinds()
         handlers: dict[str, ActionHandler] = {
-            **kube.handlers(), **ManifestActions(registry).handlers(), WORK_ACTION: _noop,
+            **driver.handlers(), **ManifestActions(registry).handlers(), WORK_ACTION: _noop,
             SUBMIT_OPERATION: ChildSubmitter(db, kinds, fresh, clock, config.limits)}
         worker = Worker(db, kinds, observer,
                         ActionRunner(handlers, RetryPolicy(attempts=3)), clock, config)
         workers.append(worker)
         task = asyncio.create_task(worker.run()) if run_worker else None
         try:
-            yield Product(kube, registry, worker, fresh)
+            yield Product(driver, registry, worker, fresh)
         finally:
             if task is not None:
                 worker.stop()

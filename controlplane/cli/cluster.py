@@ -22,7 +22,7 @@ from controlplane.cli import dryrun
 from controlplane.cli.assembly import Product, product
 from controlplane.cli.classes import class_for
 from controlplane.cli.commands import clock, opened
-from controlplane.cli.options import limits_from
+from controlplane.cli.options import kube_rate_from, limits_from
 from controlplane.cli.progress import SUCCESS_PHASES, follow
 from controlplane.clock import new_id
 from controlplane.engine.jsonvalue import JsonObject
@@ -33,7 +33,7 @@ from controlplane.store import migrate, queries
 from controlplane.store.database import Database
 from controlplane.store.errors import MachineNotFound
 from controlplane.worker.runtime import Worker, WorkerConfig
-from drivers.kube import KubeDriver
+from drivers.kube import KubeDriver, KubeSettings
 from drivers.kube.errors import ApiNotFound
 from drivers.kube.resources import NODES, PODS
 from drivers.registry.options import registry_from_options
@@ -47,7 +47,10 @@ def registry_from_args(args: argparse.Namespace) -> Registry:
 
 
 def connect_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"kubeconfig": args.kubeconfig, "in_cluster": True if args.in_cluster else None}
+    """``product()``'s cluster arguments from the command line."""
+    qps, burst = kube_rate_from(args)
+    return {"kubeconfig": args.kubeconfig, "in_cluster": True if args.in_cluster else None,
+            "kube": KubeSettings(qps=qps, burst=burst)}
 
 
 def _workload(text: str) -> tuple[str, str]:

@@ -4,6 +4,7 @@ so parsing stays fast; ``cli.cluster`` acts on them)."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 from controlplane.engine.decider import InvalidSpec
@@ -17,6 +18,14 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
                    help="kubeconfig of the cluster ($CONTROLPLANE_KUBECONFIG, else "
                    "$KUBECONFIG or in-cluster)")
     g.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
+    g.add_argument("--kube-qps", type=_requests_per_second,
+                   default=os.environ.get("CONTROLPLANE_KUBE_QPS", "50"),
+                   help="client-side limit on API requests per second, as client-go's "
+                   "(default 50, $CONTROLPLANE_KUBE_QPS; 0: no limit)")
+    g.add_argument("--kube-burst", type=_burst,
+                   default=os.environ.get("CONTROLPLANE_KUBE_BURST", "100"),
+                   help="requests allowed at once above --kube-qps (default 100, "
+                   "$CONTROLPLANE_KUBE_BURST)")
     g.add_argument("--registry-layout", default=os.environ.get("CONTROLPLANE_REGISTRY_LAYOUT"),
                    help="OCI layouts on disk under this directory, instead of registries "
                    "over HTTP ($CONTROLPLANE_REGISTRY_LAYOUT)")
@@ -33,6 +42,28 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
                         default=int(os.environ.get("CONTROLPLANE_MAX_PER_NODE", "2")),
                         help="operations moving load off one node at once (default 2, "
                         "$CONTROLPLANE_MAX_PER_NODE)")
+
+
+def _requests_per_second(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of requests per second >= 0 (0: no limit)")
+    return value
+
+
+def _burst(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of requests >= 1")
+    return int(text)
+
+
+def kube_rate_from(args: argparse.Namespace) -> tuple[float, int]:
+    """``--kube-qps`` and ``--kube-burst`` (checked when parsed)."""
+    return float(args.kube_qps), int(args.kube_burst)
 
 
 def limits_from(args: argparse.Namespace) -> Limits:
