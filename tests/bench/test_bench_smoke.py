@@ -62,6 +62,10 @@ def test_scale_reports_per_migration_costs_and_every_migration_succeeds(
         assert key in r, key
     assert r["api_per_migration_by_verb"]["create"] >= 1  # at least the restored pod
     assert r["pods_running_after"] == 12
+    # CPU per process while the worker ran: every part of the world is accounted.
+    assert set(r["run_cpu_s"]) == {"control_plane", "sim", "agents", "postgres"}
+    assert r["run_cpu_s"]["control_plane"] > 0
+    assert r["cpu_ms_per_migration"] > 0
 
 
 def test_recovery_resumes_every_migration_without_repeating_a_side_effect(
