@@ -117,7 +117,8 @@ async def loaded(events: int) -> dict[str, Any] | None:
 
 
 async def run_replay(*, events: int, template_migrations: int = 20,
-                     measure_floor: bool = True, reuse: bool = False) -> dict[str, Any]:
+                     measure_floor: bool = True, reuse: bool = False,
+                     jobs: int = 1) -> dict[str, Any]:
     results = (reuse and await loaded(events)) or await load_history(
         events=events, template_migrations=template_migrations)
     db = open_database(URL, pool_size=8)
@@ -129,13 +130,13 @@ async def run_replay(*, events: int, template_migrations: int = 20,
         results["read_events_per_s"] = round(read / (time.perf_counter() - t0))
         kinds = default_kinds()
         t0 = time.perf_counter()
-        report = await rebuild(db, kinds, now=clock.now())
+        report = await rebuild(db, kinds, now=clock.now(), jobs=jobs)
         elapsed = time.perf_counter() - t0
     finally:
         await db.dispose()
     results.update({
         "machines": report.machines, "events": report.events,
-        "rebuild_s": round(elapsed, 2),
+        "rebuild_s": round(elapsed, 2), "jobs": jobs,
         "events_per_s": round(report.events / elapsed),
         "machines_per_s": round(report.machines / elapsed),
         "mismatches": len(report.mismatches),
@@ -152,7 +153,8 @@ def print_table(r: dict[str, Any]) -> None:
         print(f"  bare INSERT+COMMIT floor   c=1 {r['floor_c1_per_s']:.0f}/s   "
               f"c=32 {r['floor_c32_per_s']:.0f}/s")
     print(f"  read only (decode)         {r['read_events_per_s']:,} events/s")
-    print(f"  rebuild                    {r['rebuild_s']:.1f} s: {r['events_per_s']:,} events/s,"
+    print(f"  rebuild, {r['jobs']} process(es)     {r['rebuild_s']:.1f} s: "
+          f"{r['events_per_s']:,} events/s,"
           f" {r['machines_per_s']:,} machines/s; mismatches {r['mismatches']}")
     print(f"  peak RSS                   {mib(r['rss_peak_bytes'])}")
 
@@ -164,11 +166,12 @@ async def main() -> None:
     p.add_argument("--reuse", action="store_true",
                    help="rebuild the history already loaded (e.g. by bench.growth) if it "
                         "holds --events events")
+    p.add_argument("--jobs", type=int, default=1, help="rebuild processes (cpctl replay --jobs)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     configure_logs("console", "warning")
     results = await run_replay(events=args.events, template_migrations=args.template,
-                               reuse=args.reuse)
+                               reuse=args.reuse, jobs=args.jobs)
     print_table(results)
     write_results("replay", results, args.json)
 

@@ -289,7 +289,8 @@ async def replay_cmd(args: argparse.Namespace) -> int:
     dirty = False
     async with opened(args) as db:
         await migrate.require_current(db)
-        report = await rebuild(db, kinds, now=clock.now(), write=args.rebuild)
+        report = await rebuild(db, kinds, now=clock.now(), write=args.rebuild,
+                               jobs=args.jobs)
         _print_report(report, "rebuild" if args.rebuild else "projections")
         dirty |= not report.clean and not args.rebuild
         if args.verify:

@@ -79,6 +79,7 @@ The views behind it are plain SQL: docs/reporting.md.
     "replay": """examples:
   cpctl replay --verify        # projections and every recorded decision must reproduce
   cpctl replay --rebuild       # rewrite projections from the events (events win)
+  cpctl replay --jobs 4        # check with 4 processes (a large history, spare cores)
 """,
     "worker": """examples:
   cpctl worker --kubeconfig ~/.kube/config --registry-plain-http localhost:5000
@@ -193,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
              "(--verify); exit 5 on any mismatch")
     r.add_argument("--rebuild", action="store_true", help="rewrite projections from events")
     r.add_argument("--verify", action="store_true", help="re-run decide on recorded inputs")
+    r.add_argument("--jobs", type=_positive_int, default=1,
+                   help="rebuild in this many processes, each over its own range of "
+                   "machines (default 1; up to the cores you can spare)")
 
     wk = verb("worker", commands.worker_cmd, "run a worker: claim due machines, decide, "
               "commit, act; SIGTERM drains in-flight work")

@@ -70,9 +70,12 @@ def _object(text: Any) -> JsonObject:
     return value
 
 
-async def _batch(db: Database, after: str, size: int) -> Batch:
+async def _batch(db: Database, after: str, size: int, until: str | None) -> Batch:
+    pick = _MACHINES.where(m.c.id > after)
+    if until is not None:
+        pick = pick.where(m.c.id <= until)
     async with read_txn(db) as conn:
-        rows = (await conn.execute(_MACHINES.where(m.c.id > after).limit(size))).all()
+        rows = (await conn.execute(pick.limit(size))).all()
         if not rows:
             return []
         first, last = rows[0][0], rows[-1][0]
@@ -87,13 +90,28 @@ async def _batch(db: Database, after: str, size: int) -> Batch:
             for r in rows]
 
 
-async def stream_events(db: Database, *, batch_machines: int = 2000
+async def split_ids(db: Database, parts: int) -> list[tuple[str, str | None]]:
+    """``parts`` id ranges ``(after, until]`` with about as many machines each, in order,
+    covering every machine (the last is open-ended: machines added meanwhile land there).
+    """
+    async with read_txn(db) as conn:
+        ids = [str(i) for i in (await conn.execute(select(m.c.id).order_by(m.c.id))).scalars()]
+    if parts <= 1 or len(ids) < 2 * parts:
+        return [("", None)]
+    cuts = [ids[len(ids) * k // parts - 1] for k in range(1, parts)]
+    bounds = ["", *cuts]
+    return [(bounds[k], cuts[k] if k < len(cuts) else None) for k in range(parts)]
+
+
+async def stream_events(db: Database, *, batch_machines: int = 2000, after: str = "",
+                        until: str | None = None,
                         ) -> AsyncIterator[tuple[StoredProjection, list[FoldEvent]]]:
     """Every machine's projection with its events in seq order, in id order; one batch read
-    ahead."""
-    batch = await _batch(db, "", batch_machines)
+    ahead. ``after``/``until``: only ids in ``(after, until]`` (a parallel rebuild's share).
+    """
+    batch = await _batch(db, after, batch_machines, until)
     while batch:
-        ahead = asyncio.ensure_future(_batch(db, batch[-1][0].id, batch_machines))
+        ahead = asyncio.ensure_future(_batch(db, batch[-1][0].id, batch_machines, until))
         try:
             for item in batch:
                 yield item
