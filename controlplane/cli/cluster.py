@@ -22,7 +22,7 @@ from controlplane.cli import dryrun
 from controlplane.cli.assembly import Product, product
 from controlplane.cli.classes import class_for
 from controlplane.cli.commands import clock, opened
-from controlplane.cli.options import kube_rate_from, limits_from
+from controlplane.cli.options import limits_from
 from controlplane.cli.progress import SUCCESS_PHASES, follow
 from controlplane.clock import new_id
 from controlplane.engine.jsonvalue import JsonObject
@@ -47,10 +47,9 @@ def registry_from_args(args: argparse.Namespace) -> Registry:
 
 
 def connect_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``product()``'s cluster arguments from the command line."""
-    qps, burst = kube_rate_from(args)
+    """``product()``'s cluster arguments from the command line (checked when parsed)."""
     return {"kubeconfig": args.kubeconfig, "in_cluster": True if args.in_cluster else None,
-            "kube": KubeSettings(qps=qps, burst=burst)}
+            "kube": KubeSettings(qps=args.kube_qps, burst=args.kube_burst)}
 
 
 def _workload(text: str) -> tuple[str, str]:

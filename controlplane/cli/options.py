@@ -61,11 +61,6 @@ def _burst(text: str) -> int:
     return int(text)
 
 
-def kube_rate_from(args: argparse.Namespace) -> tuple[float, int]:
-    """``--kube-qps`` and ``--kube-burst`` (checked when parsed)."""
-    return float(args.kube_qps), int(args.kube_burst)
-
-
 def limits_from(args: argparse.Namespace) -> Limits:
     """The admission limits the verbs submit under and the worker admits under."""
     try:
