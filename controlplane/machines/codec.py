@@ -119,78 +119,154 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls, localns=aliases, include_extras=True)
 
 
+Decoder = Callable[[JsonValue], Any]
+
+
 def _decode(tp: Any, data: JsonValue) -> Any:
+    return _decoder(tp)(data)
+
+
+@functools.cache
+def _decoder(tp: Any) -> Decoder:
+    """The decoder of one type, built once: ``load_state`` runs on every lease, so the type
+    is not re-inspected per value. A type the codec cannot read gets a decoder that raises
+    ``TypeError`` when called (a union skips such a member, as it skips a mismatch).
+    """
     origin = typing.get_origin(tp)
     if origin is Annotated:
         if "raw-json" in tp.__metadata__:
-            if not isinstance(data, dict):
-                raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-            return dict(data)
-        return _decode(typing.get_args(tp)[0], data)
+            return _decode_raw_json
+        return _decoder(typing.get_args(tp)[0])
     if origin is typing.Union or origin is types.UnionType:
-        return _decode_union(typing.get_args(tp), data)
+        return _union_decoder(typing.get_args(tp))
     if origin is tuple:
-        args = typing.get_args(tp)
+        return _tuple_decoder(tp)
+    if origin is dict:
+        return _dict_decoder(tp)
+    if tp is Any:
+        return _identity
+    if isinstance(tp, type):
+        return _type_decoder(tp)
+    return _refuse(f"cannot decode type {tp!r}")
+
+
+def _refuse(message: str) -> Decoder:
+    def refuse(data: JsonValue) -> Any:
+        raise TypeError(message)
+
+    return refuse
+
+
+def _identity(data: JsonValue) -> Any:
+    return data
+
+
+def _decode_raw_json(data: JsonValue) -> Any:
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    return dict(data)
+
+
+def _union_decoder(options: tuple[Any, ...]) -> Decoder:
+    nullable = type(None) in options
+    members = [(option, _decoder(option)) for option in options if option is not type(None)]
+
+    def decode_union(data: JsonValue) -> Any:
+        if data is None and nullable:
+            return None
+        errors: list[str] = []
+        for _option, member in members:
+            try:
+                return member(data)
+            except (TypeError, ValueError, KeyError) as err:
+                errors.append(str(err))
+        raise ValueError(f"no union member matched {data!r}: {'; '.join(errors)}")
+
+    return decode_union
+
+
+def _tuple_decoder(tp: Any) -> Decoder:
+    item = _decoder(typing.get_args(tp)[0])
+
+    def decode_tuple(data: JsonValue) -> Any:
         if not isinstance(data, list):
             raise ValueError(f"expected a JSON array for {tp}, got {type(data).__name__}")
-        return tuple(_decode(args[0], item) for item in data)
-    if origin is dict:
-        value_type = typing.get_args(tp)[1]
+        return tuple([item(value) for value in data])
+
+    return decode_tuple
+
+
+def _dict_decoder(tp: Any) -> Decoder:
+    value = _decoder(typing.get_args(tp)[1])
+
+    def decode_dict(data: JsonValue) -> Any:
         if not isinstance(data, dict):
             raise ValueError(f"expected a JSON object for {tp}, got {type(data).__name__}")
-        return {str(k): _decode(value_type, v) for k, v in data.items()}
-    if tp is Any:
-        return data
-    if isinstance(tp, type):
-        return _decode_type(tp, data)
-    raise TypeError(f"cannot decode type {tp!r}")
+        return {str(k): value(v) for k, v in data.items()}
+
+    return decode_dict
 
 
-def _decode_union(options: tuple[Any, ...], data: JsonValue) -> Any:
-    if data is None and type(None) in options:
-        return None
-    errors: list[str] = []
-    for option in options:
-        if option is type(None):
-            continue
-        try:
-            return _decode(option, data)
-        except (TypeError, ValueError, KeyError) as err:
-            errors.append(str(err))
-    raise ValueError(f"no union member matched {data!r}: {'; '.join(errors)}")
-
-
-def _decode_type(tp: type, data: JsonValue) -> Any:
+def _type_decoder(tp: type) -> Decoder:
     if issubclass(tp, Enum):
-        return tp(data)
+        return tp
     if tp is datetime:
-        if not isinstance(data, str):
-            raise ValueError(f"expected an ISO datetime string, got {data!r}")
-        parsed = datetime.fromisoformat(data)
-        if parsed.tzinfo is None:
-            raise ValueError(f"datetime {data!r} has no timezone")
-        return parsed
-    if tp is bool:
-        if not isinstance(data, bool):
-            raise ValueError(f"expected a boolean, got {data!r}")
-        return data
-    if tp is int:
-        if isinstance(data, bool) or not isinstance(data, int):
-            raise ValueError(f"expected an integer, got {data!r}")
-        return data
-    if tp is float:
-        if isinstance(data, bool) or not isinstance(data, int | float):
-            raise ValueError(f"expected a number, got {data!r}")
-        return float(data)
-    if tp is str:
-        if not isinstance(data, str):
-            raise ValueError(f"expected a string, got {data!r}")
-        return data
+        return _decode_datetime
+    scalar = _SCALARS.get(tp)
+    if scalar is not None:
+        return scalar
     if dataclasses.is_dataclass(tp):
+        return _dataclass_decoder(tp)
+    return _refuse(f"cannot decode type {tp.__name__}")
+
+
+def _dataclass_decoder(tp: type) -> Decoder:
+    names = tuple(f.name for f in dataclasses.fields(tp))
+    fields: list[tuple[str, Decoder]] = []  # filled on first use: states nest recursively
+
+    def decode_dataclass(data: JsonValue) -> Any:
         if not isinstance(data, dict):
             raise ValueError(f"expected a JSON object for {tp.__name__}, got {data!r}")
-        hints = _hints(tp)
-        kwargs = {f.name: _decode(hints[f.name], data[f.name])
-                  for f in dataclasses.fields(tp) if f.name in data}
-        return tp(**kwargs)
-    raise TypeError(f"cannot decode type {tp.__name__}")
+        if not fields:
+            hints = _hints(tp)
+            fields.extend((name, _decoder(hints[name])) for name in names)
+        return tp(**{name: field(data[name]) for name, field in fields if name in data})
+
+    return decode_dataclass
+
+
+def _decode_datetime(data: JsonValue) -> datetime:
+    if not isinstance(data, str):
+        raise ValueError(f"expected an ISO datetime string, got {data!r}")
+    parsed = datetime.fromisoformat(data)
+    if parsed.tzinfo is None:
+        raise ValueError(f"datetime {data!r} has no timezone")
+    return parsed
+
+
+def _decode_bool(data: JsonValue) -> bool:
+    if not isinstance(data, bool):
+        raise ValueError(f"expected a boolean, got {data!r}")
+    return data
+
+
+def _decode_int(data: JsonValue) -> int:
+    if isinstance(data, bool) or not isinstance(data, int):
+        raise ValueError(f"expected an integer, got {data!r}")
+    return data
+
+
+def _decode_float(data: JsonValue) -> float:
+    if isinstance(data, bool) or not isinstance(data, int | float):
+        raise ValueError(f"expected a number, got {data!r}")
+    return float(data)
+
+
+def _decode_str(data: JsonValue) -> str:
+    if not isinstance(data, str):
+        raise ValueError(f"expected a string, got {data!r}")
+    return data
+
+
+_SCALARS: dict[type, Decoder] = {bool: _decode_bool, int: _decode_int, float: _decode_float,
+                                 str: _decode_str}
