@@ -112,7 +112,7 @@ def capture_spec(machine_id: str, spec: JsonObject, klass: CheckpointClass,
     return CaptureSpec(
         checkpoint_id=machine_id, namespace=pod.namespace, name=pod.name, uid=pod.uid,
         artifact=artifact, containers=containers(spec.get("containers"), field="containers"),
-        quiesce=quiesce, saver=klass.saver_container().to_annotation(),
+        quiesce=quiesce, saver=klass.saver_annotation(),
         timeout=klass.timeouts.capture)
 
 

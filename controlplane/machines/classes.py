@@ -16,12 +16,15 @@ Pure functions: :func:`parse_class` (validate, raise ``InvalidSpec`` naming the 
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
+
+import orjson
 
 from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
@@ -88,8 +91,23 @@ class CheckpointClass:
     def saver_container(self) -> Container:
         return merge(DEFAULT_SAVER, self.saver)
 
+    def saver_annotation(self) -> str:
+        """The merged saver as the agent reads it (kept per class: see ``_annotation``)."""
+        return _annotation(DEFAULT_SAVER, self.saver)
+
+    def loader_annotation(self) -> str:
+        """The merged loader as the agent reads it (kept per class: see ``_annotation``)."""
+        return _annotation(DEFAULT_LOADER, self.loader)
+
     def loader_container(self) -> Container:
         return merge(DEFAULT_LOADER, self.loader)
+
+
+@functools.lru_cache(maxsize=256)
+def _annotation(default: Container, override: ContainerOverride) -> str:
+    # Every machine of a class sends the same merged container, and initial_state builds
+    # it on every lease and every replayed machine: merged and serialised once per class.
+    return merge(default, override).to_annotation()
 
 
 DEFAULT_CLASS = CheckpointClass()
@@ -99,9 +117,39 @@ _KEYS = {"name", "repository", "tag_scheme", "timeouts", "retention", "saver", "
 
 
 def parse_class(data: JsonValue, *, field: str = "class") -> CheckpointClass:
-    """Validate a class definition; missing keys take the defaults."""
+    """Validate a class definition; missing keys take the defaults.
+
+    Every machine embeds its class, and ``initial_state`` parses it on every lease and
+    every replayed machine (a third of a rebuild's ``initial_state``), so a valid
+    definition's parse is kept, keyed by its canonical JSON. Errors are not kept: each
+    names the caller's field.
+    """
     if data is None:
         return DEFAULT_CLASS
+    key = _canonical(data)
+    parsed = _PARSED.get(key) if key is not None else None
+    if parsed is None:
+        parsed = _parse_class(data, field=field)
+        if key is not None and len(_PARSED) < _MAX_PARSED:
+            _PARSED[key] = parsed
+    return parsed
+
+
+_PARSED: dict[bytes, CheckpointClass] = {}
+_MAX_PARSED = 256  # classes are few; past this, parse each time rather than grow
+
+
+def _canonical(data: JsonValue) -> bytes | None:
+    """``data`` as sorted-key JSON bytes: equal for equal definitions (``true`` is not ``1``)."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        return orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # not JSON: let the parse say why
+        return None
+
+
+def _parse_class(data: JsonValue, *, field: str) -> CheckpointClass:
     if not isinstance(data, dict):
         raise InvalidSpec(f"{field} must be an object (a checkpoint class definition)")
     unknown = sorted(set(data) - _KEYS)

@@ -122,7 +122,7 @@ class RestoreState(PhasedState):
     def context(self) -> RestoreContext:
         t = self.klass.timeouts
         return RestoreContext(template=self.spec.template,
-                              loader=self.klass.loader_container().to_annotation(),
+                              loader=self.klass.loader_annotation(),
                               schedule_timeout=t.schedule, restore_timeout=t.restore,
                               cleanup_timeout=t.release)
 

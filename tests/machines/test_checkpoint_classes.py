@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -182,3 +183,19 @@ def test_any_valid_class_round_trips(keep: int | None, age: int | None, after: b
                           "delete_after_migration": after}, "restore_attempts": attempts}
     cls = parse_class(data)
     assert parse_class(class_to_json(cls)) == cls
+
+
+def test_an_equal_definition_reuses_the_parsed_class_whatever_its_key_order() -> None:
+    """initial_state parses the embedded class on every lease: equal JSON, one parse."""
+    first = parse_class(FULL)
+    again = parse_class(dict(reversed(list(FULL.items()))))
+    assert again is first
+
+
+def test_a_kept_parse_never_lets_a_different_definition_through() -> None:
+    """``true`` is not ``1``: after a valid class is kept, an invalid look-alike still fails,
+    and each failure names its own caller's field."""
+    assert parse_class({"restore_attempts": 1}).restore_attempts == 1
+    for field in ("spec.class", "classes[0]"):
+        with pytest.raises(InvalidSpec, match=re.escape(f"{field}.restore_attempts")):
+            parse_class({"restore_attempts": True}, field=field)
