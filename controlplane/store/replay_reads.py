@@ -19,12 +19,13 @@ Called by :func:`controlplane.replay.rebuild` and the replay benchmark.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import orjson
 from sqlalchemy import Text, cast, select
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.store import schema
@@ -79,8 +80,11 @@ async def _batch(db: Database, after: str, size: int, until: str | None) -> Batc
         if not rows:
             return []
         first, last = rows[0][0], rows[-1][0]
-        ev_rows = (await conn.execute(
-            _EVENTS.where(e.c.machine_id >= first, e.c.machine_id <= last))).all()
+        if db.backend == "postgresql":
+            ev_rows = await _pg_event_rows(conn, first, last)
+        else:
+            ev_rows = (await conn.execute(
+                _EVENTS.where(e.c.machine_id >= first, e.c.machine_id <= last))).all()
     by_machine: dict[str, list[FoldEvent]] = {str(r[0]): [] for r in rows}
     loads = orjson.loads
     for machine_id, seq, type_, data in ev_rows:
@@ -88,6 +92,20 @@ async def _batch(db: Database, after: str, size: int, until: str | None) -> Batc
     return [(StoredProjection(str(r[0]), str(r[1]), str(r[2]), int(r[3]), bool(r[4]),
                               _object(r[5])), by_machine[str(r[0])])
             for r in rows]
+
+
+async def _pg_event_rows(conn: AsyncConnection, first: str, last: str) -> Sequence[Any]:
+    """The batch's events straight from asyncpg, in the open transaction: the events are
+    nine in ten rows read, and SQLAlchemy's result layer cost more than the query itself.
+    """
+    raw = await conn.get_raw_connection()
+    driver: Any = raw.driver_connection  # asyncpg.Connection
+    rows: Sequence[Any] = await driver.fetch(_PG_EVENTS, first, last)
+    return rows
+
+
+_PG_EVENTS = (f"SELECT machine_id, seq, type, CAST(data AS text) FROM {e.name} "
+              "WHERE machine_id >= $1 AND machine_id <= $2 ORDER BY machine_id, seq")
 
 
 async def split_ids(db: Database, parts: int) -> list[tuple[str, str | None]]:

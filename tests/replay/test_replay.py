@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import tempfile
 from dataclasses import replace
 from datetime import datetime
@@ -13,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.clock import FakeClock
-from controlplane.engine.decider import Command, Decision
+from controlplane.engine.decider import Command, Decision, Event
 from controlplane.engine.kinds import KindRegistry
 from controlplane.engine.observation import Observation, PodView
 from controlplane.errors import UsageError
@@ -144,3 +145,32 @@ async def test_verify_reports_a_decider_that_no_longer_reproduces_its_history(
     report = await verify(db, KindRegistry([DriftedSteps()]))
     assert [(m.machine_id, m.seq) for m in report.mismatches] == [("m1", 2), ("m1", 3),
                                                                   ("m1", 4)]
+
+
+class CollectorProbe(StepsDecider):
+    """Records whether the cyclic garbage collector ran during each fold step."""
+
+    def __init__(self) -> None:
+        self.collector_enabled: list[bool] = []
+
+    def evolve(self, state: StepsState, event: Event) -> StepsState:
+        self.collector_enabled.append(gc.isenabled())
+        return super().evolve(state, event)
+
+
+async def test_rebuild_folds_without_the_cyclic_collector_and_restores_it(
+    db: Database, clock: FakeClock
+) -> None:
+    await submit_steps(db, clock, "m1", steps=2)
+    worker = make_worker(db, clock, RecordingHandler())
+    for c in await leases.claim_due(db, owner="w1", token="t", now=clock.now(), limit=5,
+                                    lease_seconds=30):
+        await worker.drive(c)
+    probe = CollectorProbe()
+    assert gc.isenabled()
+    report = await rebuild(db, KindRegistry([probe]), now=clock.now())
+    assert report.clean
+    assert report.events > 1
+    assert probe.collector_enabled
+    assert not any(probe.collector_enabled)
+    assert gc.isenabled()
