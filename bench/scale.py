@@ -49,6 +49,7 @@ from bench.common import (
 )
 from controlplane.cli.assembly import product
 from controlplane.clock import SystemClock, new_id
+from controlplane.collector import tune_for_service
 from controlplane.logs import configure as configure_logs
 from controlplane.machines.registry import default_kinds
 from controlplane.machines.submission import Limits
@@ -138,6 +139,7 @@ async def run_scale(*, migrations: int, nodes: int, concurrency: int = 64, qps: 
                     db_name: str | None = None, workdir: Path | None = None,
                     measure_floor: bool = True) -> dict[str, Any]:
     """One scale run; returns the figures (see the module docstring)."""
+    tune_for_service()  # this process is the control plane, as `cpctl worker` would be
     url = await fresh_database(db_name or common.db_name("scale"))
     db = open_database(url, pool_size=20)
     results: dict[str, Any] = {"migrations": migrations, "nodes": nodes,

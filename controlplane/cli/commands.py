@@ -22,6 +22,7 @@ from typing import Any
 from controlplane.cli import render
 from controlplane.cli.options import limits_from
 from controlplane.clock import SystemClock, new_id
+from controlplane.collector import tune_for_service
 from controlplane.engine.decider import Command
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
@@ -301,6 +302,7 @@ async def replay_cmd(args: argparse.Namespace) -> int:
 
 
 async def worker_cmd(args: argparse.Namespace) -> int:
+    tune_for_service()
     config = WorkerConfig(
         worker_id=args.worker_id or f"worker-{new_id()[:8]}",
         concurrency=args.concurrency, batch_size=args.concurrency,

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from controlplane.cli.commands import clock
+from controlplane.collector import tune_for_service
 from controlplane.errors import UsageError
 from controlplane.exposition import CONTENT_TYPE
 from controlplane.machines.registry import default_kinds
@@ -54,6 +55,7 @@ async def serve_cmd(args: argparse.Namespace) -> int:
     from controlplane.api.app import make_app
     from controlplane.api.serving import make_runner
 
+    tune_for_service()
     token = _token(args)
     host, port = _listen(args.listen)
     db = open_database(args.db)
