@@ -129,18 +129,72 @@ def postgres_cpu_seconds() -> float:
     """CPU of every live PostgreSQL process (backends, writers), summed.
 
     A backend's CPU leaves the sum when it exits, so compare two readings taken while
-    the same pooled connections are open.
+    the same pooled connections are open (or use :class:`PostgresCpuSampler`).
     """
-    total = 0.0
+    return sum(cpu_seconds(pid) for pid in _postgres_pids())
+
+
+def _postgres_pids() -> list[int]:
+    pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/comm") as comm:
                     if comm.read().startswith("postgres"):
-                        total += cpu_seconds(int(entry))
+                        pids.append(int(entry))
             except OSError:
                 continue
-    return total
+    return pids
+
+
+class PostgresCpuSampler:
+    """PostgreSQL's CPU over a run, backends that exit during it included.
+
+    :func:`postgres_cpu_seconds` loses a backend's CPU when it exits (a parallel
+    rebuild's children close their connections before the run ends), so this samples
+    every backend every ``every`` seconds and keeps each one's last reading; a backend
+    first seen mid-run counts from zero. What exits between two samples is lost (at most
+    ``every`` seconds of it).
+    """
+
+    def __init__(self, every: float = 0.2) -> None:
+        self.every = every
+        self._first: dict[int, float] = {}
+        self._last: dict[int, float] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def _sample(self, *, baseline: bool = False) -> None:
+        for pid in _postgres_pids():
+            used = cpu_seconds(pid)
+            if used:
+                self._last[pid] = used
+                if baseline:
+                    self._first[pid] = used
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.every)
+            self._sample()
+
+    def start(self) -> None:
+        self._sample(baseline=True)
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> float:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._sample()
+        return round(sum(used - self._first.get(pid, 0.0)
+                         for pid, used in self._last.items()), 1)
+
+
+def own_cpu_seconds() -> float:
+    """CPU of this process and of its children that have exited (a process pool's)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
 
 class CpuMeter:

@@ -15,7 +15,8 @@
    events from its ``Submitted`` spec and compare with the stored projection, timed;
    every projection must match.
 
-Prints the bare commit floor of the same run, a table and one JSON line; writes
+Prints the bare commit floor of the same run, a table (with the CPU the rebuild used:
+its own processes, and PostgreSQL's) and one JSON line; writes
 ``bench/results/replay.json``. The eventsourcing library reads its log at ~200k
 events/s on this machine: the target is above that.
 """
@@ -30,9 +31,19 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench.common import db_name, floors, footprint, mib, peak_rss_bytes, write_results
+from bench.common import (
+    PostgresCpuSampler,
+    db_name,
+    floors,
+    footprint,
+    mib,
+    own_cpu_seconds,
+    peak_rss_bytes,
+    write_results,
+)
 from bench.scale import run_scale
 from controlplane.clock import SystemClock
+from controlplane.collector import collector_paused
 from controlplane.logs import configure as configure_logs
 from controlplane.machines.registry import default_kinds
 from controlplane.replay import rebuild
@@ -126,12 +137,17 @@ async def run_replay(*, events: int, template_migrations: int = 20,
         if measure_floor:
             results.update(await floors(db, quick=True))
         t0 = time.perf_counter()  # the read alone (what the eventsourcing figure is)
-        read = sum([len(evs) async for _r, evs in replay_reads.stream_events(db)])
+        with collector_paused():  # as the rebuild reads
+            read = sum([len(evs) async for _r, evs in replay_reads.stream_events(db)])
         results["read_events_per_s"] = round(read / (time.perf_counter() - t0))
         kinds = default_kinds()
-        t0 = time.perf_counter()
+        postgres = PostgresCpuSampler()
+        postgres.start()
+        cpu0, t0 = own_cpu_seconds(), time.perf_counter()
         report = await rebuild(db, kinds, now=clock.now(), jobs=jobs)
         elapsed = time.perf_counter() - t0
+        results["cpu_s"] = {"replay": round(own_cpu_seconds() - cpu0, 1),
+                            "postgres": await postgres.stop()}
     finally:
         await db.dispose()
     results.update({
@@ -156,6 +172,9 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"  rebuild, {r['jobs']} process(es)     {r['rebuild_s']:.1f} s: "
           f"{r['events_per_s']:,} events/s,"
           f" {r['machines_per_s']:,} machines/s; mismatches {r['mismatches']}")
+    cpu = r["cpu_s"]
+    print(f"  CPU during the rebuild     replay {cpu['replay']} s, PostgreSQL {cpu['postgres']} s"
+          f" ({(cpu['replay'] + cpu['postgres']) / r['events'] * 1e6:.1f} us per event)")
     print(f"  peak RSS                   {mib(r['rss_peak_bytes'])}")
 
 
