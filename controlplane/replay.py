@@ -18,10 +18,12 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
+from multiprocessing.queues import Queue
+from queue import Empty
 from typing import Any, Protocol
 
 from controlplane.collector import collector_paused
@@ -105,24 +107,71 @@ def replay_machine(kinds: KindRegistry, record: _Machine,
     return state, events[-1].seq
 
 
+@dataclass(frozen=True)
+class RebuildProgress:
+    """How far a rebuild is: machines and events folded so far, of ``total`` machines."""
+
+    machines: int
+    events: int
+    total: int
+
+
+#: Called now and then during a rebuild (every ``PROGRESS_EVERY`` machines per process).
+Progress = Callable[[RebuildProgress], None]
+PROGRESS_EVERY = 1000
+_Tick = Callable[[int, int], None]  # machines, events folded since the last tick
+
+
+#: From this many machines, ``cpctl replay`` rebuilds in parallel unless told otherwise
+#: (below it, starting the processes costs more than it saves).
+AUTO_PARALLEL_MACHINES = 20_000
+AUTO_MAX_JOBS = 8
+
+
+def auto_jobs(machines: int, cpus: int) -> int:
+    """Processes for a rebuild of ``machines`` on ``cpus`` cores: one per core (at most
+    ``AUTO_MAX_JOBS``) for a large history, else one."""
+    if machines < AUTO_PARALLEL_MACHINES:
+        return 1
+    return max(1, min(cpus, AUTO_MAX_JOBS))
+
+
 async def rebuild(db: Database, kinds: KindRegistry, *, now: datetime,
-                  write: bool = False, jobs: int = 1) -> ReplayReport:
+                  write: bool = False, jobs: int = 1,
+                  progress: Progress | None = None) -> ReplayReport:
     """Fold every machine's events and compare with (``write``: put back) its projection.
 
     ``jobs`` > 1 splits the machines into that many id ranges, each rebuilt by its own
     process on its own connection (the fold is CPU-bound Python: threads would share one
     core). The report is the same as one process's, mismatches in id order.
+    ``progress`` is called with the running totals as the processes report them.
     """
     ranges = await replay_reads.split_ids(db, jobs) if jobs > 1 else [("", None)]
+    total = await replay_reads.count_machines(db) if progress is not None else 0
+    done = [0, 0]
+
+    def tick(machines: int, events: int) -> None:
+        done[0] += machines
+        done[1] += events
+        if progress is not None:
+            progress(RebuildProgress(done[0], done[1], total))
+
     if len(ranges) == 1:
-        return await _rebuild_range(db, kinds, now=now, write=write)
+        return await _rebuild_range(db, kinds, now=now, write=write, tick=tick)
     url = db.url.render_as_string(hide_password=False)
     loop = asyncio.get_running_loop()
     spawn = multiprocessing.get_context("spawn")  # no inherited event loop or pool
-    with ProcessPoolExecutor(max_workers=len(ranges), mp_context=spawn) as pool:
-        parts = await asyncio.gather(*(
-            loop.run_in_executor(pool, _rebuild_part, url, kinds, after, until, now, write)
-            for after, until in ranges))
+    ticks: Queue[tuple[int, int]] = spawn.Queue()
+    with ProcessPoolExecutor(max_workers=len(ranges), mp_context=spawn,
+                             initializer=_start_child, initargs=(ticks,)) as pool:
+        running = [loop.run_in_executor(pool, _rebuild_part, url, kinds, after, until, now,
+                                        write) for after, until in ranges]
+        pending: set[asyncio.Future[ReplayReport]] = set(running)
+        while pending:
+            _done, pending = await asyncio.wait(pending, timeout=0.25)
+            _drain(ticks, tick)
+        parts = [future.result() for future in running]
+    _drain(ticks, tick)
     report = ReplayReport()
     for part in parts:
         report.machines += part.machines
@@ -132,6 +181,29 @@ async def rebuild(db: Database, kinds: KindRegistry, *, now: datetime,
     return report
 
 
+def _drain(ticks: Queue[tuple[int, int]], tick: _Tick) -> None:
+    while True:
+        try:
+            machines, events = ticks.get_nowait()
+        except Empty:
+            return
+        tick(machines, events)
+
+
+_child_ticks: Queue[tuple[int, int]] | None = None
+
+
+def _start_child(ticks: Queue[tuple[int, int]]) -> None:
+    """A parallel rebuild's child: its progress goes to the parent through ``ticks``."""
+    global _child_ticks
+    _child_ticks = ticks
+
+
+def _child_tick(machines: int, events: int) -> None:
+    if _child_ticks is not None:
+        _child_ticks.put((machines, events))
+
+
 def _rebuild_part(url: str, kinds: KindRegistry, after: str, until: str | None,
                   now: datetime, write: bool) -> ReplayReport:
     """One process's share of a parallel rebuild (runs in the child)."""
@@ -139,7 +211,7 @@ def _rebuild_part(url: str, kinds: KindRegistry, after: str, until: str | None,
         db = open_database(url, pool_size=2)
         try:
             return await _rebuild_range(db, kinds, now=now, write=write, after=after,
-                                        until=until)
+                                        until=until, tick=_child_tick)
         finally:
             await db.dispose()
 
@@ -147,14 +219,17 @@ def _rebuild_part(url: str, kinds: KindRegistry, after: str, until: str | None,
 
 
 async def _rebuild_range(db: Database, kinds: KindRegistry, *, now: datetime, write: bool,
-                         after: str = "", until: str | None = None) -> ReplayReport:
+                         tick: _Tick, after: str = "", until: str | None = None,
+                         ) -> ReplayReport:
     with collector_paused():
-        return await _fold_range(db, kinds, now=now, write=write, after=after, until=until)
+        return await _fold_range(db, kinds, now=now, write=write, after=after, until=until,
+                                 tick=tick)
 
 
 async def _fold_range(db: Database, kinds: KindRegistry, *, now: datetime, write: bool,
-                      after: str, until: str | None) -> ReplayReport:
+                      after: str, until: str | None, tick: _Tick) -> ReplayReport:
     report = ReplayReport()
+    ticked = (0, 0)
     async for record, events in replay_reads.stream_events(db, after=after, until=until):
         report.machines += 1
         report.events += len(events)
@@ -168,6 +243,11 @@ async def _fold_range(db: Database, kinds: KindRegistry, *, now: datetime, write
                                       state.wake_keys),
             )
             report.rewritten += 1
+        if report.machines - ticked[0] >= PROGRESS_EVERY:
+            tick(report.machines - ticked[0], report.events - ticked[1])
+            ticked = (report.machines, report.events)
+    if report.machines > ticked[0]:
+        tick(report.machines - ticked[0], report.events - ticked[1])
     return report
 
 

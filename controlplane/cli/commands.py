@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import csv
 import json
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -20,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from controlplane.cli import render
+from controlplane.cli.meter import RebuildMeter
 from controlplane.cli.options import limits_from
 from controlplane.clock import SystemClock, new_id
 from controlplane.collector import tune_for_service
@@ -31,8 +33,8 @@ from controlplane.machines.drain_state import ChildStatus
 from controlplane.machines.registry import default_kinds
 from controlplane.machines.steps import WORK_ACTION
 from controlplane.operations import send_command, submit
-from controlplane.replay import ReplayReport, phase_after_each, rebuild, verify
-from controlplane.store import leases, migrate, queries, reports
+from controlplane.replay import ReplayReport, auto_jobs, phase_after_each, rebuild, verify
+from controlplane.store import leases, migrate, queries, replay_reads, reports
 from controlplane.store.database import Database, open_database
 from controlplane.store.errors import MachineNotFound
 from controlplane.store.records import MachineRecord
@@ -290,9 +292,17 @@ async def replay_cmd(args: argparse.Namespace) -> int:
     dirty = False
     async with opened(args) as db:
         await migrate.require_current(db)
-        report = await rebuild(db, kinds, now=clock.now(), write=args.rebuild,
-                               jobs=args.jobs)
-        _print_report(report, "rebuild" if args.rebuild else "projections")
+        title = "rebuild" if args.rebuild else "projections"
+        meter = RebuildMeter(title)
+        try:
+            report = await rebuild(db, kinds, now=clock.now(), write=args.rebuild,
+                                   jobs=args.jobs or auto_jobs(
+                                       await replay_reads.count_machines(db),
+                                       os.cpu_count() or 1),
+                                   progress=meter)
+        finally:
+            meter.close()
+        _print_report(report, title)
         dirty |= not report.clean and not args.rebuild
         if args.verify:
             vreport = await verify(db, kinds)

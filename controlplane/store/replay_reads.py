@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import orjson
-from sqlalchemy import Text, cast, select
+from sqlalchemy import Text, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.engine.jsonvalue import JsonObject
@@ -106,6 +106,12 @@ async def _pg_event_rows(conn: AsyncConnection, first: str, last: str) -> Sequen
 
 _PG_EVENTS = (f"SELECT machine_id, seq, type, CAST(data AS text) FROM {e.name} "
               "WHERE machine_id >= $1 AND machine_id <= $2 ORDER BY machine_id, seq")
+
+
+async def count_machines(db: Database) -> int:
+    """How many machines a rebuild will fold (for its progress)."""
+    async with read_txn(db) as conn:
+        return int(await conn.scalar(select(func.count()).select_from(m)) or 0)
 
 
 async def split_ids(db: Database, parts: int) -> list[tuple[str, str | None]]:

@@ -4,7 +4,7 @@ does: every machine once, the same mismatches in id order, the same rewrites."""
 from __future__ import annotations
 
 from controlplane.clock import FakeClock
-from controlplane.replay import rebuild
+from controlplane.replay import RebuildProgress, rebuild
 from controlplane.store import leases, queries, replay_reads
 from controlplane.store.database import Database
 from controlplane.store.records import Projection
@@ -56,3 +56,14 @@ async def test_a_parallel_rebuild_finds_and_repairs_what_one_process_does(
     fixed = await rebuild(db, KINDS, now=clock.now(), write=True, jobs=2)
     assert fixed.rewritten == 2
     assert (await rebuild(db, KINDS, now=clock.now(), jobs=2)).clean
+
+
+async def test_progress_adds_up_to_the_report_in_one_process_and_in_several(
+        db: Database, clock: FakeClock) -> None:
+    await _history(db, clock)
+    for jobs in (1, 2):
+        seen: list[RebuildProgress] = []
+        report = await rebuild(db, KINDS, now=clock.now(), jobs=jobs, progress=seen.append)
+        assert seen
+        assert seen[-1] == RebuildProgress(report.machines, report.events, len(IDS))
+        assert [p.machines for p in seen] == sorted(p.machines for p in seen)
