@@ -11,14 +11,14 @@
    hangs in the action; ``kill -9``; a fresh worker must resume all within 3 s of lease
    expiry. Prints seconds from lease expiry until all resumed and until all finished.
 
-Prints a table and, with ``--json FILE``, the figures as JSON.
+Prints a table and one JSON line; writes ``bench/results/engine_throughput.json`` (or
+``--json FILE``), like every scenario.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import statistics
@@ -31,7 +31,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench.common import ROOT, floor, fresh_database, until_all_terminal
+from bench.common import ROOT, db_name, floor, fresh_database, until_all_terminal, write_results
 from controlplane.clock import SystemClock, new_id
 from controlplane.logs import configure as configure_logs
 from controlplane.machines.registry import default_kinds
@@ -157,10 +157,11 @@ async def main() -> None:
     p.add_argument("--machines-serial", type=int, default=200, help="machines at concurrency 1")
     p.add_argument("--recovery", type=int, default=500, help="machines in flight at the kill")
     p.add_argument("--lease-seconds", type=float, default=5.0)
-    p.add_argument("--json", type=Path, help="also write the figures here")
+    p.add_argument("--json", type=Path, help="write the figures here "
+                                             "(default bench/results/engine_throughput.json)")
     args = p.parse_args()
     configure_logs("console", "warning")
-    url = await fresh_database("cp_bench")
+    url = await fresh_database(db_name("engine"))
     db = open_database(url, pool_size=40)
     results: dict[str, Any] = {}
     try:
@@ -185,8 +186,7 @@ async def main() -> None:
           f"{rec['all_resumed_s_after_expiry']:.2f}s after lease expiry, all finished "
           f"{rec['all_finished_s_after_expiry']:.2f}s after; histories exact: "
           f"{rec['histories_exact']}")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    write_results("engine_throughput", results, args.json)
 
 
 if __name__ == "__main__":

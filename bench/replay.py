@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from controlplane.clock import SystemClock
 from controlplane.collector import collector_paused
 from controlplane.logs import configure as configure_logs
 from controlplane.machines.registry import default_kinds
-from controlplane.replay import rebuild
+from controlplane.replay import auto_jobs, rebuild
 from controlplane.store import replay_reads
 from controlplane.store.database import Database, open_database
 
@@ -129,7 +130,7 @@ async def loaded(events: int) -> dict[str, Any] | None:
 
 async def run_replay(*, events: int, template_migrations: int = 20,
                      measure_floor: bool = True, reuse: bool = False,
-                     jobs: int = 1) -> dict[str, Any]:
+                     jobs: int | None = None) -> dict[str, Any]:
     results = (reuse and await loaded(events)) or await load_history(
         events=events, template_migrations=template_migrations)
     db = open_database(URL, pool_size=8)
@@ -144,9 +145,11 @@ async def run_replay(*, events: int, template_migrations: int = 20,
         postgres = PostgresCpuSampler()
         postgres.start()
         cpu0, t0 = own_cpu_seconds(), time.perf_counter()
+        if jobs is None:  # what `cpctl replay` would pick for this history here
+            jobs = auto_jobs(await replay_reads.count_machines(db), os.cpu_count() or 1)
         report = await rebuild(db, kinds, now=clock.now(), jobs=jobs)
         elapsed = time.perf_counter() - t0
-        results["cpu_s"] = {"replay": round(own_cpu_seconds() - cpu0, 1),
+        results["cpu_s"] = {"replay": round(own_cpu_seconds() - cpu0, 3),
                             "postgres": await postgres.stop()}
     finally:
         await db.dispose()
@@ -185,7 +188,9 @@ async def main() -> None:
     p.add_argument("--reuse", action="store_true",
                    help="rebuild the history already loaded (e.g. by bench.growth) if it "
                         "holds --events events")
-    p.add_argument("--jobs", type=int, default=1, help="rebuild processes (cpctl replay --jobs)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="rebuild processes (cpctl replay --jobs; default: what cpctl replay "
+                        "picks for this history, one per CPU from 20,000 machines)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     configure_logs("console", "warning")

@@ -88,6 +88,18 @@ def test_replay_rebuilds_cloned_real_histories_without_a_mismatch(tmp_path: Path
     assert r["mismatches"] == 0
     assert r["events_per_s"] > 0
     assert r["read_events_per_s"] > 0
+    assert r["jobs"] == 1  # what cpctl replay picks for a history this small
+    assert set(r["cpu_s"]) == {"replay", "postgres"}
+    assert r["cpu_s"]["replay"] > 0
+
+
+def test_engine_benchmark_reports_throughput_and_exact_recovery(tmp_path: Path) -> None:
+    r = bench(tmp_path, "engine_throughput", "--machines", "40", "--machines-serial", "8",
+              "--recovery", "6", "--lease-seconds", "2")
+    assert r["engine_c32"]["transitions"] == 40 * 6
+    assert r["engine_c1"]["transitions"] == 8 * 6
+    assert r["recovery"]["resumed"] == 6
+    assert r["recovery"]["histories_exact"]
 
 
 def test_growth_prints_ratios_and_the_idle_tick(tmp_path: Path) -> None:
