@@ -104,7 +104,9 @@ async def _pg_event_rows(conn: AsyncConnection, first: str, last: str) -> Sequen
     return rows
 
 
-_PG_EVENTS = (f"SELECT machine_id, seq, type, CAST(data AS text) FROM {e.name} "
+# Constant SQL (no identifier spliced in: tests/reliability/test_security.py); the
+# PostgreSQL replay tests fail if the events table is ever renamed.
+_PG_EVENTS = ("SELECT machine_id, seq, type, CAST(data AS text) FROM events "
               "WHERE machine_id >= $1 AND machine_id <= $2 ORDER BY machine_id, seq")
 
 
