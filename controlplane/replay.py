@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -147,6 +147,27 @@ async def rebuild(db: Database, kinds: KindRegistry, *, now: datetime,
     ``progress`` is called with the running totals as the processes report them.
     """
     ranges = await replay_reads.split_ids(db, jobs) if jobs > 1 else [("", None)]
+    tick = await _ticker(db, progress)
+    if len(ranges) == 1:
+        return await _rebuild_range(db, kinds, now=now, write=write, tick=tick)
+    return _merged(await _in_processes(db, ranges, tick, _rebuild_part, kinds, now, write))
+
+
+async def verify(db: Database, kinds: KindRegistry, *, jobs: int = 1,
+                 progress: Progress | None = None) -> ReplayReport:
+    """Re-run every recorded decision on what it saw (see the module docstring).
+
+    ``jobs`` and ``progress`` as for :func:`rebuild`.
+    """
+    ranges = await replay_reads.split_ids(db, jobs) if jobs > 1 else [("", None)]
+    tick = await _ticker(db, progress)
+    if len(ranges) == 1:
+        return await _verify_range(db, kinds, tick=tick)
+    return _merged(await _in_processes(db, ranges, tick, _verify_part, kinds))
+
+
+async def _ticker(db: Database, progress: Progress | None) -> _Tick:
+    """A tick that adds up what the processes report and passes the totals on."""
     total = await replay_reads.count_machines(db) if progress is not None else 0
     done = [0, 0]
 
@@ -156,26 +177,35 @@ async def rebuild(db: Database, kinds: KindRegistry, *, now: datetime,
         if progress is not None:
             progress(RebuildProgress(done[0], done[1], total))
 
-    if len(ranges) == 1:
-        return await _rebuild_range(db, kinds, now=now, write=write, tick=tick)
+    return tick
+
+
+async def _in_processes(db: Database, ranges: Sequence[tuple[str, str | None]], tick: _Tick,
+                        part: Callable[..., ReplayReport], *args: Any) -> list[ReplayReport]:
+    """``part(url, after, until, *args)`` for each id range, each in its own process."""
     url = db.url.render_as_string(hide_password=False)
     loop = asyncio.get_running_loop()
     spawn = multiprocessing.get_context("spawn")  # no inherited event loop or pool
     ticks: Queue[tuple[int, int]] = spawn.Queue()
     with ProcessPoolExecutor(max_workers=len(ranges), mp_context=spawn,
                              initializer=_start_child, initargs=(ticks,)) as pool:
-        running = [loop.run_in_executor(pool, _rebuild_part, url, kinds, after, until, now,
-                                        write) for after, until in ranges]
+        running = [loop.run_in_executor(pool, part, url, after, until, *args)
+                   for after, until in ranges]
         pending: set[asyncio.Future[ReplayReport]] = set(running)
         while pending:
             _done, pending = await asyncio.wait(pending, timeout=0.25)
             _drain(ticks, tick)
         parts = [future.result() for future in running]
     _drain(ticks, tick)
+    return parts
+
+
+def _merged(parts: list[ReplayReport]) -> ReplayReport:
     report = ReplayReport()
-    for part in parts:
+    for part in parts:  # in id order, so mismatches stay in id order
         report.machines += part.machines
         report.events += part.events
+        report.decisions += part.decisions
         report.rewritten += part.rewritten
         report.mismatches.extend(part.mismatches)
     return report
@@ -194,7 +224,7 @@ _child_ticks: Queue[tuple[int, int]] | None = None
 
 
 def _start_child(ticks: Queue[tuple[int, int]]) -> None:
-    """A parallel rebuild's child: its progress goes to the parent through ``ticks``."""
+    """A parallel run's child: its progress goes to the parent through ``ticks``."""
     global _child_ticks
     _child_ticks = ticks
 
@@ -204,18 +234,29 @@ def _child_tick(machines: int, events: int) -> None:
         _child_ticks.put((machines, events))
 
 
-def _rebuild_part(url: str, kinds: KindRegistry, after: str, until: str | None,
-                  now: datetime, write: bool) -> ReplayReport:
-    """One process's share of a parallel rebuild (runs in the child)."""
+def _in_child(url: str, work: Callable[[Database], Awaitable[ReplayReport]]) -> ReplayReport:
+    """Run ``work`` on a connection of the child's own (runs in the child)."""
     async def run() -> ReplayReport:
         db = open_database(url, pool_size=2)
         try:
-            return await _rebuild_range(db, kinds, now=now, write=write, after=after,
-                                        until=until, tick=_child_tick)
+            return await work(db)
         finally:
             await db.dispose()
 
     return asyncio.run(run())
+
+
+def _rebuild_part(url: str, after: str, until: str | None, kinds: KindRegistry,
+                  now: datetime, write: bool) -> ReplayReport:
+    """One process's share of a parallel rebuild."""
+    return _in_child(url, lambda db: _rebuild_range(
+        db, kinds, now=now, write=write, after=after, until=until, tick=_child_tick))
+
+
+def _verify_part(url: str, after: str, until: str | None, kinds: KindRegistry) -> ReplayReport:
+    """One process's share of a parallel verify."""
+    return _in_child(url, lambda db: _verify_range(
+        db, kinds, after=after, until=until, tick=_child_tick))
 
 
 async def _rebuild_range(db: Database, kinds: KindRegistry, *, now: datetime, write: bool,
@@ -269,14 +310,22 @@ def _projection_differences(record: StoredProjection, state: Any, version: int) 
             for what, want, got in pairs if want != got]
 
 
-async def verify(db: Database, kinds: KindRegistry) -> ReplayReport:
+async def _verify_range(db: Database, kinds: KindRegistry, *, tick: _Tick, after: str = "",
+                        until: str | None = None) -> ReplayReport:
     report = ReplayReport()
+    ticked = (0, 0)
     with collector_paused():  # the same bulk, acyclic allocation as a rebuild
-        async for record, events, decisions in queries.stream_histories(db):
+        async for record, events, decisions in queries.stream_histories(
+                db, after=after, until=until):
             report.machines += 1
             report.events += len(events)
             report.decisions += len(decisions)
             report.mismatches.extend(verify_machine(kinds, record, events, decisions))
+            if report.machines - ticked[0] >= PROGRESS_EVERY:
+                tick(report.machines - ticked[0], report.events - ticked[1])
+                ticked = (report.machines, report.events)
+    if report.machines > ticked[0]:
+        tick(report.machines - ticked[0], report.events - ticked[1])
     return report
 
 

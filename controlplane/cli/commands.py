@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, closing
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -292,20 +292,17 @@ async def replay_cmd(args: argparse.Namespace) -> int:
     dirty = False
     async with opened(args) as db:
         await migrate.require_current(db)
+        jobs = args.jobs or auto_jobs(await replay_reads.count_machines(db),
+                                      os.cpu_count() or 1)
         title = "rebuild" if args.rebuild else "projections"
-        meter = RebuildMeter(title)
-        try:
+        with closing(RebuildMeter(title)) as meter:
             report = await rebuild(db, kinds, now=clock.now(), write=args.rebuild,
-                                   jobs=args.jobs or auto_jobs(
-                                       await replay_reads.count_machines(db),
-                                       os.cpu_count() or 1),
-                                   progress=meter)
-        finally:
-            meter.close()
+                                   jobs=jobs, progress=meter)
         _print_report(report, title)
         dirty |= not report.clean and not args.rebuild
         if args.verify:
-            vreport = await verify(db, kinds)
+            with closing(RebuildMeter("verify")) as meter:
+                vreport = await verify(db, kinds, jobs=jobs, progress=meter)
             _print_report(vreport, "verify")
             dirty |= not vreport.clean
     return 5 if dirty else 0

@@ -195,9 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--rebuild", action="store_true", help="rewrite projections from events")
     r.add_argument("--verify", action="store_true", help="re-run decide on recorded inputs")
     r.add_argument("--jobs", type=_positive_int, default=None,
-                   help="rebuild in this many processes, each over its own range of "
-                   "machines (default: one per CPU, at most 8, for a history of 20,000 "
-                   "machines or more, else 1); progress goes to stderr on long runs")
+                   help="rebuild (and verify) in this many processes, each over its own "
+                   "range of machines (default: one per CPU, at most 8, for a history of "
+                   "20,000 machines or more, else 1); progress goes to stderr on long runs")
 
     wk = verb("worker", commands.worker_cmd, "run a worker: claim due machines, decide, "
               "commit, act; SIGTERM drains in-flight work")

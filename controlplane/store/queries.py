@@ -162,19 +162,20 @@ async def machine_ids(db: Database, *, after: str = "", limit: int = 1000) -> li
 
 
 async def stream_histories(
-    db: Database, *, batch_machines: int = 500
+    db: Database, *, batch_machines: int = 500, after: str = "", until: str | None = None,
 ) -> AsyncIterator[tuple[MachineRecord, list[RecordedEvent], list[DecisionRecord]]]:
-    """Every machine with its events and decisions, in id order, a batch at a time.
+    """Every machine with its events and decisions, in id order, a batch at a time;
+    ``after``/``until``: only ids in ``(after, until]`` (a parallel verify's share).
 
     Replay's read path: one query per batch for events and one for decisions, so reading
     1M events costs ~2 round trips per ``batch_machines`` machines, not one per machine.
     """
-    after = ""
     while True:
+        pick = select(m).where(m.c.id > after)
+        if until is not None:
+            pick = pick.where(m.c.id <= until)
         async with read_txn(db) as conn:
-            rows = (await conn.execute(
-                select(m).where(m.c.id > after).order_by(m.c.id).limit(batch_machines)
-            )).all()
+            rows = (await conn.execute(pick.order_by(m.c.id).limit(batch_machines))).all()
             if not rows:
                 return
             records = [row_to_record(r) for r in rows]

@@ -4,12 +4,13 @@ does: every machine once, the same mismatches in id order, the same rewrites."""
 from __future__ import annotations
 
 from controlplane.clock import FakeClock
-from controlplane.replay import RebuildProgress, rebuild
+from controlplane.engine.kinds import KindRegistry
+from controlplane.replay import RebuildProgress, rebuild, verify
 from controlplane.store import leases, queries, replay_reads
 from controlplane.store.database import Database
 from controlplane.store.records import Projection
 from controlplane.store.replay_writes import rewrite_projection
-from tests.support.machines import KINDS, submit_steps
+from tests.support.machines import KINDS, DriftedSteps, submit_steps
 from tests.support.workers import RecordingHandler, make_worker
 
 IDS = [f"m{i:02d}" for i in range(9)]
@@ -67,3 +68,19 @@ async def test_progress_adds_up_to_the_report_in_one_process_and_in_several(
         assert seen
         assert seen[-1] == RebuildProgress(report.machines, report.events, len(IDS))
         assert [p.machines for p in seen] == sorted(p.machines for p in seen)
+
+
+async def test_a_parallel_verify_finds_what_one_process_does(
+        db: Database, clock: FakeClock) -> None:
+    await _history(db, clock)
+    assert (await verify(db, KINDS, jobs=2)).clean
+    drifted = KindRegistry([DriftedSteps()])
+    alone = await verify(db, drifted)
+    seen: list[RebuildProgress] = []
+    split = await verify(db, drifted, jobs=2, progress=seen.append)
+    assert (split.machines, split.events, split.decisions) == (
+        alone.machines, alone.events, alone.decisions)
+    assert split.decisions > split.machines
+    assert split.mismatches == alone.mismatches
+    assert {m.machine_id for m in split.mismatches} == set(IDS)
+    assert seen[-1] == RebuildProgress(len(IDS), split.events, len(IDS))

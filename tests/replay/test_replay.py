@@ -6,17 +6,15 @@ import asyncio
 import contextlib
 import gc
 import tempfile
-from dataclasses import replace
-from datetime import datetime
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.clock import FakeClock
-from controlplane.engine.decider import Command, Decision, Event
+from controlplane.engine.decider import Command, Event
 from controlplane.engine.kinds import KindRegistry
-from controlplane.engine.observation import Observation, PodView
+from controlplane.engine.observation import PodView
 from controlplane.errors import UsageError
 from controlplane.machines.steps import StepsDecider, StepsState
 from controlplane.operations import send_command
@@ -25,7 +23,7 @@ from controlplane.store import leases, migrate, queries
 from controlplane.store.database import Database, open_database
 from controlplane.store.records import Projection
 from controlplane.store.replay_writes import rewrite_projection
-from tests.support.machines import KINDS, submit_steps
+from tests.support.machines import KINDS, DriftedSteps, submit_steps
 from tests.support.workers import RecordingHandler, ScriptedObserver, make_worker
 
 op = st.one_of(
@@ -122,15 +120,6 @@ async def test_a_corrupted_projection_is_detected_and_rebuilt_from_events(
     assert fixed.rewritten == 1
     assert (await rebuild(db, KINDS, now=clock.now())).clean
     assert (await queries.get_machine(db, "m1")).state == good.state
-
-
-class DriftedSteps(StepsDecider):
-    """A 'new release' of the steps kind that would write different history."""
-
-    def decide(self, state: StepsState, observation: Observation, now: datetime) -> Decision:
-        decision = super().decide(state, observation, now)
-        return replace(decision, events=tuple(replace(e, data={**e.data, "payload": "changed"})
-                                              for e in decision.events))
 
 
 async def test_verify_reports_a_decider_that_no_longer_reproduces_its_history(
