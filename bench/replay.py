@@ -13,7 +13,9 @@
    as the eventsourcing library's measures), timed;
 4. ``controlplane.replay.rebuild`` (what ``cpctl replay`` runs): fold every machine's
    events from its ``Submitted`` spec and compare with the stored projection, timed;
-   every projection must match.
+   every projection must match;
+5. with ``--verify``: ``controlplane.replay.verify`` (``cpctl replay --verify``) re-runs
+   every recorded decision, timed; the clones are faithful enough that none differs.
 
 Prints the bare commit floor of the same run, a table (with the CPU the rebuild used:
 its own processes, and PostgreSQL's) and one JSON line; writes
@@ -47,7 +49,7 @@ from controlplane.clock import SystemClock
 from controlplane.collector import collector_paused
 from controlplane.logs import configure as configure_logs
 from controlplane.machines.registry import default_kinds
-from controlplane.replay import auto_jobs, rebuild
+from controlplane.replay import auto_jobs, rebuild, verify
 from controlplane.store import replay_reads
 from controlplane.store.database import Database, open_database
 
@@ -75,11 +77,17 @@ async def clone(db: Database, copies: int) -> None:
         cols = await _columns(db, table, skip=skip)
         key = "id" if table == "machines" else "machine_id"
         # A faithful clone: the machine id also appears inside the JSON (checkpoint ids,
-        # artifact tags), so it is replaced there too, as if the machine had that id.
+        # artifact tags), so it is replaced there too, as if the machine had that id; so
+        # is the hash of it that names a restored pod (restoring.restore_pod_name:
+        # "-r" + sha256(id)[:6] + "-"), or re-running the decisions (verify) would
+        # name the pod differently than the clone's history does.
         new_id = f"lpad(g::text, 7, '0') || '-' || t.{key}"
+        old_tag, new_tag = (f"'-r' || left(encode(sha256(convert_to({i}, 'UTF8')), 'hex'), 6)"
+                            " || '-'" for i in (f"t.{key}", new_id))
         picked = ", ".join(
             new_id if c == key
-            else f"CAST(replace(CAST(t.{c} AS text), t.{key}, {new_id}) AS {kind})"
+            else (f"CAST(replace(replace(CAST(t.{c} AS text), t.{key}, {new_id}), "
+                  f"{old_tag}, {new_tag}) AS {kind})")
             if kind in ("json", "jsonb") else f"t.{c}"
             for c, kind in cols)
         names = ", ".join(c for c, _ in cols)
@@ -130,7 +138,7 @@ async def loaded(events: int) -> dict[str, Any] | None:
 
 async def run_replay(*, events: int, template_migrations: int = 20,
                      measure_floor: bool = True, reuse: bool = False,
-                     jobs: int | None = None) -> dict[str, Any]:
+                     jobs: int | None = None, verify_too: bool = False) -> dict[str, Any]:
     results = (reuse and await loaded(events)) or await load_history(
         events=events, template_migrations=template_migrations)
     db = open_database(URL, pool_size=8)
@@ -151,6 +159,13 @@ async def run_replay(*, events: int, template_migrations: int = 20,
         elapsed = time.perf_counter() - t0
         results["cpu_s"] = {"replay": round(own_cpu_seconds() - cpu0, 3),
                             "postgres": await postgres.stop()}
+        if verify_too:  # every recorded decision re-run (cpctl replay --verify)
+            t1 = time.perf_counter()
+            checked = await verify(db, kinds, jobs=jobs)
+            results["verify"] = {
+                "decisions": checked.decisions, "mismatches": len(checked.mismatches),
+                "seconds": round(time.perf_counter() - t1, 2),
+                "events_per_s": round(checked.events / (time.perf_counter() - t1))}
     finally:
         await db.dispose()
     results.update({
@@ -178,6 +193,10 @@ def print_table(r: dict[str, Any]) -> None:
     cpu = r["cpu_s"]
     print(f"  CPU during the rebuild     replay {cpu['replay']} s, PostgreSQL {cpu['postgres']} s"
           f" ({(cpu['replay'] + cpu['postgres']) / r['events'] * 1e6:.1f} us per event)")
+    if "verify" in r:
+        v = r["verify"]
+        print(f"  verify, same processes     {v['seconds']:.1f} s: {v['events_per_s']:,} events/s,"
+              f" {v['decisions']:,} decisions re-run; mismatches {v['mismatches']}")
     print(f"  peak RSS                   {mib(r['rss_peak_bytes'])}")
 
 
@@ -191,11 +210,13 @@ async def main() -> None:
     p.add_argument("--jobs", type=int, default=None,
                    help="rebuild processes (cpctl replay --jobs; default: what cpctl replay "
                         "picks for this history, one per CPU from 20,000 machines)")
+    p.add_argument("--verify", action="store_true",
+                   help="also re-run every recorded decision (cpctl replay --verify), timed")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     configure_logs("console", "warning")
     results = await run_replay(events=args.events, template_migrations=args.template,
-                               reuse=args.reuse, jobs=args.jobs)
+                               reuse=args.reuse, jobs=args.jobs, verify_too=args.verify)
     print_table(results)
     write_results("replay", results, args.json)
 
