@@ -259,36 +259,46 @@ def _verify_part(url: str, after: str, until: str | None, kinds: KindRegistry) -
         db, kinds, after=after, until=until, tick=_child_tick))
 
 
+class _Share:
+    """One range's progress, passed to ``tick`` every ``PROGRESS_EVERY`` machines and at
+    the end (what was not passed on yet)."""
+
+    def __init__(self, tick: _Tick) -> None:
+        self.tick = tick
+        self.machines = 0
+        self.events = 0
+
+    def folded(self, report: ReplayReport) -> None:
+        if report.machines - self.machines >= PROGRESS_EVERY:
+            self.flush(report)
+
+    def flush(self, report: ReplayReport) -> None:
+        if report.machines > self.machines:
+            self.tick(report.machines - self.machines, report.events - self.events)
+            self.machines, self.events = report.machines, report.events
+
+
 async def _rebuild_range(db: Database, kinds: KindRegistry, *, now: datetime, write: bool,
                          tick: _Tick, after: str = "", until: str | None = None,
                          ) -> ReplayReport:
-    with collector_paused():
-        return await _fold_range(db, kinds, now=now, write=write, after=after, until=until,
-                                 tick=tick)
-
-
-async def _fold_range(db: Database, kinds: KindRegistry, *, now: datetime, write: bool,
-                      after: str, until: str | None, tick: _Tick) -> ReplayReport:
     report = ReplayReport()
-    ticked = (0, 0)
-    async for record, events in replay_reads.stream_events(db, after=after, until=until):
-        report.machines += 1
-        report.events += len(events)
-        state, version = replay_machine(kinds, record, events)
-        differences = _projection_differences(record, state, version)
-        report.mismatches.extend(differences)
-        if differences and write:
-            await replay_writes.rewrite_projection(
-                db, machine_id=record.id, version=version, now=now,
-                projection=Projection(state.phase, state.to_json(), state.terminal,
-                                      state.wake_keys),
-            )
-            report.rewritten += 1
-        if report.machines - ticked[0] >= PROGRESS_EVERY:
-            tick(report.machines - ticked[0], report.events - ticked[1])
-            ticked = (report.machines, report.events)
-    if report.machines > ticked[0]:
-        tick(report.machines - ticked[0], report.events - ticked[1])
+    share = _Share(tick)
+    with collector_paused():
+        async for record, events in replay_reads.stream_events(db, after=after, until=until):
+            report.machines += 1
+            report.events += len(events)
+            state, version = replay_machine(kinds, record, events)
+            differences = _projection_differences(record, state, version)
+            report.mismatches.extend(differences)
+            if differences and write:
+                await replay_writes.rewrite_projection(
+                    db, machine_id=record.id, version=version, now=now,
+                    projection=Projection(state.phase, state.to_json(), state.terminal,
+                                          state.wake_keys),
+                )
+                report.rewritten += 1
+            share.folded(report)
+    share.flush(report)
     return report
 
 
@@ -313,7 +323,7 @@ def _projection_differences(record: StoredProjection, state: Any, version: int) 
 async def _verify_range(db: Database, kinds: KindRegistry, *, tick: _Tick, after: str = "",
                         until: str | None = None) -> ReplayReport:
     report = ReplayReport()
-    ticked = (0, 0)
+    share = _Share(tick)
     with collector_paused():  # the same bulk, acyclic allocation as a rebuild
         async for record, events, decisions in queries.stream_histories(
                 db, after=after, until=until):
@@ -321,11 +331,8 @@ async def _verify_range(db: Database, kinds: KindRegistry, *, tick: _Tick, after
             report.events += len(events)
             report.decisions += len(decisions)
             report.mismatches.extend(verify_machine(kinds, record, events, decisions))
-            if report.machines - ticked[0] >= PROGRESS_EVERY:
-                tick(report.machines - ticked[0], report.events - ticked[1])
-                ticked = (report.machines, report.events)
-    if report.machines > ticked[0]:
-        tick(report.machines - ticked[0], report.events - ticked[1])
+            share.folded(report)
+    share.flush(report)
     return report
 
 
