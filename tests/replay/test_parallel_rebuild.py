@@ -6,12 +6,12 @@ from __future__ import annotations
 from controlplane.clock import FakeClock
 from controlplane.engine.kinds import KindRegistry
 from controlplane.replay import RebuildProgress, rebuild, verify
-from controlplane.store import leases, queries, replay_reads
+from controlplane.store import queries, replay_reads
 from controlplane.store.database import Database
 from controlplane.store.records import Projection
 from controlplane.store.replay_writes import rewrite_projection
 from tests.support.machines import KINDS, DriftedSteps, submit_steps
-from tests.support.workers import RecordingHandler, make_worker
+from tests.support.workers import drive_due_once
 
 IDS = [f"m{i:02d}" for i in range(9)]
 
@@ -19,10 +19,7 @@ IDS = [f"m{i:02d}" for i in range(9)]
 async def _history(db: Database, clock: FakeClock) -> None:
     for machine_id in IDS:
         await submit_steps(db, clock, machine_id, steps=2)
-    worker = make_worker(db, clock, RecordingHandler())
-    for c in await leases.claim_due(db, owner="w1", token="t", now=clock.now(), limit=20,
-                                    lease_seconds=30):
-        await worker.drive(c)
+    await drive_due_once(db, clock, limit=20)
 
 
 async def _corrupt(db: Database, clock: FakeClock, machine_id: str) -> None:

@@ -24,7 +24,12 @@ from controlplane.store.database import Database, open_database
 from controlplane.store.records import Projection
 from controlplane.store.replay_writes import rewrite_projection
 from tests.support.machines import KINDS, DriftedSteps, submit_steps
-from tests.support.workers import RecordingHandler, ScriptedObserver, make_worker
+from tests.support.workers import (
+    RecordingHandler,
+    ScriptedObserver,
+    drive_due_once,
+    make_worker,
+)
 
 op = st.one_of(
     st.tuples(st.just("tick"), st.integers(1, 4)),
@@ -103,10 +108,7 @@ async def test_a_corrupted_projection_is_detected_and_rebuilt_from_events(
 ) -> None:
     await submit_steps(db, clock, "m1", steps=2)
     await submit_steps(db, clock, "m2", steps=2)
-    worker = make_worker(db, clock, RecordingHandler())
-    for c in await leases.claim_due(db, owner="w1", token="t", now=clock.now(), limit=5,
-                                    lease_seconds=30):
-        await worker.drive(c)
+    await drive_due_once(db, clock, limit=5)
     good = await queries.get_machine(db, "m1")
     # Corrupt m1's projection behind the engine's back (as a bad manual UPDATE would).
     bad_state = dict(good.state, done=0)
@@ -126,10 +128,7 @@ async def test_verify_reports_a_decider_that_no_longer_reproduces_its_history(
     db: Database, clock: FakeClock
 ) -> None:
     await submit_steps(db, clock, "m1", steps=3)
-    worker = make_worker(db, clock, RecordingHandler())
-    for c in await leases.claim_due(db, owner="w1", token="t", now=clock.now(), limit=5,
-                                    lease_seconds=30):
-        await worker.drive(c)
+    await drive_due_once(db, clock, limit=5)
     assert (await verify(db, KINDS)).clean
     report = await verify(db, KindRegistry([DriftedSteps()]))
     assert [(m.machine_id, m.seq) for m in report.mismatches] == [("m1", 2), ("m1", 3),
@@ -151,10 +150,7 @@ async def test_rebuild_folds_without_the_cyclic_collector_and_restores_it(
     db: Database, clock: FakeClock
 ) -> None:
     await submit_steps(db, clock, "m1", steps=2)
-    worker = make_worker(db, clock, RecordingHandler())
-    for c in await leases.claim_due(db, owner="w1", token="t", now=clock.now(), limit=5,
-                                    lease_seconds=30):
-        await worker.drive(c)
+    await drive_due_once(db, clock, limit=5)
     probe = CollectorProbe()
     assert gc.isenabled()
     report = await rebuild(db, KindRegistry([probe]), now=clock.now())

@@ -10,7 +10,7 @@ from controlplane.clock import Clock
 from controlplane.engine.decider import Action
 from controlplane.engine.observation import Interests, Observation, PodView
 from controlplane.machines.steps import WORK_ACTION
-from controlplane.store import queries
+from controlplane.store import leases, queries
 from controlplane.store.database import Database
 from controlplane.worker.actions import ActionRunner, RetryPolicy
 from controlplane.worker.runtime import Worker, WorkerConfig
@@ -50,6 +50,14 @@ def make_worker(db: Database, clock: Clock, handler: RecordingHandler,
     cfg = WorkerConfig(worker_id=worker_id, poll_seconds=0.01, **config)  # type: ignore[arg-type]
     return Worker(db, KINDS, observer or ScriptedObserver(),
                   ActionRunner({WORK_ACTION: handler}, FAST_RETRIES), clock, cfg)
+
+
+async def drive_due_once(db: Database, clock: Clock, *, limit: int = 20) -> None:
+    """One pass of a fresh worker over what is due now: claim, and drive each machine."""
+    worker = make_worker(db, clock, RecordingHandler())
+    for claim in await leases.claim_due(db, owner="w1", token="t", now=clock.now(),
+                                        limit=limit, lease_seconds=30):
+        await worker.drive(claim)
 
 
 async def run_until(worker: Worker, done: Callable[[], Awaitable[bool]],
