@@ -19,13 +19,12 @@ Called by :func:`controlplane.replay.rebuild` and the replay benchmark.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import orjson
 from sqlalchemy import Text, cast, func, select
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.store import schema
@@ -80,11 +79,8 @@ async def _batch(db: Database, after: str, size: int, until: str | None) -> Batc
         if not rows:
             return []
         first, last = rows[0][0], rows[-1][0]
-        if db.backend == "postgresql":
-            ev_rows = await _pg_event_rows(conn, first, last)
-        else:
-            ev_rows = (await conn.execute(
-                _EVENTS.where(e.c.machine_id >= first, e.c.machine_id <= last))).all()
+        ev_rows = (await conn.execute(
+            _EVENTS.where(e.c.machine_id >= first, e.c.machine_id <= last))).all()
     by_machine: dict[str, list[FoldEvent]] = {str(r[0]): [] for r in rows}
     loads = orjson.loads
     for machine_id, seq, type_, data in ev_rows:
@@ -92,22 +88,6 @@ async def _batch(db: Database, after: str, size: int, until: str | None) -> Batc
     return [(StoredProjection(str(r[0]), str(r[1]), str(r[2]), int(r[3]), bool(r[4]),
                               _object(r[5])), by_machine[str(r[0])])
             for r in rows]
-
-
-async def _pg_event_rows(conn: AsyncConnection, first: str, last: str) -> Sequence[Any]:
-    """The batch's events straight from asyncpg, in the open transaction: the events are
-    nine in ten rows read, and SQLAlchemy's result layer cost more than the query itself.
-    """
-    raw = await conn.get_raw_connection()
-    driver: Any = raw.driver_connection  # asyncpg.Connection
-    rows: Sequence[Any] = await driver.fetch(_PG_EVENTS, first, last)
-    return rows
-
-
-# Constant SQL (no identifier spliced in: tests/reliability/test_security.py); the
-# PostgreSQL replay tests fail if the events table is ever renamed.
-_PG_EVENTS = ("SELECT machine_id, seq, type, CAST(data AS text) FROM events "
-              "WHERE machine_id >= $1 AND machine_id <= $2 ORDER BY machine_id, seq")
 
 
 async def count_machines(db: Database) -> int:
