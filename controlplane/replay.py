@@ -92,7 +92,8 @@ def replay_machine(kinds: KindRegistry, record: _Machine,
                    events: Sequence[_Foldable]) -> tuple[Any, int]:
     """The state folded from a machine's events, and its version (last seq).
 
-    Only each event's type and data are folded: ``evolve`` never reads ``facts``.
+    The events are folded as they are: ``evolve`` reads only an event's type and data
+    (``EventLike``), so a read row is not copied into an ``Event`` first.
     """
     decider = kinds.get(record.kind)
     if not events or events[0].seq != 1:
@@ -102,8 +103,7 @@ def replay_machine(kinds: KindRegistry, record: _Machine,
     state = decider.initial_state(record.id, spec)
     evolve = decider.evolve
     for i in range(1, len(events)):
-        event = events[i]
-        state = evolve(state, Event(event.type, event.data))
+        state = evolve(state, events[i])
     return state, events[-1].seq
 
 

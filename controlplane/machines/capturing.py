@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from controlplane.engine.decider import ACTION_FAILED, Event
+from controlplane.engine.decider import ACTION_FAILED, EventLike
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Observation, PodFact, PodView, ProbeError, TagView
 from controlplane.machines import protocol
@@ -230,7 +230,7 @@ def _fail(spec: CaptureSpec, now: datetime, reason: str, message: str, facts: Js
     return emit(event, actions=[warning])
 
 
-def evolve_capture(cap: Capture, event: Event, *, machine_id: str) -> Capture:
+def evolve_capture(cap: Capture, event: EventLike, *, machine_id: str) -> Capture:
     """Fold one event into the capture (other events leave it unchanged)."""
     d, t = event.data, event.type
     if t == CAPTURE_REQUESTED:

@@ -25,7 +25,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from controlplane.engine.decider import Command, CommandRejected, Decision, Event
+from controlplane.engine.decider import Command, CommandRejected, Decision, Event, EventLike
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
 from controlplane.machines import capturing as cap_
@@ -212,7 +212,7 @@ class CheckpointDecider:
             message += f"; source NOT unstuck: {result.note}"
         return _finish(state, now, end, state.failure.reason, message)
 
-    def evolve(self, state: CheckpointState, event: Event) -> CheckpointState:
+    def evolve(self, state: CheckpointState, event: EventLike) -> CheckpointState:
         t, d = event.type, event.data
         if state.terminal:
             return state
@@ -226,7 +226,8 @@ class CheckpointDecider:
                            failure=Failure("Cancelled", "cancelled by the operator"))
         capture = cap_.evolve_capture(state.capture, event, machine_id=state.machine_id)
         op = src_.evolve_source_op(state.source_op, event, machine_id=state.machine_id)
-        state = replace(state, capture=capture, source_op=op)
+        if capture is not state.capture or op is not state.source_op:
+            state = replace(state, capture=capture, source_op=op)
         if t == cap_.CAPTURE_REPORTED and state.status is CheckpointPhase.REQUESTED:
             return replace(state, status=CheckpointPhase.CAPTURED)
         if t == cap_.ARTIFACT_VERIFIED and capture.status is CaptureStatus.VERIFIED:

@@ -20,6 +20,8 @@ from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, TypeVar
 
+import orjson
+
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
 
 #: Marks a field whose value is opaque JSON (copied, never interpreted by the codec).
@@ -32,63 +34,36 @@ def encode(value: object) -> JsonValue:
     """Encode a state tree as JSON (datetimes as ISO text, enums as their value).
 
     Every ``to_json`` (each transition's projection, each replayed machine) runs this
-    over the whole state, pod template included, so it dispatches on the exact type
-    through a per-type table (dataclass field names are read once per class) instead of
-    a chain of ``isinstance`` and ``dataclasses.fields`` calls per value.
+    over the whole state, pod template included, so orjson walks the tree in C (it
+    serialises dataclasses field by field, enums by value, tuples as arrays) and the
+    text is parsed back into Python values: about half the time of a walk in Python
+    (60 -> 33 us for a migration's state, ``docs/performance.md``). Datetimes come back
+    to :func:`_encode_other`, which refuses a naive one. orjson leaves out dataclass
+    fields named with a leading underscore; no state has one (a test checks).
     """
-    kind = type(value)
-    if kind in _PLAIN:
-        return value  # type: ignore[return-value]
-    encoder = _ENCODERS.get(kind)
-    if encoder is None:
-        encoder = _ENCODERS[kind] = _encoder_for(kind)
-    return encoder(value)
+    try:
+        encoded: JsonValue = orjson.loads(orjson.dumps(value, default=_encode_other,
+                                                       option=_OPTIONS))
+    except orjson.JSONEncodeError as err:
+        cause = err.__cause__
+        if isinstance(cause, TypeError | ValueError):  # ours, from _encode_other
+            raise cause from None
+        raise TypeError(f"cannot encode {type(value).__name__} in a machine state: {err}"
+                        ) from None
+    return encoded
 
 
-_PLAIN: frozenset[type] = frozenset({str, int, float, bool, type(None)})
-_ENCODERS: dict[type, Callable[[Any], JsonValue]] = {}
+# Datetimes go to ``default`` (to refuse naive ones); dict keys are written as strings.
+_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_NON_STR_KEYS
 
 
-def _encode_list(value: Any) -> JsonValue:
-    return [item if type(item) in _PLAIN else encode(item) for item in value]
-
-
-def _encode_dict(value: Any) -> JsonValue:
-    return {str(k): v if type(v) in _PLAIN else encode(v) for k, v in value.items()}
-
-
-def _encode_datetime(value: Any) -> JsonValue:
-    if value.tzinfo is None:
-        raise ValueError("naive datetime in a machine state; pass timezone-aware UTC")
-    text: str = value.isoformat()
-    return text
-
-
-def _encoder_for(kind: type) -> Callable[[Any], JsonValue]:
-    # Same precedence as a chain of isinstance checks: JSON scalars (and their
-    # subclasses that are not enums), enums, datetimes, sequences, dicts, dataclasses.
-    if issubclass(kind, Enum):
-        return _enum_value
-    if issubclass(kind, bool | int | float | str):
-        return lambda value: value
-    if issubclass(kind, datetime):
-        return _encode_datetime
-    if issubclass(kind, tuple | list):
-        return _encode_list
-    if issubclass(kind, dict):
-        return _encode_dict
-    if dataclasses.is_dataclass(kind):
-        names = tuple(f.name for f in dataclasses.fields(kind))
-
-        def encode_dataclass(value: Any) -> JsonValue:
-            out: JsonObject = {}
-            for name in names:
-                item = getattr(value, name)
-                out[name] = item if type(item) in _PLAIN else encode(item)
-            return out
-
-        return encode_dataclass
-    raise TypeError(f"cannot encode {kind.__name__} in a machine state")
+def _encode_other(value: Any) -> JsonValue:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError("naive datetime in a machine state; pass timezone-aware UTC")
+        text: str = value.isoformat()
+        return text
+    raise TypeError(f"cannot encode {type(value).__name__} in a machine state")
 
 
 def encode_object(value: object) -> JsonObject:
@@ -103,13 +78,6 @@ def decode(cls: type[T], data: JsonValue) -> T:
     """Rebuild a dataclass of type ``cls`` from :func:`encode`'s output."""
     result: T = _decode(cls, data)
     return result
-
-
-def _enum_value(value: Enum) -> JsonValue:
-    raw = value.value
-    if isinstance(raw, str | int):
-        return raw
-    raise TypeError(f"enum {type(value).__name__} has a non-JSON value")
 
 
 @functools.cache

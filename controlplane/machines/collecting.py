@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from controlplane.engine.decider import ACTION_FAILED, Action, Event
+from controlplane.engine.decider import ACTION_FAILED, Action, EventLike
 from controlplane.engine.observation import Observation, ProbeError
 from controlplane.machines.actions import EventType, delete_manifest, emit_event
 from controlplane.machines.common import (
@@ -140,7 +140,7 @@ def _warning(machine_id: str, notify: Notify, suffix: str, reason: str,
                       type_=EventType.WARNING, reason=reason, message=message)
 
 
-def evolve_collection(c: Collection, event: Event, *, machine_id: str) -> Collection:
+def evolve_collection(c: Collection, event: EventLike, *, machine_id: str) -> Collection:
     t, d = event.type, event.data
     if t == ARTIFACT_KEPT:
         return replace(c, outcome="kept")

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from controlplane.engine.decider import ACTION_FAILED, Action, Decision, Event
+from controlplane.engine.decider import ACTION_FAILED, Action, Decision, Event, EventLike
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import (
     NodeFact,
@@ -51,7 +51,7 @@ def iso(moment: datetime) -> str:
     return moment.isoformat()
 
 
-def event_time(event: Event) -> datetime:
+def event_time(event: EventLike) -> datetime:
     """The decision time stamped on an event by ``decide`` (``data["at"]``)."""
     raw = event.data.get("at")
     if not isinstance(raw, str):
@@ -137,7 +137,7 @@ class ActionError:
     retryable: bool
 
     @staticmethod
-    def from_event(event: Event) -> ActionError:
+    def from_event(event: EventLike) -> ActionError:
         assert event.type == ACTION_FAILED
         d = event.data
         return ActionError(

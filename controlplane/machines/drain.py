@@ -39,6 +39,7 @@ from controlplane.engine.decider import (
     CommandRejected,
     Decision,
     Event,
+    EventLike,
     InvalidSpec,
 )
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
@@ -290,7 +291,7 @@ class DrainDecider:
             actions.append(self._submit(state, c))
         return emit(*events, actions=actions)
 
-    def evolve(self, state: DrainState, event: Event) -> DrainState:
+    def evolve(self, state: DrainState, event: EventLike) -> DrainState:
         return evolve_drain(state, event)
 
     def accept(self, state: DrainState, command: Command, now: datetime) -> Sequence[Event]:

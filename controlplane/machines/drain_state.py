@@ -16,7 +16,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from controlplane.engine.decider import ACTION_FAILED, Event
+from controlplane.engine.decider import ACTION_FAILED, EventLike
 from controlplane.machines.codec import RawJson
 from controlplane.machines.common import STARTED, event_time
 from controlplane.machines.frozen import replace
@@ -147,7 +147,7 @@ def _child(state: DrainState, cid: str, **changes: Any) -> DrainState:
                                          for c in state.children))
 
 
-def evolve_drain(state: DrainState, event: Event) -> DrainState:
+def evolve_drain(state: DrainState, event: EventLike) -> DrainState:
     t, d = event.type, event.data
     if state.terminal:
         return state
@@ -185,7 +185,7 @@ def evolve_drain(state: DrainState, event: Event) -> DrainState:
     return state
 
 
-def _action_failed(state: DrainState, event: Event) -> DrainState:
+def _action_failed(state: DrainState, event: EventLike) -> DrainState:
     d = event.data
     key, message = str(d.get("key")), f"{d.get('error_class')}: {d.get('message')}"
     for c in state.children:

@@ -16,15 +16,17 @@ Pure; used by the machine modules.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import TYPE_CHECKING, Any, TypeVar
 
 T = TypeVar("T")
 
 
-@functools.cache
+_FIELD_NAMES: dict[type, frozenset[str]] = {}
+
+
 def _field_names(cls: Any) -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(cls))
+    names = _FIELD_NAMES[cls] = frozenset(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 def check_copyable(cls: type) -> None:
@@ -41,9 +43,11 @@ def check_copyable(cls: type) -> None:
 
 def _replace(obj: T, /, **changes: Any) -> T:
     cls: Any = type(obj)
-    unknown = changes.keys() - _field_names(cls)
-    if unknown:
-        raise TypeError(f"{cls.__name__} has no field(s) {', '.join(sorted(unknown))}")
+    # A dict lookup and a subset test: no set is built on the fold's hot path.
+    names = _FIELD_NAMES.get(cls) or _field_names(cls)
+    if not names.issuperset(changes):
+        unknown = sorted(changes.keys() - names)
+        raise TypeError(f"{cls.__name__} has no field(s) {', '.join(unknown)}")
     copy: T = object.__new__(cls)
     values = copy.__dict__
     values.update(obj.__dict__)

@@ -31,7 +31,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from controlplane.engine.decider import Command, CommandRejected, Decision, Event, InvalidSpec
+from controlplane.engine.decider import (
+    Command,
+    CommandRejected,
+    Decision,
+    Event,
+    EventLike,
+    InvalidSpec,
+)
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
 from controlplane.machines import restoring as rs_
@@ -129,7 +136,7 @@ class MigrationDecider:
             return with_facts(both, observation)
         return with_facts(decide_migration(state, observation, now).decision(), observation)
 
-    def evolve(self, state: MigrationState, event: Event) -> MigrationState:
+    def evolve(self, state: MigrationState, event: EventLike) -> MigrationState:
         return evolve_migration(state, event)
 
     def accept(self, state: MigrationState, command: Command,

@@ -12,7 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from controlplane.engine.decider import Event
+from controlplane.engine.decider import EventLike
 from controlplane.machines import capturing as cap_
 from controlplane.machines import collecting as gc_
 from controlplane.machines import restoring as rs_
@@ -131,7 +131,7 @@ class MigrationState(PhasedState):
 
 
 
-def evolve_migration(state: MigrationState, event: Event) -> MigrationState:
+def evolve_migration(state: MigrationState, event: EventLike) -> MigrationState:
     """Fold one event into a migration's state; terminal states absorb everything."""
     t, d = event.type, event.data
     if state.terminal:
@@ -149,18 +149,20 @@ def evolve_migration(state: MigrationState, event: Event) -> MigrationState:
     if t in (RETARGETED, CANCEL_REQUESTED, ABORTED, SOURCE_VANISHED, ROLLBACK_STARTED):
         return _evolve_own(state, event)
     mid = state.machine_id
-    state = replace(
-        state,
-        capture=cap_.evolve_capture(state.capture, event, machine_id=mid),
-        source_op=src_.evolve_source_op(state.source_op, event, machine_id=mid),
-        restore=rs_.evolve_restore(state.restore, event, machine_id=mid),
-        collection=None if state.collection is None else gc_.evolve_collection(
-            state.collection, event, machine_id=mid),
-    )
+    capture = cap_.evolve_capture(state.capture, event, machine_id=mid)
+    source_op = src_.evolve_source_op(state.source_op, event, machine_id=mid)
+    restore = rs_.evolve_restore(state.restore, event, machine_id=mid)
+    collection = None if state.collection is None else gc_.evolve_collection(
+        state.collection, event, machine_id=mid)
+    # An event moves at most one step; copy the 21-field state only when one did.
+    if (capture is not state.capture or source_op is not state.source_op
+            or restore is not state.restore or collection is not state.collection):
+        state = replace(state, capture=capture, source_op=source_op, restore=restore,
+                        collection=collection)
     return _evolve_steps(state, event)
 
 
-def _evolve_own(state: MigrationState, event: Event) -> MigrationState:
+def _evolve_own(state: MigrationState, event: EventLike) -> MigrationState:
     t, d = event.type, event.data
     if t == RETARGETED:
         node = str(d["node"])
@@ -184,7 +186,7 @@ def _evolve_own(state: MigrationState, event: Event) -> MigrationState:
                    status=MigrationPhase.ROLLING_BACK)
 
 
-def _evolve_steps(state: MigrationState, event: Event) -> MigrationState:
+def _evolve_steps(state: MigrationState, event: EventLike) -> MigrationState:
     t = event.type
     if t == cap_.ARTIFACT_VERIFIED and state.status is MigrationPhase.CHECKPOINTING:
         return replace(state, status=MigrationPhase.DELETING_SOURCE,
@@ -204,11 +206,12 @@ def _evolve_steps(state: MigrationState, event: Event) -> MigrationState:
     if t == rs_.RESTORE_FAILED and state.restore is not None and not state.restore.superseded:
         return replace(state, failures=state.failures + 1)
     if t == rs_.RESTORE_VERIFIED and state.restore is not None:
-        assert state.pinned is not None
+        pinned = state.pinned  # parses the artifact reference: once
+        assert pinned is not None
         deadline = event_time(event) + seconds(state.klass.timeouts.gc)
         return replace(state, status=MigrationPhase.COLLECTING_GARBAGE,
                        final_node=state.restore.node or state.restore.plan.node,
-                       collection=Collection(pinned=state.pinned, deadline=deadline))
+                       collection=Collection(pinned=pinned, deadline=deadline))
     if t == gc_.ARTIFACT_DELETION_FAILED and state.collection is not None:
         return replace(state, conditions=set_condition(state.conditions, Condition(
             GC_CONDITION, str(event.data.get("error_class", "")),

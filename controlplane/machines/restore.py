@@ -27,7 +27,14 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from controlplane.engine.decider import Command, CommandRejected, Decision, Event, InvalidSpec
+from controlplane.engine.decider import (
+    Command,
+    CommandRejected,
+    Decision,
+    Event,
+    EventLike,
+    InvalidSpec,
+)
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation, ProbeError, TagView
 from controlplane.machines import protocol
@@ -236,7 +243,7 @@ class RestoreDecider:
         start = rs_.start_restore(plan, state.context(), now, machine_id=state.machine_id)
         return emit(resolved, *start.events, actions=start.actions)
 
-    def evolve(self, state: RestoreState, event: Event) -> RestoreState:
+    def evolve(self, state: RestoreState, event: EventLike) -> RestoreState:
         t, d = event.type, event.data
         if state.terminal:
             return state
@@ -251,7 +258,8 @@ class RestoreDecider:
         if t == ARTIFACT_RESOLVED:
             return replace(state, status=RestorePhase.RESTORING)
         restore = rs_.evolve_restore(state.restore, event, machine_id=state.machine_id)
-        state = replace(state, restore=restore)
+        if restore is not state.restore:
+            state = replace(state, restore=restore)
         if t == rs_.RESTORE_VERIFIED and restore is not None:
             return replace(state, instance_id=restore.instance_id)
         if t == rs_.RESTORE_FAILED and restore is not None:

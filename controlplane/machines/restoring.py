@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from controlplane.engine.decider import ACTION_FAILED, Action, Event
+from controlplane.engine.decider import ACTION_FAILED, Action, EventLike
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Observation, PodFact, PodView, ProbeError
 from controlplane.machines import protocol
@@ -341,7 +341,7 @@ def _delete(r: Restore, uid: str, machine_id: str, attempt: int) -> Action:
                       reason=f"clean up failed restore attempt {r.plan.attempt}")
 
 
-def evolve_restore(r: Restore | None, event: Event, *, machine_id: str) -> Restore | None:
+def evolve_restore(r: Restore | None, event: EventLike, *, machine_id: str) -> Restore | None:
     """Fold one event; the first ``RestorePodRequested`` of an attempt starts a new one."""
     t, d = event.type, event.data
     if t == RESTORE_POD_REQUESTED and "plan" in d:

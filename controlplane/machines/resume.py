@@ -31,7 +31,14 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from controlplane.engine.decider import Command, CommandRejected, Decision, Event, InvalidSpec
+from controlplane.engine.decider import (
+    Command,
+    CommandRejected,
+    Decision,
+    Event,
+    EventLike,
+    InvalidSpec,
+)
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
 from controlplane.engine.observation import Interests, Observation, ProbeError, TagView
 from controlplane.machines import protocol
@@ -289,7 +296,7 @@ class ResumeDecider:
         chosen = None if state.chosen is None else state.spec.candidates[state.chosen]
         return self._start(state, now, chosen)
 
-    def evolve(self, state: ResumeState, event: Event) -> ResumeState:
+    def evolve(self, state: ResumeState, event: EventLike) -> ResumeState:
         t, d = event.type, event.data
         if state.terminal:
             return state
@@ -309,7 +316,8 @@ class ResumeDecider:
         if t == COLD_BOOT_CHOSEN:
             return replace(state, status=ResumePhase.COLD_BOOTING)
         restore = rs_.evolve_restore(state.restore, event, machine_id=state.machine_id)
-        state = replace(state, restore=restore)
+        if restore is not state.restore:
+            state = replace(state, restore=restore)
         if t == rs_.RESTORE_POD_REQUESTED and "plan" in d:
             return replace(state, attempts=state.attempts + 1)
         if t == rs_.RESTORE_FAILED and restore is not None and not restore.superseded:

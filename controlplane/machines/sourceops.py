@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from controlplane.engine.decider import ACTION_FAILED, Action, Event
+from controlplane.engine.decider import ACTION_FAILED, Action, EventLike
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Observation, PodFact, PodView, ProbeError, TagView
 from controlplane.machines import protocol
@@ -254,7 +254,7 @@ def _action(kind: SourceOpKind, src: SourcePod, machine_id: str, attempt: int,
                       reason=f"{kind.value.lower()}: {reason}")
 
 
-def evolve_source_op(op: SourceOp | None, event: Event, *, machine_id: str) -> SourceOp | None:
+def evolve_source_op(op: SourceOp | None, event: EventLike, *, machine_id: str) -> SourceOp | None:
     """Fold one event; a first ``*Requested`` (attempt 1) starts a new operation."""
     t, d = event.type, event.data
     if t in REQUESTED_EVENTS:

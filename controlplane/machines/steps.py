@@ -28,6 +28,7 @@ from controlplane.engine.decider import (
     CommandRejected,
     Decision,
     Event,
+    EventLike,
     InvalidSpec,
 )
 from controlplane.engine.jsonvalue import JsonObject
@@ -184,7 +185,7 @@ class StepsDecider:
                                           facts),))
         return Decision(wake_at=deadline)
 
-    def evolve(self, state: StepsState, event: Event) -> StepsState:
+    def evolve(self, state: StepsState, event: EventLike) -> StepsState:
         t = event.type
         if t == STEP_COMPLETED:
             done = state.done + 1

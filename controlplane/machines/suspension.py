@@ -27,7 +27,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from controlplane.engine.decider import Command, CommandRejected, Decision, Event
+from controlplane.engine.decider import Command, CommandRejected, Decision, Event, EventLike
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
 from controlplane.machines import capturing as cap_
@@ -181,7 +181,7 @@ class SuspendDecider:
         return _finish(state, now, SuspendPhase.SUSPENDED, "Suspended",
                        f"{how}; resume from {state.artifact}")
 
-    def evolve(self, state: SuspendState, event: Event) -> SuspendState:
+    def evolve(self, state: SuspendState, event: EventLike) -> SuspendState:
         t, d = event.type, event.data
         if state.terminal:
             return state
@@ -204,7 +204,8 @@ class SuspendDecider:
         mid = state.machine_id
         capture = cap_.evolve_capture(state.capture, event, machine_id=mid)
         op = src_.evolve_source_op(state.source_op, event, machine_id=mid)
-        state = replace(state, capture=capture, source_op=op)
+        if capture is not state.capture or op is not state.source_op:
+            state = replace(state, capture=capture, source_op=op)
         if t == cap_.ARTIFACT_VERIFIED and state.status is SuspendPhase.CHECKPOINTING:
             return replace(state, status=SuspendPhase.DELETING_SOURCE,
                            verified_at=event_time(event), artifact=str(d["pinned"]))

@@ -42,6 +42,16 @@ def test_every_dataclass_of_a_module_that_copies_states_is_copyable() -> None:
         check_copyable(cls)
 
 
+def test_no_machine_dataclass_has_a_field_the_json_codec_would_drop() -> None:
+    """``codec.encode`` is orjson, which leaves out dataclass fields named with a leading
+    underscore: a state holding one would lose it in every projection."""
+    classes = _machine_dataclasses()
+    assert len(classes) > 20
+    hidden = [f"{cls.__qualname__}.{f.name}" for cls in classes
+              for f in dataclasses.fields(cls) if f.name.startswith("_")]
+    assert hidden == []
+
+
 def test_replace_gives_what_dataclasses_replace_gives() -> None:
     at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     capture = Capture(attempt=2, issued_at=at)

@@ -125,6 +125,24 @@ def test_codec_refuses_naive_datetimes() -> None:
         encode(Sample(datetime(2026, 1, 1), None, (), {}))
 
 
+def test_codec_refuses_naive_datetimes_nested_in_collections() -> None:
+    """The refusal reaches a datetime wherever it sits, not only in a field."""
+    with pytest.raises(ValueError, match="naive"):
+        encode({"at": [T0, datetime(2026, 1, 1)]})
+
+
+def test_codec_refuses_values_json_cannot_hold_and_names_their_type() -> None:
+    """A set (no JSON order) is a programming error, named, not silently dropped."""
+    with pytest.raises(TypeError, match="frozenset"):
+        encode(Sample(T0, None, (), {"k": frozenset({1})}))
+
+
+def test_codec_writes_enums_by_value_and_non_string_keys_as_strings() -> None:
+    """What a projection column holds: plain JSON, whatever Python types built it."""
+    assert encode({1: EventType.WARNING, "t": (T0,)}) == {
+        "1": EventType.WARNING.value, "t": [T0.isoformat()]}
+
+
 def test_codec_refuses_mistyped_values() -> None:
     """A wrong JSON shape is an error, not a silently wrong state."""
     with pytest.raises(ValueError, match=r"no union member|expected"):
