@@ -83,7 +83,8 @@ def test_recovery_resumes_every_migration_without_repeating_a_side_effect(
 
 
 def test_replay_rebuilds_cloned_real_histories_without_a_mismatch(tmp_path: Path) -> None:
-    r = bench(tmp_path, "replay", "--events", "600", "--template", "4", "--verify")
+    r = bench(tmp_path, "replay", "--events", "600", "--template", "4", "--verify",
+              "--reference", "full")
     assert r["events"] >= 600
     assert r["mismatches"] == 0
     assert r["events_per_s"] > 0
@@ -96,6 +97,17 @@ def test_replay_rebuilds_cloned_real_histories_without_a_mismatch(tmp_path: Path
     assert r["machines"] > 4
     assert r["verify"]["mismatches"] == 0
     assert r["verify"]["decisions"] > r["machines"]
+    # The same-run reference: the library wrote as many events as the rebuild folded, read
+    # all of them back from its log, and reconstructed every aggregate to its version.
+    ref = r["reference"]
+    assert ref["events"] == ref["read_log_events"] == r["events"]
+    assert ref["reconstructed_events"] == r["events"]
+    assert ref["reconstruct_version_mismatches"] == 0
+    # The per-event split runs on the history the replay benchmark left, over all of it.
+    split = bench(tmp_path, "replay_split", "--parts", "1")
+    assert (split["machines"], split["events"]) == (r["machines"], r["events"])
+    assert split["mismatches"] == 0
+    assert set(split["us_per_event"]) == {"read", "fold", "compare", "initial_state"}
 
 
 def test_engine_benchmark_reports_throughput_and_exact_recovery(tmp_path: Path) -> None:
