@@ -1,12 +1,23 @@
 """The :class:`~controlplane.worker.ports.Observer` for Kubernetes: pods and nodes.
 
 Answers ``Interests.pods`` (``namespace/name`` keys) and ``Interests.nodes`` from the
-watch caches — no API request per machine — and falls back to a direct GET only when
-the cache cannot be trusted for that key: not synced yet, recovering from a watch error
-or a 410, the pod's namespace outside the cache's scope, or (with a label-scoped cache)
-a pod the cache does not hold. A read that fails is a
-``ProbeError`` carrying the API reason (``Forbidden``, ``Timeout``...), never ``None``:
-"absent" is only ever said by a synced cache or a 404 (safety gate 3).
+watch caches — no API request per machine — and falls back to a direct GET when the
+cache cannot be trusted for that key: not synced yet, recovering from a watch error or a
+410, or the pod's namespace outside the cache's scope.
+
+A cache proves a pod's presence, never its absence: a pod the cache does not hold is
+read through, and only a 404 says "absent". A synced cache can lag the server by the
+watch events in flight, and a pod created a moment ago is exactly the pod a machine
+decides on next (a restore attempt's pod, seen by another worker's cache, read through
+by this one, or listed by a relist answered before it existed). Trusting that absence
+judged a running restore "vanished" and rolled back beside it: one workload, two Running
+pods (``docs/reliability.md``, bugs 1 and 5). The price is one GET per absent pod a
+machine asks about, about one per migration (the source's deletion, confirmed).
+
+A read that fails is a ``ProbeError`` carrying the API reason (``Forbidden``,
+``Timeout``...), never ``None`` (safety gate 3). Nodes are long-lived and no decision
+that could duplicate a workload rests on a node's absence: a synced node cache answers
+both ways.
 
 Registry tags are not this driver's: asked for, they come back as a non-retryable
 ``ProbeError`` so that a missing registry observer can never read as "no such tag".
@@ -37,30 +48,12 @@ def probe_error(exc: KubeApiError) -> ProbeError:
 
 
 class KubeObserver:
-    """Pods and nodes from the watch caches, read through when a cache is not trusted."""
+    """Pods and nodes from the watch caches; a pod's absence always from the server."""
 
     def __init__(self, api: CoreV1, *, pods: WatchCache, nodes: WatchCache) -> None:
         self.api = api
         self.pods = pods
         self.nodes = nodes
-        #: The newest resourceVersion a read-through returned, per resource. A relist
-        #: answered by the server BEFORE a read-through but applied AFTER it leaves the
-        #: cache "synced" yet older than what this observer already reported: a pod seen
-        #: a moment ago would read as absent (a restore attempt judged vanished while it
-        #: ran on — two copies of one workload). Until the cache's version reaches this
-        #: mark, it is not trusted; reads go through.
-        self._read_mark: dict[str, int] = {}
-
-    def _trusted(self, cache: WatchCache) -> bool:
-        if not cache.synced:
-            return False
-        mark = self._read_mark.get(cache.kind.plural)
-        if mark is None:
-            return True
-        try:
-            return int(cache.resource_version) >= mark
-        except ValueError:  # an opaque version: nothing to compare, trust the watch
-            return True
 
     async def observe(self, interests: Interests) -> Observation:
         pods = {key: await self.pod(key) for key in sorted(interests.pods)}
@@ -72,18 +65,15 @@ class KubeObserver:
         namespace, sep, name = key.partition("/")
         if not sep or not namespace or not name:
             return ProbeError("BadKey", f"pod key {key!r} is not namespace/name", False)
-        if self._trusted(self.pods) and self.pods.covers(namespace):
+        if self.pods.synced and self.pods.covers(namespace):
             cached = self.pods.get(key)
             if cached is not None:
                 return pod_view(cached)
-            if not self.pods.label_selector:
-                return None
-            # A label-scoped cache cannot prove absence: the pod may just not match.
         found = await self._read(PODS, name, namespace)
         return found if found is None or isinstance(found, ProbeError) else pod_view(found)
 
     async def node(self, name: str) -> NodeFact:
-        if self._trusted(self.nodes):
+        if self.nodes.synced:
             cached = self.nodes.get(name)
             return None if cached is None else node_view(cached)
         found = await self._read(NODES, name, None)
@@ -110,10 +100,6 @@ class KubeObserver:
             return None
         except KubeApiError as exc:
             return probe_error(exc)
-        version = (found.get("metadata") or {}).get("resourceVersion")
-        if isinstance(version, str) and version.isdigit():
-            self._read_mark[kind.plural] = max(int(version),
-                                               self._read_mark.get(kind.plural, 0))
         return dict(found)
 
 

@@ -50,12 +50,14 @@ async def _recreate(h: Harness, kube: KubeDriver, name: str) -> tuple[str, str]:
 
 
 async def test_observer_answers_pods_and_nodes_from_the_cache(harness: Harness) -> None:
-    """A running pod is observed with its UID, node, phase and readiness; a missing pod is
-    ``None``; a node is ready; registry tags are a ProbeError, never "absent".
+    """A running pod is observed with its UID, node, phase and readiness, from the cache;
+    a missing pod is ``None`` only after the API server's 404 (one GET: a cache proves
+    presence, never absence); a node is ready; registry tags are a ProbeError, never
+    "absent".
 
     Pins: the scheduler honours required node affinity; a running pod has ``nodeName``,
     phase ``Running`` and condition ``Ready=True``; a node's ``Ready`` condition; LIST +
-    WATCH of pods and nodes sync without any further GET."""
+    WATCH of pods and nodes sync without any further GET; GET of a missing pod is 404."""
     h = harness
     name = h.name("observed")
     async with h.driver() as kube:
@@ -67,7 +69,7 @@ async def test_observer_answers_pods_and_nodes_from_the_cache(harness: Harness) 
         seen = await kube.observer.observe(Interests(
             pods=frozenset({key, f"{h.namespace}/{h.name('absent')}"}),
             nodes=frozenset({h.nodes[0]}), tags=frozenset({"registry.local/repo:tag"})))
-        assert kube.requests.since(before) == {}, "a synced cache answers without requests"
+        assert kube.requests.since(before) == {"get": 1}, "only the absent pod is read"
     pod = seen.pods[key]
     assert isinstance(pod, PodView)
     assert (pod.uid, pod.node, pod.phase, pod.ready, pod.deleting) == (
