@@ -100,7 +100,9 @@ async def create_machine(
             ) from None
         await _insert_events_txn(conn, machine_id, 1, events, now, worker_id)
         await _insert_decision_txn(conn, machine_id, 1, "engine", {"submitted": True}, now)
-        await _replace_keys_txn(conn, machine_id, initial.wake_keys or frozenset())
+        if initial.wake_keys:  # a new machine has no keys to replace
+            await conn.execute(insert(schema.machine_keys), [
+                {"key": key, "machine_id": machine_id} for key in sorted(initial.wake_keys)])
 
 
 @dataclass(frozen=True)
@@ -193,9 +195,13 @@ async def commit_many_txn(
         else:
             await conn.execute(insert(schema.events), event_rows)
             await conn.execute(insert(schema.decisions), decision_rows)
-        for r in accepted:
-            if r.projection.wake_keys is not None:
-                await _replace_keys_txn(conn, r.machine_id, r.projection.wake_keys)
+        keys = {r.machine_id: r.projection.wake_keys for r in accepted
+                if r.projection.wake_keys is not None}
+        if conn.dialect.name == "postgresql":
+            await pg_batch.replace_keys(conn, keys)
+        else:
+            for machine_id, machine_keys in keys.items():
+                await _replace_keys_txn(conn, machine_id, machine_keys)
     return outcomes
 
 

@@ -316,3 +316,31 @@ async def test_a_heartbeat_never_waits_for_a_row_another_transaction_holds(
                                       lease_seconds=30) == 2
     finally:
         await db.dispose()
+
+
+async def test_a_group_commit_replaces_each_machines_wake_keys_and_keeps_unchanged_ones(
+    db: Database, clock: FakeClock
+) -> None:
+    """One batch: "a" moves from uid-a to uid-a2, "b" drops its keys, "c" keeps its own
+    (``wake_keys=None``); a wake then reaches exactly the machines now interested."""
+    for mid in ("a", "b", "c"):
+        await submit_steps(db, clock, mid, gate_pod=f"ns/{mid}", gate_pod_uid=f"uid-{mid}")
+    claimed = await leases.claim_due(db, owner="w", token="t", now=clock.now(), limit=10,
+                                     lease_seconds=30)
+    by_id = {c.record.id: c.lease for c in claimed}
+    new_keys = {"a": frozenset({"uid-a2", "uid-shared"}), "b": frozenset(), "c": None}
+    outcomes = await event_store.commit_many(db, [
+        event_store.CommitRequest(
+            machine_id=mid, expected_version=1, events=[Event("Moved", {})],
+            projection=Projection("Running", {}, False, new_keys[mid]), cause="observation",
+            decision_input={}, now=clock.now(), worker_id="w", lease=by_id[mid])
+        for mid in ("a", "b", "c")])
+    assert outcomes == [2, 2, 2]
+    for c in claimed:
+        await leases.release(db, lease=c.lease, now=clock.now(), wake_at=None,
+                             reset_attempts=True)
+    assert await leases.wake_by_keys(db, keys=["uid-a", "uid-b"], now=clock.now()) == 0
+    assert await leases.wake_by_keys(db, keys=["uid-a2", "uid-c"], now=clock.now()) == 2
+    due = await leases.claim_due(db, owner="w", token="t2", now=clock.now(), limit=10,
+                                 lease_seconds=30)
+    assert sorted(c.record.id for c in due) == ["a", "c"]
