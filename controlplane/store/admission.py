@@ -62,10 +62,10 @@ async def live_operations_txn(conn: AsyncConnection) -> list[LiveOperation]:
 
 @dataclass(frozen=True)
 class AdmissionFacts:
-    """What a submission's admission needs, counted by the database (O(1) rows read per
-    submission however many operations are live): the live operation already on the
-    workload, and the running (not held) operations by kind, in the cluster and on the
-    request's source node."""
+    """What a submission's admission needs, counted by the database (a few rows come back
+    however many operations are live, though the count itself visits every running one):
+    the live operation already on the workload, and the running (not held) operations by
+    kind, in the cluster and on the request's source node."""
 
     same_workload: LiveOperation | None
     running_by_kind: dict[str, int]

@@ -45,7 +45,7 @@ from controlplane.store.errors import (
     WorkloadBusy,
 )
 from controlplane.store.records import Lease, Projection
-from controlplane.store.session import write_txn
+from controlplane.store.session import read_txn, write_txn
 
 m = schema.machines
 
@@ -72,10 +72,33 @@ async def create_machine(
     or return a reason to hold the machine in the admission queue: a ``Queued`` event
     (seq 2), not due until the admitter lets it in.
     """
-    async with write_txn(db) as conn:
-        exists = await conn.scalar(select(m.c.id).where(m.c.id == machine_id))
+    try:
+        await _create_machine(db, machine_id=machine_id, kind=kind, spec=spec,
+                              initial=initial, now=now, worker_id=worker_id,
+                              workload=workload, source_node=source_node, admission=admission)
+    except _IdOrWorkloadTaken:
+        # Which one, asked after the failed transaction (the common path asks nothing:
+        # a fresh id is the rule).
+        async with read_txn(db) as conn:
+            exists = await conn.scalar(select(m.c.id).where(m.c.id == machine_id))
         if exists is not None:
-            raise MachineExists(f"machine {machine_id} already exists", hint="use a new id")
+            raise MachineExists(f"machine {machine_id} already exists",
+                                hint="use a new id") from None
+        raise WorkloadBusy(
+            f"workload {workload} already has a live operation",
+            hint="wait for it to finish or cancel it (see `cpctl list --active`)",
+        ) from None
+
+
+class _IdOrWorkloadTaken(Exception):
+    """A new machine's insert hit the primary key or the one-live-operation index."""
+
+
+async def _create_machine(db: Database, *, machine_id: str, kind: str, spec: JsonObject,
+                          initial: Projection, now: datetime, worker_id: str,
+                          workload: str | None, source_node: str | None,
+                          admission: Callable[[AdmissionFacts], str | None] | None) -> None:
+    async with write_txn(db) as conn:
         held = None
         if admission is not None:
             await lock_admission_txn(conn)
@@ -84,25 +107,29 @@ async def create_machine(
         events = [Event(SUBMITTED, {"kind": kind, "spec": spec})]
         if held is not None:
             events.append(Event(QUEUED, {"reason": held}, {"limit": held}))
+        row = {"id": machine_id, "kind": kind, "phase": initial.phase,
+               "version": len(events), "spec": spec, "state": initial.state,
+               "terminal": initial.terminal, "workload": workload,
+               "source_node": source_node, "held": held is not None,
+               "next_wake_at": None if initial.terminal or held is not None else now}
+        keys = sorted(initial.wake_keys or ())
         try:
+            if conn.dialect.name == "postgresql":
+                await pg_batch.create_machine(
+                    conn, {**row, "now": now, "worker": worker_id},
+                    _event_rows(machine_id, 1, events, now, worker_id),
+                    {"cause": "engine", "input": {"submitted": True}}, keys)
+                return
             await conn.execute(insert(m).values(
-                id=machine_id, kind=kind, phase=initial.phase, version=len(events),
-                spec=spec, state=initial.state, terminal=initial.terminal,
-                pending_actions=[], wake_seq=0, attempts=0, created_at=now,
-                updated_at=now, workload=workload, source_node=source_node,
-                held=held is not None,
-                next_wake_at=None if initial.terminal or held is not None else now,
-            ))
+                **row, pending_actions=[], wake_seq=0, attempts=0, created_at=now,
+                updated_at=now))
         except IntegrityError:
-            raise WorkloadBusy(
-                f"workload {workload} already has a live operation",
-                hint="wait for it to finish or cancel it (see `cpctl list --active`)",
-            ) from None
+            raise _IdOrWorkloadTaken() from None
         await _insert_events_txn(conn, machine_id, 1, events, now, worker_id)
         await _insert_decision_txn(conn, machine_id, 1, "engine", {"submitted": True}, now)
-        if initial.wake_keys:  # a new machine has no keys to replace
-            await conn.execute(insert(schema.machine_keys), [
-                {"key": key, "machine_id": machine_id} for key in sorted(initial.wake_keys)])
+        if keys:  # a new machine has no keys to replace
+            await conn.execute(insert(schema.machine_keys),
+                               [{"key": key, "machine_id": machine_id} for key in keys])
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,13 @@ from controlplane.clock import FakeClock
 from controlplane.engine.decider import Event
 from controlplane.store import event_store, leases, queries
 from controlplane.store.database import Database
-from controlplane.store.errors import ConcurrencyConflict, LeaseLost, MachineExists, MachineNotFound
+from controlplane.store.errors import (
+    ConcurrencyConflict,
+    LeaseLost,
+    MachineExists,
+    MachineNotFound,
+    WorkloadBusy,
+)
 from controlplane.store.records import Lease, Projection
 from tests.support.machines import submit_steps
 
@@ -344,3 +350,25 @@ async def test_a_group_commit_replaces_each_machines_wake_keys_and_keeps_unchang
     due = await leases.claim_due(db, owner="w", token="t2", now=clock.now(), limit=10,
                                  lease_seconds=30)
     assert sorted(c.record.id for c in due) == ["a", "c"]
+
+
+async def test_a_taken_id_is_machine_exists_and_a_taken_workload_is_workload_busy(
+    db: Database, clock: FakeClock
+) -> None:
+    """Both are found by the insert itself (no lookup before it); the failed creation
+    writes nothing, and the first machine keeps its history and its wake key."""
+    async def create(machine_id: str, workload: str) -> None:
+        await event_store.create_machine(
+            db, machine_id=machine_id, kind="steps", spec={"steps": 1},
+            initial=Projection("Running", {}, False, frozenset({f"uid-{machine_id}"})),
+            now=clock.now(), worker_id="op", workload=workload)
+
+    await create("m1", "ns/p")
+    with pytest.raises(MachineExists, match="m1"):
+        await create("m1", "ns/q")
+    with pytest.raises(WorkloadBusy, match="ns/p"):
+        await create("m2", "ns/p")
+    with pytest.raises(MachineNotFound):
+        await queries.get_machine(db, "m2")
+    assert [e.seq for e in await queries.history(db, "m1")] == [1]
+    assert await leases.wake_by_keys(db, keys=["uid-m1", "uid-m2"], now=clock.now()) == 1
