@@ -97,7 +97,13 @@ async def run_growth(sizes: list[int], nodes: int, history_events: int, *,
     for n in sizes:
         saved = RESULTS / f"scale-{n}.json"
         if from_results and saved.exists():  # a run made earlier (e.g. the long one)
-            runs.append(json.loads(saved.read_text()))
+            earlier = json.loads(saved.read_text())
+            missing = [k for k in FLAT if k not in earlier]
+            if missing:  # e.g. `bench.scale --json` output: no whole-process CPU figure
+                raise SystemExit(f"{saved} was not written by bench.growth (it lacks "
+                                 f"{', '.join(missing)}): delete it or run without "
+                                 "--from-results")
+            runs.append(earlier)
             continue
         cpu0 = _cpu()
         r = await run_scale(migrations=n, nodes=nodes, measure_floor=False)
