@@ -11,21 +11,25 @@ with the cyclic collector paused as a rebuild runs:
    (``to_json`` included);
 4. of the fold, ``initial_state`` alone.
 
-CPU seconds of this process (PostgreSQL's share of the read is not in it), per event and
-per machine. A rebuild is these three interleaved, so their sum is its CPU per event in
-one process; ``docs/performance.md`` keeps the latest split. Prints a table and one JSON
-line; writes ``bench/results/replay_split.json``.
+CPU seconds of this process per event and per machine, and PostgreSQL's CPU while it
+served the read (every local ``postgres`` process, sampled: other activity on the server
+counts too, so run it on an otherwise idle one). A rebuild is these interleaved, so their
+sum is its CPU per event; divided into the machine's cores, each part (and the sum) gives
+a ceiling: the events/s a rebuild could reach on this machine if only that part cost CPU
+and every core were busy with it. ``docs/performance.md`` keeps the latest split. Prints
+a table and one JSON line; writes ``bench/results/replay_split.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import db_name, write_results
+from bench.common import PostgresCpuSampler, db_name, write_results
 from controlplane.collector import collector_paused
 from controlplane.machines.registry import default_kinds
 from controlplane.replay import _projection_differences, replay_machine
@@ -43,9 +47,12 @@ async def split(*, parts: int, part: int) -> dict[str, Any]:
         ranges = await replay_reads.split_ids(db, parts)
         after, until = ranges[min(part, len(ranges) - 1)]
         with collector_paused():
+            server = PostgresCpuSampler()
+            server.start()
             c0 = time.process_time()
             items = [x async for x in replay_reads.stream_events(db, after=after, until=until)]
             c1 = time.process_time()
+            server_read = await server.stop()
             folded = [replay_machine(kinds, record, history) for record, history in items]
             c2 = time.process_time()
             mismatches = sum(len(_projection_differences(record, state, version))
@@ -62,21 +69,45 @@ async def split(*, parts: int, part: int) -> dict[str, Any]:
     events = sum(len(e) for _, e in items)
     if not events:
         raise SystemExit(f"no events in {db_name('replay')}: run python -m bench.replay first")
-    seconds = {"read": c1 - c0, "fold": c2 - c1, "compare": c3 - c2, "initial_state": c4 - c3}
+    seconds = {"read": c1 - c0, "read_postgres": server_read, "fold": c2 - c1,
+               "compare": c3 - c2, "initial_state": c4 - c3}
+    per_event = {k: v / events * 1e6 for k, v in seconds.items()}
+    cores = os.cpu_count() or 1
+    # initial_state is part of the fold: the whole is read (both sides) + fold + compare.
+    whole = sum(per_event[k] for k in ("read", "read_postgres", "fold", "compare"))
+    parts_alone = {k: v for k, v in per_event.items() if k != "initial_state"}
     return {"parts": parts, "part": part, "machines": len(items), "events": events,
-            "mismatches": mismatches,
+            "mismatches": mismatches, "cores": cores,
             "cpu_s": {k: round(v, 3) for k, v in seconds.items()},
-            "us_per_event": {k: round(v / events * 1e6, 2) for k, v in seconds.items()},
-            "us_per_machine": {k: round(v / len(items) * 1e6, 1) for k, v in seconds.items()}}
+            "us_per_event": {k: round(v, 2) for k, v in per_event.items()},
+            "us_per_machine": {k: round(v / len(items) * 1e6, 1) for k, v in seconds.items()},
+            "us_per_event_whole": round(whole, 2),
+            "ceiling_events_per_s": {**{k: _ceiling(v, cores) for k, v in parts_alone.items()},
+                                     "whole": _ceiling(whole, cores)}}
+
+
+def _ceiling(us_per_event: float, cores: int) -> int | None:
+    """Events/s with ``cores`` cores all busy at ``us_per_event`` of CPU per event; None
+    when the part used too little CPU to measure (a tiny history: /proc counts in ticks)."""
+    return int(cores * 1e6 / us_per_event) if us_per_event > 0 else None
 
 
 def print_table(r: dict[str, Any]) -> None:
     print(f"replay_split: part {r['part']} of {r['parts']}: {r['machines']:,} machines, "
           f"{r['events']:,} events, mismatches {r['mismatches']}")
-    for what in ("read", "fold", "compare", "initial_state"):
-        label = "  (of the fold) initial_state" if what == "initial_state" else f"  {what}"
-        print(f"{label:<32}{r['us_per_event'][what]:>7.2f} us/event "
-              f"{r['us_per_machine'][what]:>8.1f} us/machine")
+    labels = {"read": "read (this process)", "read_postgres": "read (PostgreSQL)",
+              "fold": "fold", "compare": "compare", "initial_state": "(of the fold) initial_state"}
+    ceiling = r["ceiling_events_per_s"]
+    print(f"  {'CPU':<30}{'us/event':>9}{'us/machine':>12}   events/s on {r['cores']} "
+          "core(s) if only this cost CPU")
+    for what, label in labels.items():
+        alone = "" if what not in ceiling else (
+            f"{ceiling[what]:>12,}" if ceiling[what] is not None else f"{'-':>12}")
+        print(f"  {label:<30}{r['us_per_event'][what]:>9.2f}{r['us_per_machine'][what]:>12.1f}"
+              f"   {alone}")
+    whole = ceiling["whole"]
+    print(f"  {'the whole rebuild':<30}{r['us_per_event_whole']:>9.2f}{'':>12}   "
+          f"{whole if whole is None else format(whole, ','):>12}")
 
 
 async def main() -> None:

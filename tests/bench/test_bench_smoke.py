@@ -107,7 +107,34 @@ def test_replay_rebuilds_cloned_real_histories_without_a_mismatch(tmp_path: Path
     split = bench(tmp_path, "replay_split", "--parts", "1")
     assert (split["machines"], split["events"]) == (r["machines"], r["events"])
     assert split["mismatches"] == 0
-    assert set(split["us_per_event"]) == {"read", "fold", "compare", "initial_state"}
+    assert set(split["us_per_event"]) == {"read", "read_postgres", "fold", "compare",
+                                          "initial_state"}
+    assert set(split["ceiling_events_per_s"]) == {"read", "read_postgres", "fold", "compare",
+                                                  "whole"}
+    # The whole is its parts: the read on both sides, the fold (initial_state in it), the
+    # compare; no part's ceiling is below the whole's.
+    parts = split["us_per_event"]
+    whole = parts["read"] + parts["read_postgres"] + parts["fold"] + parts["compare"]
+    assert split["us_per_event_whole"] == pytest.approx(whole, abs=0.02)
+    measured = [c for c in split["ceiling_events_per_s"].values() if c is not None]
+    assert min(measured) == split["ceiling_events_per_s"]["whole"]
+    # The storage what-if copies the same history as jsonb and as json, reads both back
+    # to the same values, and drops its copies.
+    storage = bench(tmp_path, "replay_storage", "--parts", "1", "--rounds", "1")
+    assert storage["events"] == r["events"]
+    assert storage["same_values"] is True
+    assert set(storage["types"]) == {"jsonb", "json"}
+    assert asyncio.run(_scratch_tables()) == []
+
+
+async def _scratch_tables() -> list[str]:
+    conn = await asyncpg.connect(f"postgresql://postgres@127.0.0.1:5432/{PREFIX}_replay",
+                                 timeout=10)
+    try:
+        return [r["tablename"] for r in await conn.fetch(
+            "SELECT tablename FROM pg_tables WHERE tablename LIKE 'whatif%'")]
+    finally:
+        await conn.close()
 
 
 def test_engine_benchmark_reports_throughput_and_exact_recovery(tmp_path: Path) -> None:
