@@ -136,6 +136,11 @@ class Observation:
     nodes: Mapping[str, NodeFact] = field(default_factory=dict)
     machines: Mapping[str, MachineFact] = field(default_factory=dict)
 
+    def failed_probes(self) -> list[str]:
+        """The keys whose probe failed, sorted: what this observation could not see."""
+        return sorted(key for facts in (self.pods, self.tags, self.nodes, self.machines)
+                      for key, fact in facts.items() if isinstance(fact, ProbeError))
+
     def to_json(self) -> JsonObject:
         out: JsonObject = {
             "pods": {k: _fact_json(v) for k, v in sorted(self.pods.items())},

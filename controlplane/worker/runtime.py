@@ -13,6 +13,11 @@ held lease alive while deciding and acting. Driving a machine:
    transitions costs one commit each, not a claim + commit + release); otherwise release,
    due at ``wake_at``. The same action-only decision twice in a row means the world has
    not caught up yet: sleep until ``wake_at`` or ``settle_seconds``, whichever is sooner.
+   An observation with a failed probe (a 429, a timeout: the truth is unknown) is looked
+   at again after ``probe_retry_seconds``, doubling per consecutive failed look up to
+   ``probe_retry_max_seconds``, however far the decision's own ``wake_at`` is: a decider
+   waits for a deadline or a wake, and a wake may never come for what nobody saw change
+   (a requeue with backoff, as a Kubernetes controller does on a failed reconcile).
 
 Crash safety: whatever was committed is durable, including the decision's actions (the
 outbox column ``pending_actions``, written by the same commit). A worker killed between
@@ -63,6 +68,8 @@ class WorkerConfig:
     settle_seconds: float = 1.0
     error_backoff_seconds: float = 1.0
     error_backoff_max_seconds: float = 300.0
+    probe_retry_seconds: float = 2.0
+    probe_retry_max_seconds: float = 30.0
     drain_seconds: float = 30.0
     kinds: tuple[str, ...] | None = None
     #: Admission limits; when set, this worker also admits held operations.
@@ -282,7 +289,12 @@ class Worker:
                 if decision.actions and decision.actions != previous_actions:
                     previous_actions = decision.actions
                     continue
-                await self._release(lease, self._sleep_until(decision, now))
+                unseen = observation.failed_probes()
+                retry_at = self._probe_retry_at(record.attempts, now) if unseen else None
+                if unseen:
+                    bound.info("probe failed; looking again", keys=unseen, retry_at=retry_at)
+                await self._release(lease, self._sleep_until(decision, now, retry_at),
+                                    reset_attempts=not unseen)
                 return
             await self._release(lease, self.clock.now())  # fairness: let others have a turn
         except StaleWriter as exc:
@@ -307,11 +319,22 @@ class Worker:
                     lease, self.clock.now(), self.clock.now() + timedelta(seconds=delay),
                     reset_attempts=False))
 
-    def _sleep_until(self, decision: Decision, now: datetime) -> datetime | None:
-        if not decision.actions:
-            return decision.wake_at
-        settle = now + timedelta(seconds=self.config.settle_seconds)
-        return settle if decision.wake_at is None else min(settle, decision.wake_at)
+    def _sleep_until(self, decision: Decision, now: datetime,
+                     retry_at: datetime | None) -> datetime | None:
+        wake = decision.wake_at
+        if decision.actions:
+            settle = now + timedelta(seconds=self.config.settle_seconds)
+            wake = settle if wake is None else min(settle, wake)
+        if retry_at is not None:
+            wake = retry_at if wake is None else min(retry_at, wake)
+        return wake
+
+    def _probe_retry_at(self, attempts: int, now: datetime) -> datetime:
+        """When to look again after a failed probe: ``attempts`` counts this machine's
+        claims since its last clean observation (1 = this one)."""
+        delay = min(self.config.probe_retry_seconds * 2 ** min(max(attempts - 1, 0), 30),
+                    self.config.probe_retry_max_seconds)
+        return now + timedelta(seconds=delay)
 
     async def _commit(
         self,
@@ -349,6 +372,8 @@ class Worker:
         return await self._commit(decider, state, version, lease, (event,), now,
                                   "engine", {"action_failure": data})
 
-    async def _release(self, lease: Lease, wake_at: datetime | None) -> None:
-        await self.committer.release(ReleaseRequest(lease, self.clock.now(), wake_at))
+    async def _release(self, lease: Lease, wake_at: datetime | None, *,
+                       reset_attempts: bool = True) -> None:
+        await self.committer.release(ReleaseRequest(lease, self.clock.now(), wake_at,
+                                                    reset_attempts=reset_attempts))
 

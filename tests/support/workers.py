@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from controlplane.clock import Clock
 from controlplane.engine.decider import Action
-from controlplane.engine.observation import Interests, Observation, PodView
+from controlplane.engine.observation import Interests, Observation, PodView, ProbeError
 from controlplane.machines.steps import WORK_ACTION
 from controlplane.store import leases, queries
 from controlplane.store.database import Database
@@ -36,12 +36,17 @@ class RecordingHandler:
 
 @dataclass
 class ScriptedObserver:
-    """Answers pod interests from a dict the test edits."""
+    """Answers pod interests from dicts the test edits: ``errors`` (a failed probe) first,
+    then ``pods`` (absent: the pod does not exist)."""
 
     pods: dict[str, PodView] = field(default_factory=dict)
+    errors: dict[str, ProbeError] = field(default_factory=dict)
+    looks: int = 0
 
     async def observe(self, interests: Interests) -> Observation:
-        return Observation(pods={k: self.pods.get(k) for k in interests.pods})
+        self.looks += 1
+        return Observation(pods={k: self.errors.get(k) or self.pods.get(k)
+                                 for k in interests.pods})
 
 
 def make_worker(db: Database, clock: Clock, handler: RecordingHandler,
@@ -52,9 +57,10 @@ def make_worker(db: Database, clock: Clock, handler: RecordingHandler,
                   ActionRunner({WORK_ACTION: handler}, FAST_RETRIES), clock, cfg)
 
 
-async def drive_due_once(db: Database, clock: Clock, *, limit: int = 20) -> None:
+async def drive_due_once(db: Database, clock: Clock, *, limit: int = 20,
+                         observer: ScriptedObserver | None = None) -> None:
     """One pass of a fresh worker over what is due now: claim, and drive each machine."""
-    worker = make_worker(db, clock, RecordingHandler())
+    worker = make_worker(db, clock, RecordingHandler(), observer)
     for claim in await leases.claim_due(db, owner="w1", token="t", now=clock.now(),
                                         limit=limit, lease_seconds=30):
         await worker.drive(claim)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timedelta
 
 from controlplane.clock import FakeClock
 from controlplane.engine.decider import Action
-from controlplane.engine.observation import PodView
+from controlplane.engine.observation import PodView, ProbeError
 from controlplane.machines.steps import WORK_ACTION
 from controlplane.store import leases, queries
 from controlplane.store.database import Database
@@ -17,6 +18,7 @@ from tests.support.workers import (
     RecordingHandler,
     ScriptedObserver,
     all_terminal,
+    drive_due_once,
     make_worker,
     run_until,
 )
@@ -135,6 +137,60 @@ async def test_a_pod_recreated_under_the_same_name_does_not_open_the_gate(
     record = await queries.get_machine(db, "g1")
     assert record.phase == "Failed"
     assert "GateOpened" not in [e.type for e in await queries.history(db, "g1")]
+
+
+async def test_a_failed_probe_is_looked_at_again_soon_not_at_the_deadline(
+    db: Database, clock: FakeClock
+) -> None:
+    """A 429 on the one read that would have shown the change must not leave the machine
+    asleep until its hang guard: nothing may ever wake it (reliability bug 6)."""
+    await submit_steps(db, clock, "g1", steps=1, gate_pod="ns/p", gate_pod_uid="uid-1")
+    throttled = ProbeError("TooManyRequests", "injected 429")
+    observer = ScriptedObserver(errors={"ns/p": throttled})
+
+    async def released() -> bool:
+        r = await queries.get_machine(db, "g1")
+        return r.state["deadline"] is not None and r.lease_owner is None
+
+    await run_until(make_worker(db, clock, RecordingHandler(), observer), released)
+    record = await queries.get_machine(db, "g1")
+    assert record.phase == "Waiting"
+    assert record.next_wake_at == clock.now() + timedelta(seconds=2)  # not the 3600 s guard
+
+    # The pod runs now and the read succeeds; no wake names it: only the retry finds it.
+    del observer.errors["ns/p"]
+    observer.pods["ns/p"] = PodView("ns", "p", "uid-1", "node-a", "Running", ready=True)
+    clock.advance(2)
+    await run_until(make_worker(db, clock, RecordingHandler(), observer), all_terminal(db))
+    assert (await queries.get_machine(db, "g1")).phase == "Succeeded"
+
+
+async def test_consecutive_failed_probes_back_off_and_a_clean_look_resets_it(
+    db: Database, clock: FakeClock
+) -> None:
+    await submit_steps(db, clock, "g1", steps=1, gate_pod="ns/p", gate_pod_uid="uid-1")
+    observer = ScriptedObserver(errors={"ns/p": ProbeError("Timeout", "no answer")})
+    await drive_due_once(db, clock, observer=observer)  # arms the gate, looks once
+    delays = []
+    for _ in range(6):
+        record = await queries.get_machine(db, "g1")
+        assert record.next_wake_at is not None
+        delays.append((record.next_wake_at - clock.now()).total_seconds())
+        clock.current = record.next_wake_at
+        await drive_due_once(db, clock, observer=observer)
+    assert delays == [2, 4, 8, 16, 30, 30]
+
+    # A clean look (the pod not there yet) sleeps to the guard, and resets the backoff.
+    del observer.errors["ns/p"]
+    clock.advance(30)
+    await drive_due_once(db, clock, observer=observer)
+    record = await queries.get_machine(db, "g1")
+    assert record.next_wake_at == datetime.fromisoformat(record.state["deadline"])
+    observer.errors["ns/p"] = ProbeError("Timeout", "no answer")
+    await leases.wake_by_key(db, key="uid-1", now=clock.now())
+    await drive_due_once(db, clock, observer=observer)
+    record = await queries.get_machine(db, "g1")
+    assert record.next_wake_at == clock.now() + timedelta(seconds=2)
 
 
 async def test_a_worker_whose_lease_expired_mid_action_cannot_commit_again(
