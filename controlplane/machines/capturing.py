@@ -40,9 +40,11 @@ from controlplane.machines.common import (
     action_key,
     emit,
     event_time,
+    may_reissue,
     merge_facts,
     next_poll,
     pod_facts,
+    reissue_backoff,
     seconds,
     stamped,
     tag_facts,
@@ -175,10 +177,11 @@ def _watch(spec: CaptureSpec, cap: Capture, pod: PodFact, obs: Observation, now:
         if tag.digest not in cap.stale_digests:
             return emit(stamped(STALE_ARTIFACT_SEEN, now, {"digest": tag.digest,
                                                            "problem": problem}, facts))
-    if cap.action_error is not None:
+    error = cap.action_error
+    if error is not None and not may_reissue(error, cap.attempt):
         return _fail(spec, now, "RequestRejected",
-                     f"the capture request could not be written: {cap.action_error.message}",
-                     merge_facts(facts, cap.action_error.facts()), machine_id)
+                     f"the capture request could not be written: {error.message}",
+                     merge_facts(facts, error.facts()), machine_id)
     annotation_missing = False
     if isinstance(pod, PodView) and pod.uid == spec.uid:
         report = protocol.capture_report(pod, spec.checkpoint_id)
@@ -198,6 +201,9 @@ def _watch(spec: CaptureSpec, cap: Capture, pod: PodFact, obs: Observation, now:
                      f"source pod {spec.pod_key} went away before the capture was pushed",
                      facts, machine_id)
     reissue_at = cap.issued_at + REISSUE_AFTER
+    if error is not None:  # retryable, attempts left: write the request again, later
+        reissue_at = cap.issued_at + reissue_backoff(cap.attempt)
+        facts = merge_facts(facts, error.facts())
     if annotation_missing and now >= reissue_at and now < cap.deadline:
         return _reissue(spec, cap, now, facts, machine_id)
     if now >= cap.deadline:
@@ -242,7 +248,7 @@ def evolve_capture(cap: Capture, event: EventLike, *, machine_id: str) -> Captur
                            deadline=datetime.fromisoformat(str(d["deadline"])),
                            source_node=None if node is None else str(node),
                            source_instance=str(d.get("source_instance", "")))
-        return replace(cap, attempt=attempt, issued_at=event_time(event))
+        return replace(cap, attempt=attempt, issued_at=event_time(event), action_error=None)
     if t == CAPTURE_REPORTED:
         return replace(cap, status=CaptureStatus.REPORTED, reported_digest=str(d["digest"]))
     if t == STALE_ARTIFACT_SEEN:

@@ -39,6 +39,12 @@ REISSUE_AFTER = timedelta(seconds=30)
 POLL_FIRST = timedelta(seconds=2)
 POLL_MAX = timedelta(seconds=30)
 
+#: A request whose action failed with a *retryable* error (the worker's own retries of a
+#: 429/5xx/409 ran out) is issued again by its decider, after ``reissue_backoff``, up to
+#: this many attempts in all; a refusal (403, 422...) or the last attempt's failure ends
+#: the step as before.
+REQUEST_ATTEMPTS = 4
+
 #: Every product machine's first decision records when it started (its hang guards
 #: count from there), with the observation it started on.
 STARTED = "Started"
@@ -82,6 +88,16 @@ def next_poll(since: datetime, now: datetime) -> datetime:
         step = min(step * 2, POLL_MAX)
         moment += step
     return moment
+
+
+def may_reissue(error: ActionError, attempt: int) -> bool:
+    """Whether a request whose ``attempt`` failed with ``error`` is issued again."""
+    return error.retryable and attempt < REQUEST_ATTEMPTS
+
+
+def reissue_backoff(attempt: int) -> timedelta:
+    """How long after a failed ``attempt`` was issued its retry is: 2 s, 4 s, 8 s..."""
+    return backoff(attempt, base=POLL_FIRST, cap=POLL_MAX)
 
 
 def backoff(attempt: int, *, base: timedelta, cap: timedelta) -> timedelta:

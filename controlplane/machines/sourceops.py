@@ -37,9 +37,11 @@ from controlplane.machines.common import (
     action_key,
     emit,
     event_time,
+    may_reissue,
     merge_facts,
     next_poll,
     pod_facts,
+    reissue_backoff,
     seconds,
     stamped,
     tag_facts,
@@ -147,13 +149,17 @@ def decide_source_op(op: SourceOp, src: SourcePod, obs: Observation, now: dateti
     how = effect(op.kind, src, pod)
     if how is not None:
         return emit(stamped(_DONE[op.kind], now, {"op": op.kind.value, "how": how}, facts))
-    if op.action_error is not None:
-        return _failed(op, now, "ActionFailed", op.action_error.message,
-                       merge_facts(facts, op.action_error.facts()))
+    error = op.action_error
+    if error is not None and not may_reissue(error, op.attempt):
+        return _failed(op, now, "ActionFailed", error.message,
+                       merge_facts(facts, error.facts()))
     if now >= op.deadline:
         return _failed(op, now, "Timeout",
                        f"{op.kind.value.lower()} of {src.key} not observed in time", facts)
     reissue_at = op.issued_at + REISSUE_AFTER
+    if error is not None:  # retryable, attempts left: issue it again, later
+        reissue_at = op.issued_at + reissue_backoff(op.attempt)
+        facts = merge_facts(facts, error.facts())
     if isinstance(pod, PodView) and may_act and now >= reissue_at:
         attempt = op.attempt + 1
         event = stamped(_REQUESTED[op.kind], now, {"op": op.kind.value, "attempt": attempt,
@@ -265,7 +271,7 @@ def evolve_source_op(op: SourceOp | None, event: EventLike, *, machine_id: str) 
                             deadline=datetime.fromisoformat(str(d["deadline"])))
         if op is None:
             return None
-        return replace(op, attempt=attempt, issued_at=event_time(event))
+        return replace(op, attempt=attempt, issued_at=event_time(event), action_error=None)
     if op is None:
         return None
     if t in DONE_EVENTS:

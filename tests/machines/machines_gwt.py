@@ -92,9 +92,9 @@ def observe(pods: Mapping[str, PodFact] | None = None, tags: Mapping[str, TagFac
 
 
 def action_failed(key: str, action: str, *, error_class: str = "Forbidden",
-                  message: str = "403 Forbidden") -> Event:
+                  message: str = "403 Forbidden", retryable: bool = False) -> Event:
     return Event(ACTION_FAILED, {"action": action, "key": key, "error_class": error_class,
-                                 "message": message, "retryable": False, "attempts": 3})
+                                 "message": message, "retryable": retryable, "attempts": 3})
 
 
 def check_contract(decider: Decider[Any], state: Any, obs: Observation, now: datetime,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from controlplane.engine.decider import CommandRejected, Event, InvalidSpec
@@ -181,6 +183,28 @@ def test_refused_request_fails_the_capture() -> None:
     """ActionFailed on the request annotation fails the capture (RequestRejected)."""
     g = requested().event(action_failed(f"{CID}/capture/request/1", "AnnotatePod"))
     then = g.when(obs(pod()), at(2))
+    assert then.event("CaptureFailed").data["reason"] == "RequestRejected"
+
+
+def test_a_request_that_met_only_transient_errors_is_written_again_with_backoff() -> None:
+    """A retryable failure (429/5xx/409 past the worker's retries) is not a refusal: the
+    request is written again 2 s, then 4 s, then 8 s after each attempt; the fourth
+    attempt's failure ends the capture (fault campaign, seed 19)."""
+    g = requested()  # attempt 1 issued at T0
+    for attempt, backoff in ((1, 2), (2, 4), (3, 8)):
+        issued = g.state.capture.issued_at
+        g = g.event(action_failed(f"{CID}/capture/request/{attempt}", "AnnotatePod",
+                                  error_class="ServerError", message="500", retryable=True))
+        waiting = g.when(obs(pod()), issued + timedelta(seconds=backoff - 1)).then_idle()
+        assert waiting.decision.wake_at == issued + timedelta(seconds=backoff)
+        again = g.when(obs(pod()), issued + timedelta(seconds=backoff))
+        again.then_events("CaptureRequested")
+        assert again.action("AnnotatePod").key == f"{CID}/capture/request/{attempt + 1}"
+        assert again.event("CaptureRequested").facts["error_class"] == "ServerError"
+        g = again.and_then()
+    g = g.event(action_failed(f"{CID}/capture/request/4", "AnnotatePod",
+                              error_class="ServerError", message="500", retryable=True))
+    then = g.when(obs(pod()), g.state.capture.issued_at + timedelta(seconds=16))
     assert then.event("CaptureFailed").data["reason"] == "RequestRejected"
 
 

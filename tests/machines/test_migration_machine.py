@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from controlplane.engine.decider import CommandRejected, InvalidSpec
@@ -174,6 +176,23 @@ def test_failed_delete_wakes_the_source_in_place() -> None:
     g = deleting().event(action_failed(f"{MID}/source/delete/1", "DeletePod"))
     then = g.when(observe({SRC: src()}, {PINNED: GOOD}), at(8))
     then.then_events("SourceDeletionFailed").then_phase("WakingInPlace")
+
+
+def test_a_delete_that_met_only_transient_errors_is_issued_again_not_given_up() -> None:
+    """A 409/500 burst on the source delete (retryable, worker retries spent) is retried
+    by the machine after a backoff, not turned into a resume (fault campaign, seed 18)."""
+    g = deleting().event(action_failed(f"{MID}/source/delete/1", "DeletePod",
+                                       error_class="Conflict", message="409",
+                                       retryable=True))
+    issued = g.state.source_op.issued_at
+    g.when(observe({SRC: src()}, {PINNED: GOOD}), issued + timedelta(seconds=1)).then_idle()
+    then = g.when(observe({SRC: src()}, {PINNED: GOOD}), issued + timedelta(seconds=2))
+    then.then_events("SourceDeletionRequested").then_phase("DeletingSource")
+    assert then.action("DeletePod").key == f"{MID}/source/delete/2"
+    # The pod is gone after the second delete: the migration goes on to restore.
+    after = then.and_then().when(observe({SRC: None}, {PINNED: GOOD}),
+                                 issued + timedelta(seconds=3))
+    after.then_events("SourceDeleted")
 
 
 def test_verified_restore_collects_garbage_then_succeeds() -> None:
