@@ -310,8 +310,8 @@ class Worker:
                           error=str(exc))
         except Exception as exc:  # a bug in a decider/observer/handler must not stop the worker
             self.metrics.step_crashes += 1
-            delay = min(self.config.error_backoff_seconds * 2 ** max(record.attempts - 1, 0),
-                        self.config.error_backoff_max_seconds)
+            delay = _backoff_seconds(record.attempts, self.config.error_backoff_seconds,
+                                     self.config.error_backoff_max_seconds)
             bound.exception("machine step crashed; retrying later", error=repr(exc),
                             retry_in=delay)
             with contextlib.suppress(StaleWriter, DatabaseUnavailable):
@@ -332,9 +332,8 @@ class Worker:
     def _probe_retry_at(self, attempts: int, now: datetime) -> datetime:
         """When to look again after a failed probe: ``attempts`` counts this machine's
         claims since its last clean observation (1 = this one)."""
-        delay = min(self.config.probe_retry_seconds * 2 ** min(max(attempts - 1, 0), 30),
-                    self.config.probe_retry_max_seconds)
-        return now + timedelta(seconds=delay)
+        return now + timedelta(seconds=_backoff_seconds(
+            attempts, self.config.probe_retry_seconds, self.config.probe_retry_max_seconds))
 
     async def _commit(
         self,
@@ -377,3 +376,8 @@ class Worker:
         await self.committer.release(ReleaseRequest(lease, self.clock.now(), wake_at,
                                                     reset_attempts=reset_attempts))
 
+
+def _backoff_seconds(attempts: int, base: float, cap: float) -> float:
+    """``base`` doubled per consecutive troubled claim (``attempts``, 1 = this one), capped."""
+    grown: float = base * 2.0 ** min(max(attempts - 1, 0), 30)
+    return min(grown, cap)
