@@ -18,6 +18,7 @@ import pytest
 from controlplane.clock import FakeClock
 from controlplane.store import migrate
 from controlplane.store.database import Database, open_database
+from tests.support.envtest import RealCluster, open_real_cluster
 
 PG_ADMIN_URL = os.environ.get("CONTROLPLANE_TEST_PG_ADMIN_URL",
                               "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -78,3 +79,15 @@ async def db(db_url: str) -> AsyncIterator[Database]:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture(scope="session")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    """The real Kubernetes API server of this session (envtest), or the one named by
+    ``CONTROLPLANE_TEST_KUBECONFIG``; skipped with one line saying how to enable it.
+
+    With envtest: etcd + kube-apiserver v1.36 (AlwaysAllow) and the kubelet role
+    (``cpctl sim nodes``) keeping nodes ``node-1..3`` Ready, scheduling through
+    ``pods/binding`` and finishing deletions. Started once, stopped by PID at the end."""
+    with open_real_cluster(tmp_path_factory.mktemp("envtest")) as cluster:
+        yield cluster
