@@ -3,8 +3,9 @@
 Starts the simulated API server (:mod:`drivers.sim.server`) on ``127.0.0.1:0`` with the
 namespaces ``default`` and ``kube-system`` and ``nodes`` Ready nodes (``node-1``...,
 4 CPUs and 8Gi each unless told otherwise), plus the simulated scheduler and kubelets
-(:mod:`drivers.sim.kubelet`). Point any Kubernetes client at it with
-:meth:`SimCluster.write_kubeconfig`.
+(:mod:`drivers.sim.kubelet`); ``kubelets=False`` leaves both out (no nodes either), for
+the kubelet role (:mod:`drivers.kubelet`) to do their job through the API. Point any
+Kubernetes client at it with :meth:`SimCluster.write_kubeconfig`.
 
 Test conveniences act on the store directly (not counted as API requests): pods
 (:meth:`create_pod`, :meth:`pod`), the simulated workload state (:meth:`set_marker`,
@@ -46,7 +47,7 @@ class SimCluster:
                  node_pods: int = 110, namespaces: Sequence[str] = ("default", "kube-system"),
                  start_seconds: float = 0.0, stop_seconds: float = 0.0,
                  bookmark_seconds: float = 30.0, history_limit: int = 100_000,
-                 seed: int = 0) -> None:
+                 seed: int = 0, kubelets: bool = True) -> None:
         if host not in ("127.0.0.1", "::1", "localhost"):
             raise ValueError("the simulator serves loopback only")
         self.node_names = ([f"node-{i}" for i in range(1, nodes + 1)] if isinstance(nodes, int)
@@ -61,6 +62,10 @@ class SimCluster:
         self._namespaces = tuple(namespaces)
         self._node_size = (node_cpu, node_memory)
         self._node_pods = node_pods
+        # False: no in-process scheduler or kubelets and no nodes; the kubelet role
+        # (drivers.kubelet, ``cpctl sim nodes``) registers node_names and does their job
+        # through the API, as it does against a real API server.
+        self.in_process_kubelets = kubelets
         self._runner: web.AppRunner | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -76,10 +81,11 @@ class SimCluster:
     async def start(self) -> None:
         for name in self._namespaces:
             self.store.create("namespaces", "", {"metadata": {"name": name}})
-        for name in self.node_names:
-            self.kubelets.add_node(name, cpu=self._node_size[0], memory=self._node_size[1],
-                                   pods=self._node_pods)
-        self.kubelets.start()
+        if self.in_process_kubelets:
+            for name in self.node_names:
+                self.kubelets.add_node(name, cpu=self._node_size[0],
+                                       memory=self._node_size[1], pods=self._node_pods)
+            self.kubelets.start()
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -34,7 +34,7 @@ import contextlib
 from collections.abc import Callable, Mapping
 
 from controlplane.logs import get_logger
-from drivers.sim import scheduling
+from drivers.sim import podstatus, scheduling
 from drivers.sim.objects import (
     HOSTNAME_LABEL,
     ApiError,
@@ -249,25 +249,12 @@ class Kubelets:
     # --- pod transitions -------------------------------------------------------------------
 
     def _run_pod(self, pod: Obj, node: Obj) -> None:
-        addresses = (node.get("status") or {}).get("addresses") or []
-        host_ip = next((a.get("address") for a in addresses if a.get("type") == "InternalIP"),
-                       "10.0.0.1")
-        started = timestamp()
+        host, started = podstatus.host_ip(node), timestamp()
 
         def run(obj: Obj) -> None:
-            status = obj.setdefault("status", {})
-            if status.get("phase", "Pending") != "Pending" or meta(obj).get("deletionTimestamp"):
-                return
-            status.update(phase="Running", hostIP=host_ip, startTime=started,
-                          podIP=_pod_ip(host_ip, str(meta(obj)["uid"])))
-            for type_ in ("PodScheduled", "Initialized", "ContainersReady", "Ready"):
-                set_condition(status, type_, True)
-            status["containerStatuses"] = [
-                {"name": c["name"], "image": c["image"], "imageID": f"sim://{c['image']}",
-                 "containerID": f"sim://{str(meta(obj)['uid'])[:8]}-{c['name']}",
-                 "ready": True, "started": True, "restartCount": 0,
-                 "state": {"running": {"startedAt": started}}}
-                for c in (obj.get("spec") or {}).get("containers") or []]
+            status = podstatus.running_status(obj, host=host, started=started)
+            if status is not None:
+                obj["status"] = status
 
         self.store.mutate("pods", str(meta(pod)["namespace"]), str(meta(pod)["name"]), run,
                           uid=str(meta(pod)["uid"]))
@@ -362,9 +349,4 @@ class Kubelets:
 def _key(pod: Obj) -> Key:
     m = meta(pod)
     return str(m.get("namespace") or ""), str(m.get("name"))
-
-
-def _pod_ip(host_ip: str, uid: str) -> str:
-    third = host_ip.rsplit(".", 1)[-1]
-    return f"10.244.{third}.{int(uid.replace('-', '')[:4], 16) % 250 + 2}"
 

@@ -68,7 +68,8 @@ def parse_path(tail: str) -> Target:
     sub = rest[2] if len(rest) > 2 else None
     if resource.namespaced and namespace is None and name is not None:
         raise ApiError(404, "the server could not find the requested resource")
-    if sub is not None and (sub != "status" or not resource.has_status):
+    if sub is not None and (sub != "status" or not resource.has_status) and \
+            (sub, resource.plural) != ("binding", "pods"):
         raise ApiError(404, f"the server could not find the requested resource ({sub})")
     return Target(resource, namespace, name, sub)
 
@@ -224,6 +225,8 @@ class SimServer:
             body = await self._body(request)
             if not isinstance(body, dict):
                 raise ApiError(400, "the request body must be a JSON object")
+            if t.subresource == "binding":
+                return _json(self.store.bind(ns, name, body), 201)
             return _json(self.store.create(plural, ns, body), 201)
         if verb == "update":
             body = await self._body(request)

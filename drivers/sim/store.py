@@ -25,6 +25,7 @@ scheduler/kubelet and :class:`~drivers.sim.cluster.SimCluster`.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -41,8 +42,10 @@ from drivers.sim.objects import (
     already_exists,
     clone,
     conflict,
+    invalid,
     meta,
     not_found,
+    set_condition,
     timestamp,
 )
 from drivers.sim.selectors import EVERYTHING, Selector
@@ -191,6 +194,48 @@ class Store:
         if not isinstance(patched, dict):
             raise ApiError(422, f"the patch turned {resource.kind} {name} into a non-object")
         return self.update(plural, namespace, name, patched, subresource=subresource)
+
+    def bind(self, namespace: str, name: str, binding: Obj) -> Obj:
+        """``POST pods/NAME/binding``: assign the pod to ``target.name`` (a scheduler's write).
+
+        Answers as a real API server does: 201 with a ``Success`` Status; 409 when the pod
+        is already assigned, being deleted, gated, or is another one than
+        ``metadata.uid``; 404 when it does not exist; 400/422 for a malformed Binding.
+        """
+        resource = self.resource("pods")
+        if meta(binding).get("name") not in (None, "", name):
+            raise ApiError(400, "name in URL does not match name in Binding object")
+        raw = binding.get("target")
+        target: Obj = raw if isinstance(raw, dict) else {}
+        node = str(target.get("name") or "")
+        if target.get("kind") not in (None, "", "Node"):
+            raise invalid(resource, name, "target.kind", "must be empty or 'Node'")
+        if not node:
+            raise invalid(resource, name, "target.name", "Required value")
+        old = self._find("pods", namespace, name)
+        m = meta(old)
+        where = dataclasses.replace(resource, plural="pods/binding")
+        uid = meta(binding).get("uid")
+        if uid and uid != m.get("uid"):
+            raise conflict(where, name, f"Precondition failed: UID in precondition: {uid}, "
+                           f"UID in object meta: {m.get('uid')}")
+        if m.get("deletionTimestamp") is not None:
+            raise conflict(where, name, f"pod {name} is being deleted, cannot be assigned "
+                           "to a host")
+        assigned = (old.get("spec") or {}).get("nodeName")
+        if assigned:
+            raise conflict(where, name, f'pod {name} is already assigned to node "{assigned}"')
+        if (old.get("spec") or {}).get("schedulingGates"):
+            raise conflict(where, name, f"pod {name} has non-empty .spec.schedulingGates")
+        new = clone(old)
+        new.setdefault("spec", {})["nodeName"] = node
+        annotations = meta(binding).get("annotations")
+        if isinstance(annotations, dict) and annotations:
+            meta(new).setdefault("annotations", {}).update(annotations)
+        set_condition(new.setdefault("status", {}), "PodScheduled", True)
+        self._replace(resource, old, new)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "code": 201}
 
     def mutate(self, plural: str, namespace: str, name: str, change: Callable[[Obj], None], *,
                uid: str | None = None) -> Obj | None:
