@@ -1,15 +1,18 @@
 """The manifests' processes on one machine: what the kubelet would start, started here.
 
-:class:`DeployedRun` renders an overlay and runs, as real subprocesses against
-``cpctl sim up`` and a real OCI registry (Debian's ``docker-registry``) on loopback: the
-migration Job's container, the Deployment's init container, its worker container once per
-replica and its API container, and the DaemonSet's container once per simulated node —
-each with the command, args and environment the rendered objects give it
-(:mod:`tests.deploy.manifests`). Only what cannot exist off-cluster is substituted, and
-each substitution is listed in :data:`SUBSTITUTIONS`. Each component talks to the
-simulator with a kubeconfig whose bearer token names its ServiceAccount
-(``system:serviceaccount:<ns>:<name>``), so the simulator's audit tells who made which
-API call (the RBAC exactness test).
+:class:`DeployedRun` renders an overlay and runs, as real subprocesses against a cluster
+and a real OCI registry (Debian's ``docker-registry``) on loopback: the migration Job's
+container, the Deployment's init container, its worker container once per replica and
+its API container, and the DaemonSet's container once per node — each with the command,
+args and environment the rendered objects give it (:mod:`tests.deploy.manifests`). Only
+what cannot exist off-cluster is substituted, and each substitution is listed in
+:data:`SUBSTITUTIONS`. Each component connects with a kubeconfig for its ServiceAccount.
+
+The cluster is either :class:`Simulator` (``cpctl sim up``: the bearer token names the
+ServiceAccount, ``system:serviceaccount:<ns>:<name>``, and the simulator's audit says who
+made which call; tests/deploy/test_deployed.py) or :class:`RealServer` (a real
+kube-apiserver: its URL, CA and a token per ServiceAccount that it authenticates as that
+account; tests/deploy/test_rbac_real.py).
 """
 
 from __future__ import annotations
@@ -17,14 +20,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import yaml
 
@@ -37,13 +41,14 @@ from tests.deploy.manifests import (
     find,
     pod_spec,
 )
+from tests.support.envtest import write_kubeconfig
 
 T = TypeVar("T")
 NAMESPACE = "checkpoint-system"
 REGISTRY_BIN = "/usr/bin/docker-registry"
 SUBSTITUTIONS = {
-    "--in-cluster": "--kubeconfig <the component's simulator kubeconfig>",
-    "--dumper=kubelet": "--dumper=sim (the simulator has no kubelet)",
+    "--in-cluster": "--kubeconfig <the component's kubeconfig: its ServiceAccount's token>",
+    "--dumper=kubelet": "--dumper=sim (no kubelet: it captures through pod annotations)",
     "--workdir=...": "a temporary directory per node (an emptyDir in the cluster)",
     "--listen=0.0.0.0:8080": "--listen=127.0.0.1:0 (any free port)",
     "--metrics-listen=0.0.0.0:9090": "--metrics-listen=127.0.0.1:0 (any free port)",
@@ -69,12 +74,74 @@ def wait_for(check: Callable[[], T | None], what: str, limit: float = 60) -> T:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+class Cluster(Protocol):
+    """Where the components connect, and how the test makes its own requests."""
+
+    def kubeconfig(self, service_account: str, folder: Path) -> str:
+        """A kubeconfig that authenticates as ``service_account`` (in :data:`NAMESPACE`)."""
+        ...
+
+    def api(self, path: str, body: Obj | None = None) -> Any:
+        """GET ``path`` (POST ``body``) as the test itself, not as any component."""
+        ...
+
+
+@dataclass(frozen=True)
+class Simulator:
+    """``cpctl sim up``: it accepts any token and records it as the caller's user name."""
+
+    url: str
+    kubeconfig_template: Path
+
+    def kubeconfig(self, service_account: str, folder: Path) -> str:
+        config = yaml.safe_load(self.kubeconfig_template.read_text())
+        config["users"][0]["user"]["token"] = service_account_user(service_account)
+        path = folder / f"{service_account}.kubeconfig"
+        path.write_text(json.dumps(config))
+        return str(path)
+
+    def api(self, path: str, body: Obj | None = None) -> Any:
+        # No token: the audit attributes these requests to no component.
+        return _request(self.url + path, body, headers={}, context=None)
+
+
+@dataclass(frozen=True)
+class RealServer:
+    """A real kube-apiserver: each ServiceAccount's bearer token, and the admin's for the
+    test's own requests (``tokens`` maps a ServiceAccount of :data:`NAMESPACE` to a token
+    the server authenticates as that account)."""
+
+    url: str
+    ca_file: Path
+    admin_token: str
+    tokens: Mapping[str, str]
+
+    def kubeconfig(self, service_account: str, folder: Path) -> str:
+        return str(write_kubeconfig(folder / f"{service_account}.kubeconfig", self.url,
+                                    self.ca_file, self.tokens[service_account],
+                                    user=service_account_user(service_account)))
+
+    def api(self, path: str, body: Obj | None = None) -> Any:
+        return _request(self.url + path, body,
+                        headers={"Authorization": f"Bearer {self.admin_token}"},
+                        context=ssl.create_default_context(cafile=str(self.ca_file)))
+
+
+def _request(url: str, body: Obj | None, *, headers: dict[str, str],
+             context: ssl.SSLContext | None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="POST" if body else "GET",
+                                 headers={"Content-Type": "application/json", **headers})
+    with urllib.request.urlopen(req, timeout=10, context=context) as resp:
+        return json.loads(resp.read())
+
+
 @dataclass
 class DeployedRun:
     objects: list[Obj]
     tmp: Path
     db_url: str
-    sim_url: str = ""
+    cluster: Cluster | None = None
     registry: str = ""
     api_url: str = ""
     procs: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
@@ -121,15 +188,27 @@ class DeployedRun:
         sim = self.start("sim", ["cpctl", "sim", "up", "--nodes", "3", "--kubeconfig",
                                  str(base)])
         assert sim.stdout is not None
-        self.sim_url = sim.stdout.readline().split("listening on ")[1].split()[0]
+        self.cluster = Simulator(sim.stdout.readline().split("listening on ")[1].split()[0],
+                                 base)
 
     def kubeconfig(self, service_account: str) -> str:
-        """A kubeconfig for the simulator whose token names the ServiceAccount."""
-        config = yaml.safe_load((self.tmp / "sim.kubeconfig").read_text())
-        config["users"][0]["user"]["token"] = service_account_user(service_account)
-        path = self.tmp / f"{service_account}.kubeconfig"
-        path.write_text(json.dumps(config))
-        return str(path)
+        assert self.cluster is not None, "no cluster: start_simulator() or pass cluster="
+        return self.cluster.kubeconfig(service_account, self.tmp)
+
+    def api(self, path: str, body: Obj | None = None) -> Any:
+        """The test's own request to the cluster (not attributed to any component)."""
+        assert self.cluster is not None, "no cluster: start_simulator() or pass cluster="
+        return self.cluster.api(path, body)
+
+    def list_pods(self, namespace: str) -> list[Obj]:
+        items: list[Obj] = self.api(f"/api/v1/namespaces/{namespace}/pods")["items"]
+        return items
+
+    def running(self, namespace: str, count: int) -> None:
+        """Wait until ``count`` pods of ``namespace`` run (the kubelets are elsewhere)."""
+        wait_for(lambda: len([p for p in self.list_pods(namespace)
+                              if (p.get("status") or {}).get("phase") == "Running"]) == count,
+                 f"{count} pods running in {namespace}")
 
     def start_registry(self) -> None:
         assert Path(REGISTRY_BIN).exists(), \
@@ -153,15 +232,6 @@ class DeployedRun:
             return None
 
         self.registry = wait_for(listening, "the registry to listen", limit=20)
-
-    def sim_api(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        """The test's own requests (no token: not attributed to any component)."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.sim_url + path, data=data,
-                                     method="POST" if body else "GET",
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.loads(resp.read())
 
     # --- the manifests' containers --------------------------------------------------
 
@@ -203,6 +273,41 @@ class DeployedRun:
         argv = [("--dumper=sim" if a == "--dumper=kubelet" else
                  f"--workdir={work}" if a.startswith("--workdir=") else a) for a in argv]
         return [*argv, "--kubeconfig", self.kubeconfig(account)], env
+
+    def start_control_plane(self, nodes: tuple[str, ...], *, api: bool = True) -> None:
+        """What ``kubectl apply -k`` starts, in the order the cluster would get there: the
+        migration Job, the init container's gate, an agent per node, every worker replica,
+        and (``api``) the API container, whose URL lands in :attr:`api_url`."""
+        argv, env = self.migration_job()
+        job = self.run(argv, env)
+        assert job.returncode == 0, job.stderr
+        argv, env = self.control_plane("wait-for-schema", 0)
+        gate = self.run(argv, env)
+        assert gate.returncode == 0, gate.stdout + gate.stderr
+        assert "up to date" in gate.stdout
+        for node in nodes:
+            argv, env = self.agent(node)
+            agent = self.start(f"agent-{node}", argv, env)
+            assert agent.stdout is not None
+            assert agent.stdout.readline().startswith("node agent serving"), \
+                self.stderr(f"agent-{node}")[-2000:]
+        replicas = find(self.objects, "Deployment", "controlplane")["spec"]["replicas"]
+        for i in range(replicas):
+            argv, env = self.control_plane("worker", i)
+            self.start(f"worker-{i}", argv, env)
+        if api:
+            argv, env = self.control_plane("api", 0)
+            proc = self.start("api", argv, env)
+            assert proc.stdout is not None
+            self.api_url = proc.stdout.readline().split(" on ")[1].strip().rstrip("/")
+
+    def in_worker(self, *verb: str) -> subprocess.CompletedProcess[str]:
+        """``kubectl exec deploy/controlplane -c worker -- cpctl VERB...``: a verb run with
+        the worker container's environment and identity (docs/install.md, step 7)."""
+        argv, env = self.control_plane("worker", 0)
+        kubeconfig = argv[argv.index("--kubeconfig") + 1]
+        return self.run([*argv[:argv.index("worker")], *verb, "--kubeconfig", kubeconfig],
+                        env)
 
     def stop(self) -> None:
         """SIGTERM everything (as the kubelet does), then wait; record the exit codes."""

@@ -27,7 +27,6 @@ from tests.deploy.deployment import (
     SUBSTITUTIONS,
     DeployedRun,
     service_account_user,
-    wait_for,
 )
 from tests.deploy.manifests import Obj, all_of, find, pod_spec, render
 
@@ -53,57 +52,30 @@ def run(pg_database: str, tmp_path_factory: pytest.TempPathFactory) -> DeployedR
     try:
         r.start_simulator()
         r.start_registry()
-        argv, env = r.migration_job()
-        job = r.run(argv, env)
-        assert job.returncode == 0, job.stderr
-        argv, env = r.control_plane("wait-for-schema", 0)
-        gate = r.run(argv, env)
-        assert gate.returncode == 0, gate.stdout + gate.stderr
-        assert "up to date" in gate.stdout
-        for node in ("node-1", "node-2", "node-3"):
-            argv, env = r.agent(node)
-            agent = r.start(f"agent-{node}", argv, env)
-            assert agent.stdout is not None
-            assert agent.stdout.readline().startswith("node agent serving")
-        replicas = find(r.objects, "Deployment", "controlplane")["spec"]["replicas"]
-        for i in range(replicas):
-            argv, env = r.control_plane("worker", i)
-            r.start(f"worker-{i}", argv, env)
-        argv, env = r.control_plane("api", 0)
-        api = r.start("api", argv, env)
-        assert api.stdout is not None
-        r.api_url = api.stdout.readline().split(" on ")[1].strip().rstrip("/")
-
-        r.sim_api("/api/v1/namespaces/default/pods", {
+        r.start_control_plane(("node-1", "node-2", "node-3"))
+        r.api("/api/v1/namespaces/default/pods", {
             "metadata": {"name": "app", "annotations": {MARKER: "counter=41"}},
             "spec": {"nodeName": "node-1", "containers": [{"name": "main", "image": "pause"}]}})
-        wait_for(lambda: [p for p in r.sim_api("/api/v1/namespaces/default/pods")["items"]
-                          if p["status"].get("phase") == "Running"], "app running")
-        argv, env = r.control_plane("worker", 0)
-        kubeconfig = argv[argv.index("--kubeconfig") + 1]
-        verb = [*argv[:argv.index("worker")], "migrate", "default/app", "--to", "node-2",
-                "--repository", f"{r.registry}/checkpoints", "--wait", "--wait-seconds", "90",
-                "--kubeconfig", kubeconfig]
-        r.migrated = r.run(verb, env)
-        r.pods = r.sim_api("/api/v1/namespaces/default/pods")["items"]
+        r.running("default", 1)
+        r.migrated = r.in_worker("migrate", "default/app", "--to", "node-2", "--repository",
+                                 f"{r.registry}/checkpoints", "--wait", "--wait-seconds", "90")
+        r.pods = r.list_pods("default")
         # A drain too: it cordons a node (PATCH nodes) and runs child migrations.
         for name in ("batch-1", "batch-2"):
-            r.sim_api("/api/v1/namespaces/default/pods", {
+            r.api("/api/v1/namespaces/default/pods", {
                 "metadata": {"name": name, "annotations": {MARKER: name}},
                 "spec": {"nodeName": "node-3",
                          "containers": [{"name": "main", "image": "pause"}]}})
-        wait_for(lambda: len([p for p in r.sim_api("/api/v1/namespaces/default/pods")["items"]
-                              if p["status"].get("phase") == "Running"]) == 3, "batch running")
-        drain = [*argv[:argv.index("worker")], "drain", "node-3", "--to", "node-1",
-                 "--max-parallel", "2", "--repository", f"{r.registry}/checkpoints",
-                 "--wait", "--wait-seconds", "90", "--kubeconfig", kubeconfig]
-        r.drained = r.run(drain, env)
-        r.drained_pods = r.sim_api("/api/v1/namespaces/default/pods")["items"]
+        r.running("default", 3)
+        r.drained = r.in_worker("drain", "node-3", "--to", "node-1", "--max-parallel", "2",
+                                "--repository", f"{r.registry}/checkpoints", "--wait",
+                                "--wait-seconds", "90")
+        r.drained_pods = r.list_pods("default")
         with urllib.request.urlopen(r.api_url + "/healthz", timeout=10) as resp:
             r.healthz = json.loads(resp.read())
         with urllib.request.urlopen(r.api_url + "/metrics", timeout=10) as resp:
             r.metrics = resp.read().decode()
-        r.audit = r.sim_api("/sim/audit")["items"]
+        r.audit = r.api("/sim/audit")["items"]
     finally:
         r.stop()
     return r
