@@ -1,7 +1,9 @@
 """Fixtures of the driver tests: the cluster harness (simulator, and a real cluster if set).
 
 ``harness`` runs every contract test twice: on the simulator (never skipped) and on the
-cluster named by ``CONTROLPLANE_TEST_KUBECONFIG`` (skipped, with that reason, when unset).
+session's real API server (``real_cluster``: envtest from ``KUBEBUILDER_ASSETS``, or the
+cluster named by ``CONTROLPLANE_TEST_KUBECONFIG``; skipped with one line saying how to
+enable it when neither is set).
 ``sim`` is a bare simulated cluster for the simulator's own tests.
 """
 
@@ -18,7 +20,8 @@ from tests.drivers.harness import Harness, open_harness
 
 @pytest.fixture(params=["sim", "real"])
 async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
-    async with open_harness(request.param, tmp_path) as h:
+    real = request.getfixturevalue("real_cluster") if request.param == "real" else None
+    async with open_harness(request.param, tmp_path, real) as h:
         yield h
 
 

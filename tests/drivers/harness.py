@@ -5,7 +5,9 @@ A :class:`Harness` gives a test a kubeconfig, a namespace, node names, an indepe
 the simulator's fault hooks — a test that needs them is skipped on a real cluster, with
 that reason. Pods a test creates are deleted (grace 0) when it ends.
 
-Real cluster: set ``CONTROLPLANE_TEST_KUBECONFIG`` (and optionally
+Real cluster: the session's ``real_cluster`` (tests/conftest.py): an envtest
+kube-apiserver started from ``KUBEBUILDER_ASSETS`` with the kubelet role providing nodes, or
+the cluster named by ``CONTROLPLANE_TEST_KUBECONFIG`` (optionally
 ``CONTROLPLANE_TEST_CONTEXT``, ``CONTROLPLANE_TEST_NAMESPACE`` (default ``default``),
 ``CONTROLPLANE_TEST_IMAGE``). The credentials need get/list/watch/create/patch/delete on
 pods and events in that namespace and get/list/watch on nodes.
@@ -33,8 +35,8 @@ from drivers.kube.errors import ApiNotFound
 from drivers.kube.resources import NODES, PODS, CoreV1
 from drivers.sim import SimCluster
 from drivers.sim.faults import Faults
+from tests.support.envtest import RealCluster
 
-REAL_KUBECONFIG = "CONTROLPLANE_TEST_KUBECONFIG"
 PAUSE_IMAGE = os.environ.get("CONTROLPLANE_TEST_IMAGE", "registry.k8s.io/pause:3.9")
 
 
@@ -129,7 +131,8 @@ async def _admin(kubeconfig: Path, context: str | None) -> CoreV1:
 
 
 @contextlib.asynccontextmanager
-async def open_harness(kind: str, tmp_path: Path) -> AsyncIterator[Harness]:
+async def open_harness(kind: str, tmp_path: Path,
+                       real: RealCluster | None = None) -> AsyncIterator[Harness]:
     if kind == "sim":
         async with SimCluster(nodes=3) as cluster:
             path = cluster.write_kubeconfig(tmp_path / "kubeconfig")
@@ -141,14 +144,13 @@ async def open_harness(kind: str, tmp_path: Path) -> AsyncIterator[Harness]:
             finally:
                 await admin.client.close()
         return
-    raw = os.environ.get(REAL_KUBECONFIG)
-    if not raw:
-        pytest.skip(f"{REAL_KUBECONFIG} is not set: no real cluster to run the contract on")
+    if real is None:
+        raise ValueError("a real harness needs the session's real cluster")
     context = os.environ.get("CONTROLPLANE_TEST_CONTEXT") or None
-    admin = await _admin(Path(raw), context)
+    admin = await _admin(real.kubeconfig, context)
     nodes, _ = await admin.list_all(NODES)
-    harness = Harness(Path(raw), context, os.environ.get("CONTROLPLANE_TEST_NAMESPACE",
-                                                         "default"),
+    harness = Harness(real.kubeconfig, context,
+                      os.environ.get("CONTROLPLANE_TEST_NAMESPACE", "default"),
                       admin, None, patience=120.0,
                       nodes=sorted(str(n["metadata"]["name"]) for n in nodes if _usable(n)))
     try:
