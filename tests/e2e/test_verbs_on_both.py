@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from drivers.sim import MARKER
-from tests.e2e.world import REPO, World, open_world, wait_for
+from tests.e2e.world import REPO, Obj, World, open_world, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -33,19 +33,19 @@ def _id(stdout: str) -> str:
     return stdout.split()[0]
 
 
-def _only_running(w: World, app: str) -> dict[str, object]:
+def _only_running(w: World, app: str) -> Obj:
     """The one Running pod labelled ``app`` (a duplicate would fail here)."""
     pods = wait_for(lambda: w.running_pods(f"app={app}") or None, f"a running {app}")
     assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
     return pods[0]
 
 
-def _node(pod: dict[str, object]) -> str:
-    return str(pod["spec"]["nodeName"])  # type: ignore[index]
+def _node(pod: Obj) -> str:
+    return str(pod["spec"]["nodeName"])
 
 
-def _marker(pod: dict[str, object]) -> str:
-    return str(pod["metadata"]["annotations"].get(MARKER))  # type: ignore[index]
+def _marker(pod: Obj) -> str:
+    return str(pod["metadata"]["annotations"].get(MARKER))
 
 
 def test_checkpoint_proves_the_artifact_and_keeps_the_workload_running(world: World) -> None:
@@ -55,7 +55,7 @@ def test_checkpoint_proves_the_artifact_and_keeps_the_workload_running(world: Wo
     out = w.ok("checkpoint", f"{w.namespace}/{name}", "--repository", REPO, "--wait")
     assert f"checkpoint {w.namespace}/{name}: Succeeded" in out
     still = _only_running(w, name)
-    assert still["metadata"]["uid"] == source["metadata"]["uid"]  # type: ignore[index]
+    assert still["metadata"]["uid"] == source["metadata"]["uid"]
 
 
 def test_migrate_moves_the_state_and_removes_the_source(world: World) -> None:
@@ -68,9 +68,9 @@ def test_migrate_moves_the_state_and_removes_the_source(world: World) -> None:
     moved = _only_running(w, name)
     assert _node(moved) == "node-2"
     assert _marker(moved) == "counter=41"
-    assert moved["metadata"]["uid"] != source["metadata"]["uid"]  # type: ignore[index]
+    assert moved["metadata"]["uid"] != source["metadata"]["uid"]
     left = w.kube.pod(w.namespace, name)
-    assert left is None or left["metadata"]["uid"] != source["metadata"]["uid"]  # type: ignore[index]
+    assert left is None or left["metadata"]["uid"] != source["metadata"]["uid"]
 
 
 def test_retarget_before_the_source_is_deleted_restores_on_the_new_target(world: World) -> None:
@@ -96,7 +96,7 @@ def test_cancel_before_the_source_is_deleted_keeps_the_workload_in_place(world: 
         w.ok("cancel", op, cluster=False)
     assert w.wait_phase(op, "Succeeded", "Failed", "RolledBack", "Cancelled") == "Cancelled"
     kept = _only_running(w, name)
-    assert kept["metadata"]["uid"] == source["metadata"]["uid"]  # type: ignore[index]
+    assert kept["metadata"]["uid"] == source["metadata"]["uid"]
     assert _node(kept) == "node-1"
 
 
