@@ -29,6 +29,7 @@ Called by the worker's ``ActionRunner`` (registered by :mod:`drivers.kube.driver
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from controlplane.clock import Clock, SystemClock
@@ -81,14 +82,31 @@ def uid_mismatch(exc: KubeApiError) -> bool:
         any(c.get("field") == "metadata.uid" for c in exc.causes()) or "metadata.uid" in str(exc))
 
 
-def uid_precondition_failed(exc: KubeApiError) -> bool:
-    """A 409 because ``preconditions.uid`` named another pod than the one there now.
+# A real API server words a failed UID precondition in two ways, depending on which layer
+# caught it. The registry (k8s.io/apiserver/pkg/registry/rest/delete.go, BeforeDelete)
+# answers almost every such DELETE; the storage layer (k8s.io/apiserver/pkg/storage,
+# checkPreconditions) answers when the object changed between that check and the write.
+_REGISTRY_UID_PRECONDITION = re.compile(
+    r"the UID in the precondition \(.*\) does not match the UID in record \(")
+_STORAGE_UID_PRECONDITION = "Precondition failed: UID in precondition: "
 
-    A real API server says ``Operation cannot be fulfilled on pods "x": Precondition
-    failed: UID in precondition: <a>, UID in object meta: <b>`` (pinned by the contract
-    suite); other 409s on DELETE are transient conflicts.
+
+def says_uid_precondition_failed(message: str) -> bool:
+    """Whether a 409's message is a failed UID precondition, in either wording. Pure.
+
+    ``Operation cannot be fulfilled on Pod "x": the UID in the precondition (a) does not
+    match the UID in record (b). The object might have been deleted and then recreated``
+    (registry) or ``... Precondition failed: UID in precondition: a, UID in object meta: b``
+    (storage). A failed ``resourceVersion`` precondition is neither.
     """
-    return isinstance(exc, ApiConflict) and "Precondition failed: UID in precondition" in str(exc)
+    return (_REGISTRY_UID_PRECONDITION.search(message) is not None
+            or _STORAGE_UID_PRECONDITION in message)
+
+
+def uid_precondition_failed(exc: KubeApiError) -> bool:
+    """A 409 because ``preconditions.uid`` named another pod than the one there now;
+    other 409s on DELETE are transient conflicts."""
+    return isinstance(exc, ApiConflict) and says_uid_precondition_failed(str(exc))
 
 
 class PodActions:

@@ -92,9 +92,12 @@ def already_exists(resource: Resource, name: str) -> ApiError:
                     details={"name": name, "kind": resource.plural})
 
 
-def conflict(resource: Resource, name: str, why: str) -> ApiError:
-    return ApiError(409, f'Operation cannot be fulfilled on {resource.plural} "{name}": {why}',
-                    details={"name": name, "kind": resource.plural})
+def conflict(resource: Resource, name: str, why: str, *, by_kind: bool = False) -> ApiError:
+    """``by_kind``: name the object by its kind (``Pod``), as a failed DELETE precondition
+    does, rather than by its resource (``pods``), as an update conflict does."""
+    what = resource.kind if by_kind else resource.plural
+    return ApiError(409, f'Operation cannot be fulfilled on {what} "{name}": {why}',
+                    details={"name": name, "kind": what})
 
 
 def invalid(resource: Resource, name: str, field: str, why: str) -> ApiError:

@@ -255,13 +255,16 @@ class Store:
         resource = self.resource(plural)
         old = self._find(plural, namespace, name)
         m = meta(old)
+        # The registry's wording (rest.BeforeDelete), which names the kind, not the plural.
         if uid and uid != m.get("uid"):
-            raise conflict(resource, name, f"Precondition failed: UID in precondition: {uid}, "
-                           f"UID in object meta: {m.get('uid')}")
+            raise conflict(resource, name, f"the UID in the precondition ({uid}) does not "
+                           f"match the UID in record ({m.get('uid')}). The object might have "
+                           "been deleted and then recreated", by_kind=True)
         if resource_version and resource_version != m.get("resourceVersion"):
-            raise conflict(resource, name, "Precondition failed: ResourceVersion in "
-                           f"precondition: {resource_version}, ResourceVersion in object meta: "
-                           f"{m.get('resourceVersion')}")
+            raise conflict(resource, name, "the ResourceVersion in the precondition "
+                           f"({resource_version}) does not match the ResourceVersion in record "
+                           f"({m.get('resourceVersion')}). The object might have been modified",
+                           by_kind=True)
         if plural == "namespaces":
             for inner in RESOURCES.values():
                 if inner.namespaced:

@@ -22,7 +22,9 @@ from tests.drivers.harness import Harness
 async def test_a_delete_with_another_uid_is_a_uid_precondition_conflict(
         harness: Harness) -> None:
     """Pins: ``DELETE`` with ``preconditions.uid`` of another object is ``409 Conflict``
-    whose message says ``Precondition failed: UID in precondition``, and the object stays.
+    whose message says ``the UID in the precondition (…) does not match the UID in record``
+    (or the storage layer's ``Precondition failed: UID in precondition``), and the object
+    stays.
     Relied on by ``DeletePod`` (``uid_precondition_failed``: done without a GET)."""
     h = harness
     name = h.name("precondition")

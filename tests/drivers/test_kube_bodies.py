@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 from controlplane.worker.errors import RetryableActionError, TerminalActionError
 from drivers.kube import bodies, errors
+from drivers.kube.handlers import says_uid_precondition_failed, uid_precondition_failed
 from drivers.kube.metrics import RequestCounter
 from drivers.kube.views import node_view, pod_view
 
@@ -141,3 +142,27 @@ def test_a_restored_pod_does_not_inherit_the_sources_protocol_annotations() -> N
                        labels={})
     assert body["metadata"]["annotations"] == {
         "team": "a", protocol.PREFIX + "restore-artifact": "r@sha256:x"}
+
+
+def test_both_wordings_of_a_failed_uid_precondition_are_recognised() -> None:
+    """The registry's wording (what kube-apiserver v1.36 answers a DELETE, captured
+    verbatim) and the storage layer's are both a failed UID precondition; a failed
+    resourceVersion precondition and an ordinary conflict are not."""
+    registry = ('Operation cannot be fulfilled on Pod "web-0": the UID in the precondition '
+                "(00000000-0000-0000-0000-000000000000) does not match the UID in record "
+                "(0d26505b-e2af-4a1d-af3e-78cef1b8ee9d). The object might have been deleted "
+                "and then recreated")
+    storage = ('Operation cannot be fulfilled on pods "web-0": Precondition failed: UID in '
+               "precondition: 00000000-0000-0000-0000-000000000000, UID in object meta: "
+               "0d26505b-e2af-4a1d-af3e-78cef1b8ee9d")
+    assert says_uid_precondition_failed(registry)
+    assert says_uid_precondition_failed(storage)
+    assert not says_uid_precondition_failed(
+        'Operation cannot be fulfilled on Pod "web-0": the ResourceVersion in the precondition '
+        "(1) does not match the ResourceVersion in record (72). The object might have been "
+        "modified")
+    assert not says_uid_precondition_failed(
+        'Operation cannot be fulfilled on pods "web-0": the object has been modified; please '
+        "apply your changes to the latest version and try again")
+    conflict = errors.ApiConflict(registry, status=409, reason="Conflict")
+    assert uid_precondition_failed(conflict)

@@ -141,9 +141,9 @@ async def test_delete_with_a_uid_precondition_spares_a_newcomer(harness: Harness
     """DeletePod of the old UID is done and leaves the same-named newcomer alone; of the
     current UID it deletes; a repeat on the gone pod (404) is done too.
 
-    Pins: ``preconditions.uid`` of another pod is ``409`` "Precondition failed: UID in
-    precondition" (recognised without a GET) and deletes nothing; a DELETE of a gone pod
-    is 404."""
+    Pins: ``preconditions.uid`` of another pod is ``409`` "the UID in the precondition (…)
+    does not match the UID in record (…)" (recognised without a GET) and deletes nothing;
+    a DELETE of a gone pod is 404."""
     h = harness
     name = h.name("victim")
     key = f"{h.namespace}/{name}"

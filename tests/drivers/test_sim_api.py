@@ -125,7 +125,11 @@ async def test_delete_honours_uid_preconditions_and_finalizers(http: Http,
     _, pod = await http.call("POST", PODS, _pod("held", finalizers=["test/hold"]))
     status, body = await http.call("DELETE", f"{PODS}/held", {"preconditions": {"uid": "x"}})
     assert (status, body["reason"]) == (409, "Conflict")
-    assert "Precondition failed: UID in precondition: x" in body["message"]
+    assert body["message"] == (
+        'Operation cannot be fulfilled on Pod "held": the UID in the precondition (x) does not '
+        f'match the UID in record ({pod["metadata"]["uid"]}). The object might have been '
+        "deleted and then recreated")
+    assert body["details"] == {"name": "held", "kind": "Pod"}
     status, body = await http.call("DELETE", f"{PODS}/held",
                                    {"preconditions": {"uid": pod["metadata"]["uid"]},
                                     "gracePeriodSeconds": 0})
