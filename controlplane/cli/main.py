@@ -283,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where to write the kubeconfig (default var/sim-kubeconfig.yaml)")
     up.add_argument("--port", type=int, default=0, help="port (default: any free one)")
     up.set_defaults(handler=sim_module.sim_cmd)
+    sim_module.add_nodes_parser(simsub)
 
     d = verb("demo", demo.demo_cmd, "run the product end to end on the embedded default "
              "(SQLite + simulated cluster + node agents + OCI layout on disk): checkpoint, "

@@ -1,0 +1,298 @@
+"""The kubelet role: a scheduler and kubelets for nodes it registers, through the API only.
+
+Like kwok, it makes any API server (the simulator, a real ``kube-apiserver`` with no
+nodes) look like a cluster: :meth:`KubeletRole.start` registers the nodes of
+:class:`~drivers.kubelet.options.RoleOptions` (create, ``Ready`` through
+``nodes/NAME/status``, the server's ``not-ready`` taint removed; see
+:mod:`drivers.kubelet.nodes`), then list + watches pods and nodes
+(:class:`~drivers.kube.cache.WatchCache`: relists after ``410 Gone``, reconnects with
+backoff when a watch breaks or the server restarts) and reacts to every change:
+
+- the actions :func:`~drivers.kubelet.decide.decide` returns are carried out here: bind
+  (``POST pods/NAME/binding``), refuse (``PodScheduled=False`` in ``pods/NAME/status``),
+  start (``pods/NAME/status``: :func:`drivers.sim.podstatus.running_status`, the same
+  rule as the simulator's in-process kubelets, with a UID guard) and finish (``DELETE``
+  with grace 0 and a UID precondition: 404 or a UID 409 means someone else finished it);
+- a failed write the server may accept later (5xx, timeout, unreachable, 429) is tried
+  again after a backoff; a refusal (409, 404, 422) is final for what the watch showed —
+  the next change of that pod brings a fresh decision;
+- a heartbeat restates every node's ``Ready`` (``lastHeartbeatTime``) and registers it
+  again if someone deleted it.
+
+Nothing here polls a pod: the loop sleeps until a watch event or the next timed step
+(a start or stop delay, a retry). Called by ``cpctl sim nodes``
+(:mod:`controlplane.cli.sim`) and the tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controlplane.errors import ControlPlaneError
+from controlplane.logs import get_logger
+from drivers.kube.cache import WatchCache
+from drivers.kube.client import KubeObject
+from drivers.kube.config import KubeSettings
+from drivers.kube.errors import ApiAlreadyExists, ApiConflict, ApiNotFound, KubeApiError
+from drivers.kube.resources import MERGE, NODES, PODS, CoreV1, path
+from drivers.kubelet import nodes as node_rules
+from drivers.kubelet.decide import Action, Bind, Finish, Refuse, Start, decide, key, uid
+from drivers.kubelet.options import RoleOptions
+from drivers.sim import podstatus
+from drivers.sim.objects import clone, meta, set_condition, timestamp
+
+log = get_logger("drivers.kubelet")
+
+Monotonic = Callable[[], float]
+
+
+class RoleNotReady(ControlPlaneError):
+    """The nodes could not be registered Ready within ``ready_timeout``."""
+
+
+@dataclass
+class RoleStats:
+    """What the role wrote, by kind (for tests and the final log line)."""
+
+    binds: int = 0
+    refusals: int = 0
+    starts: int = 0
+    finishes: int = 0
+    retries: int = 0  # writes the server failed and that were tried again
+    heartbeats: int = 0
+
+
+class KubeletRole:
+    """Registers ``options.nodes`` and schedules, runs and finishes pods, by watches."""
+
+    def __init__(self, api: CoreV1, options: RoleOptions, *,
+                 clock: Monotonic = time.monotonic) -> None:
+        self.api = api
+        self.options = options.check()
+        self.clock = clock
+        settings = KubeSettings(backoff_initial=options.backoff_initial,
+                                backoff_max=options.backoff_max, resync_seconds=60.0)
+        self.nodes = WatchCache(api, NODES, settings=settings, on_change=self._changed)
+        self.pods = WatchCache(api, PODS, settings=settings, on_change=self._changed)
+        self.stats = RoleStats()
+        self._ours = frozenset(options.nodes)
+        self._wake = asyncio.Event()
+        self._assumed: dict[str, str] = {}  # pod UID -> node: bound, not yet seen so
+        self._first_seen: dict[tuple[str, ...], float] = {}  # timed actions: when seen
+        self._sent: set[tuple[str, ...]] = set()  # done; forgotten when no longer asked
+        self._due: float | None = None  # the next timed step or retry
+        self._backoff = options.backoff_initial
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Register every node, sync the watches, and return once all are Ready."""
+        deadline = self.clock() + self.options.ready_timeout
+        await self._register_all(deadline)
+        self.nodes.start()
+        self.pods.start()
+        for cache in (self.nodes, self.pods):
+            await cache.wait_synced(limit_seconds=max(1.0, deadline - self.clock()))
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._loop(), name="kubelet-role"),
+                       loop.create_task(self._heartbeats(), name="kubelet-role-heartbeat")]
+        await self.nodes.wait_until(
+            lambda: all(node_rules.healthy(self.nodes.get(n)) for n in self.options.nodes),
+            limit_seconds=max(1.0, deadline - self.clock()), what="every node Ready")
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await self.pods.stop()
+        await self.nodes.stop()
+
+    # --- nodes ---------------------------------------------------------------------------
+
+    def _index(self, name: str) -> int:
+        return self.options.nodes.index(name) + 1
+
+    async def _register_all(self, deadline: float) -> None:
+        backoff = self.options.backoff_initial
+        for name in self.options.nodes:
+            while True:
+                try:
+                    await self._register(name)
+                    break
+                except KubeApiError as exc:
+                    if not exc.retryable or self.clock() + backoff > deadline:
+                        raise RoleNotReady(
+                            f"kubelet role: node {name} not registered within "
+                            f"{self.options.ready_timeout:g}s: {exc}",
+                            hint=exc.hint or "check the kubeconfig's server and that its "
+                            "user may create and patch nodes") from exc
+                    log.warning("registering a node failed, retrying", node=name,
+                                error=str(exc), backoff=backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, self.options.backoff_max)
+
+    async def _register(self, name: str) -> KubeObject:
+        """Create the node (or find it), state it Ready, take the not-ready taint off."""
+        try:
+            node = await self.api.create(NODES, node_rules.node_body(
+                name, self._index(name), self.options, now=timestamp()))
+        except ApiAlreadyExists:
+            node = await self.api.get(NODES, name)
+        node = await self._heartbeat(node)
+        return await self._untaint(node)
+
+    async def _heartbeat(self, node: KubeObject) -> KubeObject:
+        name = str(meta(node)["name"])
+        body = node_rules.status_patch(node, self._index(name), self.options, now=timestamp())
+        self.stats.heartbeats += 1
+        return await self.api.patch(NODES, name, body, patch_type=MERGE, subresource="status")
+
+    async def _untaint(self, node: KubeObject) -> KubeObject:
+        name = str(meta(node)["name"])
+        for _ in range(5):  # fenced by resourceVersion: re-read after a conflict
+            if not node_rules.has_not_ready_taint(node):
+                return node
+            try:
+                return await self.api.patch(NODES, name, node_rules.untaint_patch(node),
+                                            patch_type=MERGE)
+            except ApiConflict:
+                node = await self.api.get(NODES, name)
+        return node
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.heartbeat_seconds)
+            for name in self.options.nodes:
+                try:
+                    node = self.nodes.get(name)
+                    if node is None:
+                        node = await self.api.get(NODES, name)
+                    await self._untaint(await self._heartbeat(node))
+                except ApiNotFound:
+                    await self._reregister(name)
+                except KubeApiError as exc:
+                    log.warning("node heartbeat failed", node=name, error=str(exc))
+
+    async def _reregister(self, name: str) -> None:
+        try:
+            await self._register(name)
+            log.info("node registered again (it had been deleted)", node=name)
+        except KubeApiError as exc:
+            log.warning("registering a node again failed", node=name, error=str(exc))
+
+    # --- pods ----------------------------------------------------------------------------
+
+    def _changed(self, old: KubeObject | None, new: KubeObject | None) -> None:
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        while True:
+            if self._due is None:
+                await self._wake.wait()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), max(0.0, self._due - self.clock()))
+            self._wake.clear()
+            try:
+                await self.reconcile()
+            except Exception as exc:  # a bug or a malformed object must not stop the role
+                log.error("kubelet role: pass failed", error=repr(exc))
+                self._retry_later()
+
+    async def reconcile(self) -> None:
+        """One pass: decide from the watches' view, carry out what is due."""
+        now = self.clock()
+        pods = list(self.pods)
+        unbound = {uid(p) for p in pods if not (p.get("spec") or {}).get("nodeName")}
+        self._assumed = {u: n for u, n in self._assumed.items() if u in unbound}
+        actions = decide(pods, list(self.nodes), ours=self._ours, assumed=self._assumed,
+                         start_seconds=self.options.start_seconds,
+                         stop_seconds=self.options.stop_seconds)
+        wanted = {key(a) for a in actions}
+        self._sent &= wanted
+        self._first_seen = {k: t for k, t in self._first_seen.items() if k in wanted}
+        self._due = None
+        failed = False
+        for action in actions:
+            k = key(action)
+            if k in self._sent:
+                continue
+            if isinstance(action, Start | Finish):
+                at = self._first_seen.setdefault(k, now) + action.delay
+                if at > now:
+                    self._due = at if self._due is None else min(self._due, at)
+                    continue
+            if await self._carry_out(action):
+                self._sent.add(k)
+            else:
+                failed = True
+        if failed:
+            self._retry_later()
+        else:
+            self._backoff = self.options.backoff_initial
+
+    def _retry_later(self) -> None:
+        self.stats.retries += 1
+        at = self.clock() + self._backoff
+        self._due = at if self._due is None else min(self._due, at)
+        self._backoff = min(self._backoff * 2, self.options.backoff_max)
+
+    async def _carry_out(self, action: Action) -> bool:
+        """Send one write; False when the server failed and it should be tried again."""
+        pod = action.pod
+        m = meta(pod)
+        namespace, name = str(m.get("namespace")), str(m.get("name"))
+        try:
+            if isinstance(action, Bind):
+                await self._bind(namespace, name, uid(pod), action.node)
+                self._assumed[uid(pod)] = action.node
+                self.stats.binds += 1
+            elif isinstance(action, Refuse):
+                status = clone(pod.get("status") or {})
+                set_condition(status, "PodScheduled", False, reason="Unschedulable",
+                              message=action.message)
+                await self._patch_status(namespace, name, uid(pod),
+                                         {"conditions": status["conditions"]})
+                self.stats.refusals += 1
+            elif isinstance(action, Start):
+                running = podstatus.running_status(pod, host=podstatus.host_ip(action.node),
+                                                   started=timestamp())
+                if running is not None:
+                    await self._patch_status(namespace, name, uid(pod), {
+                        f: running[f] for f in podstatus.RUNNING_FIELDS if f in running})
+                    self.stats.starts += 1
+            else:
+                await self.api.delete(PODS, name, namespace=namespace, uid=uid(pod),
+                                      grace_period_seconds=0)
+                self.stats.finishes += 1
+        except KubeApiError as exc:
+            if exc.retryable and not isinstance(exc, ApiConflict):
+                log.warning("kubelet role: write failed, will retry", action=type(action)
+                            .__name__, pod=f"{namespace}/{name}", error=str(exc))
+                return False
+            # 404, 409 (already bound, another UID, deleting), 422: the watch shows what
+            # happened instead, and the next change of this pod brings a new decision.
+            log.info("kubelet role: write refused", action=type(action).__name__,
+                     pod=f"{namespace}/{name}", error=str(exc))
+        return True
+
+    async def _bind(self, namespace: str, name: str, pod_uid: str, node: str) -> None:
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": namespace, "uid": pod_uid},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        await self.api.client.request("create", "POST", path(PODS, namespace, name, "binding"),
+                                      resource="pods", namespace=namespace, body=body)
+
+    async def _patch_status(self, namespace: str, name: str, pod_uid: str,
+                            status: KubeObject) -> None:
+        # The UID makes the patch fail (422, immutable) on a same-name successor pod.
+        await self.api.patch(PODS, name, {"metadata": {"uid": pod_uid}, "status": status},
+                             namespace=namespace, patch_type=MERGE, subresource="status")
