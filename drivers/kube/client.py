@@ -6,8 +6,9 @@ and in-cluster auth, TLS and the HTTP session) and speaks JSON dicts to it:
 - :meth:`KubeClient.request` for every non-watch call; :meth:`KubeClient.stream` opens a
   watch and yields its events as they arrive;
 - each request first takes a token from the :class:`~drivers.kube.ratelimit.TokenBucket`,
-  is counted by verb in the :class:`~drivers.kube.metrics.RequestCounter`, and runs under
-  a timeout (``request_timeout``; a watch: connect + headers, then idle reads);
+  is counted by verb in the :class:`~drivers.kube.metrics.RequestCounter` (and timed, if
+  it asks), and runs under a timeout (``request_timeout``; a watch: connect + headers,
+  then idle reads);
 - every failure is a :class:`~drivers.kube.errors.KubeApiError` chained from the
   transport error (``ApiException``, ``aiohttp.ClientError``, ``TimeoutError``), whose
   one-line message names the verb, resource and namespace (and, when the server cannot be
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal, TypeAlias, cast
 
@@ -82,6 +84,7 @@ class KubeClient:
         where = scope(resource, namespace)
         await self.limiter.acquire()
         self.counter.sent(verb, resource)
+        started = time.perf_counter() if self.counter.timing else None
         try:
             async with asyncio.timeout(limit):
                 result = await self.api.call_api(
@@ -99,6 +102,9 @@ class KubeClient:
                 path=path, resource=resource, namespace=namespace)) from exc
         except aiohttp.ClientError as exc:
             raise self._failed(self._unreachable(exc, verb, path, resource, namespace)) from exc
+        finally:
+            if started is not None:  # answered or failed: the time the client waited
+                self.counter.took(verb, time.perf_counter() - started)
         if not isinstance(result, dict):
             raise self._failed(ApiServerError(f"{verb} {where}: the answer is not a JSON object",
                                               verb=verb, path=path, resource=resource,

@@ -3,7 +3,9 @@
 Benchmarks report "API requests per migration by verb": take :meth:`RequestCounter.
 snapshot` before, :meth:`RequestCounter.since` after. A request is counted once when it
 is sent (retries are new requests), failures once more under ``errors`` by verb and
-status (``"patch 409"``, ``"get timeout"``).
+status (``"patch 409"``, ``"get timeout"``). After :meth:`RequestCounter.time_requests`,
+every non-watch request's client-side duration is kept by verb too (off by default: a
+long-running worker would keep one float per request forever).
 
 Called by :class:`~drivers.kube.client.KubeClient`; read by benchmarks and tests.
 """
@@ -23,6 +25,22 @@ class RequestCounter:
         self.by_verb: Counter[str] = Counter()
         self.by_resource: Counter[tuple[str, str]] = Counter()
         self.errors: Counter[str] = Counter()
+        #: Seconds each request took, by verb, once :meth:`time_requests` was called.
+        self.durations: dict[str, list[float]] | None = None
+
+    def time_requests(self) -> None:
+        """From now on keep every request's duration by verb (for benchmarks)."""
+        if self.durations is None:
+            self.durations = {}
+
+    @property
+    def timing(self) -> bool:
+        return self.durations is not None
+
+    def took(self, verb: str, seconds: float) -> None:
+        """One request's duration, sent to answer (kept only while timing)."""
+        if self.durations is not None:
+            self.durations.setdefault(verb, []).append(seconds)
 
     def sent(self, verb: str, resource: str) -> None:
         self.by_verb[verb] += 1
