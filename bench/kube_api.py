@@ -278,9 +278,15 @@ async def run_backend(backend: str, *, migrations: int, nodes: int, concurrency:
                                  assets=assets) as (world, pods):
                 out["setup_s"] = round(time.perf_counter() - setup, 2)
                 names = [p["metadata"]["name"] for p in pods]
-                if anchor:
-                    out["anchor"] = await anchor_writes(world.kubeconfig, names, total=anchor)
                 real = world if isinstance(world, RealWorld) else None
+                out["loadavg_1m_before"] = round(os.getloadavg()[0], 2)
+                if anchor:
+                    before = await real.server_requests() if real else Counter()
+                    out["anchor"] = await anchor_writes(world.kubeconfig, names, total=anchor)
+                    if real:  # what the other clients wrote in reaction to the patches
+                        during = await real.server_requests()
+                        during.subtract(before)
+                        out["anchor"]["server_writes"] = sum(during[v] for v in SERVER_WRITES)
                 before = await real.server_requests() if real else Counter()
                 pids = {"control_plane": os.getpid(),
                         **(real.pids() if real else
@@ -318,8 +324,8 @@ def _verbs(by_verb: Mapping[str, float]) -> str:
     return " ".join(f"{v} {n:g}" for v, n in by_verb.items()) or "-"
 
 
-def _lat(by_verb: Mapping[str, Mapping[str, float]]) -> str:
-    return " ".join(f"{v} {q['p50_ms']:.1f}/{q['p99_ms']:.1f}" for v, q in by_verb.items()) or "-"
+def _lat(q: Mapping[str, float] | None) -> str:
+    return f"{q['p50_ms']:.1f} / {q['p99_ms']:.1f} ({q['n']:g})" if q else "-"
 
 
 def print_table(r: dict[str, Any]) -> None:
@@ -341,8 +347,10 @@ def print_table(r: dict[str, Any]) -> None:
     _row("  by verb", [_verbs(f["api_per_migration_by_verb"]) for f in cols])
     _row("submission API req/migration", [_verbs(f["submission_api_per_migration_by_verb"])
                                           for f in cols])
-    _row("worker p50/p99 ms by verb", [_lat(f["latency_by_verb"]) for f in cols])
-    _row("submission p50/p99 ms", [_lat(f["submission_latency_by_verb"]) for f in cols])
+    for key, label in (("latency_by_verb", "worker"), ("submission_latency_by_verb",
+                                                       "submission")):
+        for verb in sorted({v for f in cols for v in f[key]}):
+            _row(f"{label} {verb} p50/p99 ms (n)", [_lat(f[key].get(verb)) for f in cols])
     _row("control-plane writes/migration", [f"{f['writes_per_migration']:.2f}" for f in cols])
     _row("control-plane writes/s", [f"{f['writes_per_s']:.0f}" for f in cols])
     _row("server writes/migration (all)", [str(f.get("server_writes_per_migration", "-"))
@@ -353,10 +361,13 @@ def print_table(r: dict[str, Any]) -> None:
         _row("anchor: patches/s at c=16", [
             f"{f['anchor']['writes_per_s']:.0f} (p50/p99 {f['anchor']['p50_ms']:.1f}/"
             f"{f['anchor']['p99_ms']:.1f} ms)" for f in cols])
+        _row("  server writes during it (all)", [str(f["anchor"].get("server_writes", "-"))
+                                                 for f in cols])
         _row("control-plane writes/s / anchor", [f"{f['writes_of_anchor']:.2f}" for f in cols])
         _row("ceiling migrations/s (anchor)", [f"{f['ceiling_migrations_per_s']:.1f}"
                                                for f in cols])
         _row("migrations/s / ceiling", [f"{f['of_ceiling']:.2f}" for f in cols])
+    _row("load average (1 min) before", [str(f["loadavg_1m_before"]) for f in cols])
     _row("CPU s while running", [" ".join(f"{k} {v}" for k, v in f["run_cpu_s"].items())
                                  for f in cols])
     lo, hi = EARLIER_ANCHOR_WRITES_PER_S

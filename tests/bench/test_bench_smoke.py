@@ -153,3 +153,34 @@ def test_growth_prints_ratios_and_the_idle_tick(tmp_path: Path) -> None:
     assert r["ratios_to_smallest"]["4"]["api_requests_per_migration"] == 1.0
     assert r["idle"]["history_events"] >= 600
     assert r["idle"]["idle_tick_ratio"] > 0
+
+
+def test_kube_api_counts_and_times_every_verb_per_migration_on_the_simulator(
+    tmp_path: Path,
+) -> None:
+    """The simulator half only (the real half is the same code on another world): every
+    migration succeeded, the worker's and the submission's requests are counted apart,
+    every counted verb has a latency, and the anchor gives the ceiling."""
+    r = bench(tmp_path, "kube_api", "--migrations", "8", "--nodes", "3", "--backends", "sim",
+              "--anchor", "64")
+    sim = r["backends"]["sim"]
+    assert set(r["backends"]) == {"sim"}
+    assert sim["succeeded"] == 8
+    assert sim["phases"] == {"migration:Succeeded": 8}
+    assert sim["worker_error"] == ""
+    assert sim["pods_running_after"] == 8
+    by_verb = sim["api_per_migration_by_verb"]
+    assert by_verb["create"] >= 1  # at least the restored pod
+    assert by_verb["delete"] >= 1  # the source pod
+    assert sim["submission_api_per_migration_by_verb"]["get"] >= 1  # the pod, read fresh
+    # Every verb the worker sent has its latency over as many requests as were counted.
+    assert set(sim["latency_by_verb"]) == set(by_verb)
+    for verb, q in sim["latency_by_verb"].items():
+        assert q["n"] == round(by_verb[verb] * 8)
+        assert 0 < q["p50_ms"] <= q["p99_ms"]
+    assert sim["writes_per_migration"] >= 2
+    assert sim["migrations_per_s"] > 0
+    assert sim["anchor"]["writes"] == 64
+    assert sim["anchor"]["n"] == 64
+    assert sim["ceiling_migrations_per_s"] > 0
+    assert sim["of_ceiling"] > 0
