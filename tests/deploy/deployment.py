@@ -30,11 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import asyncpg
 import yaml
 
 from tests.deploy.manifests import (
     ROOT,
     Obj,
+    all_of,
     container,
     container_command,
     container_env,
@@ -61,6 +63,36 @@ SUBSTITUTIONS = {
 
 def service_account_user(name: str, namespace: str = NAMESPACE) -> str:
     return f"system:serviceaccount:{namespace}:{name}"
+
+
+Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
+
+
+def granted(objects: list[Obj], user: str) -> set[Grant]:
+    """What the rendered ClusterRoles (and Roles) bound to ``user`` allow."""
+    grants: set[Grant] = set()
+    bindings = [*all_of(objects, "ClusterRoleBinding"), *all_of(objects, "RoleBinding")]
+    for binding in bindings:
+        subjects = {service_account_user(s["name"], s["namespace"])
+                    for s in binding.get("subjects") or [] if s["kind"] == "ServiceAccount"}
+        if user not in subjects:
+            continue
+        role = find(objects, binding["roleRef"]["kind"], binding["roleRef"]["name"])
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"], rule
+            assert "*" not in rule["resources"], rule
+            grants |= {(g, res, v) for g in rule["apiGroups"] for res in rule["resources"]
+                       for v in rule["verbs"]}
+    return grants
+
+
+async def empty_schema(url: str) -> None:
+    """The session's PostgreSQL database, emptied: the migration Job starts from nothing."""
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")
+    finally:
+        await conn.close()
 
 
 def wait_for(check: Callable[[], T | None], what: str, limit: float = 60) -> T:

@@ -16,7 +16,6 @@ import json
 import urllib.request
 from pathlib import Path
 
-import asyncpg
 import pytest
 from aiohttp import web
 
@@ -26,28 +25,21 @@ from tests.deploy.deployment import (
     NAMESPACE,
     SUBSTITUTIONS,
     DeployedRun,
+    Grant,
+    empty_schema,
+    granted,
     service_account_user,
 )
-from tests.deploy.manifests import Obj, all_of, find, pod_spec, render
+from tests.deploy.manifests import find, pod_spec, render
 
 MARKER = "sim.controlplane.dev/marker"
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
-
-Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
-
-
-async def _empty_schema(url: str) -> None:
-    conn = await asyncpg.connect(url, timeout=10)
-    try:
-        await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")
-    finally:
-        await conn.close()
 
 
 @pytest.fixture(scope="module")
 def run(pg_database: str, tmp_path_factory: pytest.TempPathFactory) -> DeployedRun:
     """Deploy (dev overlay), migrate one pod, stop everything; the record of it all."""
-    asyncio.run(_empty_schema(pg_database))
+    asyncio.run(empty_schema(pg_database))
     r = DeployedRun(render("dev"), tmp_path_factory.mktemp("deployed"), pg_database)
     try:
         r.start_simulator()
@@ -118,24 +110,6 @@ def test_every_component_drains_and_exits_cleanly_on_sigterm(run: DeployedRun) -
 
 # --- RBAC: exactly the calls the code makes ------------------------------------------------
 
-def _granted(objects: list[Obj], user: str) -> set[Grant]:
-    """What the rendered ClusterRoles (and Roles) bound to ``user`` allow."""
-    grants: set[Grant] = set()
-    bindings = [*all_of(objects, "ClusterRoleBinding"), *all_of(objects, "RoleBinding")]
-    for binding in bindings:
-        subjects = {service_account_user(s["name"], s["namespace"])
-                    for s in binding.get("subjects") or [] if s["kind"] == "ServiceAccount"}
-        if user not in subjects:
-            continue
-        role = find(objects, binding["roleRef"]["kind"], binding["roleRef"]["name"])
-        for rule in role["rules"]:
-            assert "*" not in rule["verbs"], rule
-            assert "*" not in rule["resources"], rule
-            grants |= {(g, res, v) for g in rule["apiGroups"] for res in rule["resources"]
-                       for v in rule["verbs"]}
-    return grants
-
-
 def _recorded(run: DeployedRun, user: str) -> set[Grant]:
     """The API calls ``user`` made in the recorded run (core/v1 only: all the simulator
     serves, and all the drivers call)."""
@@ -193,7 +167,7 @@ def test_control_plane_rbac_grants_exactly_the_api_calls_of_a_recorded_run(
     user = service_account_user(pod_spec(deployment)["serviceAccountName"])
     recorded = _recorded(run, user)
     assert ("", "pods", "delete") in recorded  # the run did migrate
-    assert _granted(run.objects, user) == recorded
+    assert granted(run.objects, user) == recorded
 
 
 async def test_agent_rbac_grants_exactly_its_api_and_kubelet_calls(
@@ -202,7 +176,7 @@ async def test_agent_rbac_grants_exactly_its_api_and_kubelet_calls(
     user = service_account_user(pod_spec(daemonset)["serviceAccountName"])
     recorded = _recorded(run, user) | await _kubelet_calls(tmp_path)
     assert ("", "pods", "patch") in recorded
-    assert _granted(run.objects, user) == recorded
+    assert granted(run.objects, user) == recorded
 
 
 def test_no_other_identity_called_the_api_and_the_migration_job_has_no_rights(
@@ -213,5 +187,5 @@ def test_no_other_identity_called_the_api_and_the_migration_job_has_no_rights(
                                                   ("DaemonSet", "checkpoint-agent")]}
     assert users == accounts
     job = find(run.objects, "Job", "controlplane-db-upgrade")
-    assert not _granted(run.objects, service_account_user(
+    assert not granted(run.objects, service_account_user(
         pod_spec(job)["serviceAccountName"], NAMESPACE))
