@@ -230,7 +230,7 @@ class KubeletRole:
                 if at > now:
                     self._due = at if self._due is None else min(self._due, at)
                     continue
-            if await self._carry_out(action):
+            if await self.carry_out(action):
                 self._sent.add(k)
             else:
                 failed = True
@@ -245,7 +245,7 @@ class KubeletRole:
         self._due = at if self._due is None else min(self._due, at)
         self._backoff = min(self._backoff * 2, self.options.backoff_max)
 
-    async def _carry_out(self, action: Action) -> bool:
+    async def carry_out(self, action: Action) -> bool:
         """Send one write; False when the server failed and it should be tried again."""
         pod = action.pod
         m = meta(pod)
