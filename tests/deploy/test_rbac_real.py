@@ -73,7 +73,7 @@ class Server:
     env: Envtest
     admin_kubeconfig: Path
     audit_log: Path
-    tokens: dict[str, str]  # ServiceAccount (in NAMESPACE) -> its bearer token
+    cluster: RealServer  # the components' tokens; the test's own requests as admin
 
     def kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([KUBECTL, "--kubeconfig", str(self.admin_kubeconfig), *args],
@@ -112,7 +112,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                          extra_args=[f"--audit-policy-file={policy}",
                                      f"--audit-log-path={audit_log}"]) as env:
         yield Server(env, env.write_kubeconfig(workdir / "admin.kubeconfig", ADMIN),
-                     audit_log, tokens)
+                     audit_log, RealServer(env.server, env.ca_file, ADMIN.token, tokens))
 
 
 @dataclass
@@ -149,9 +149,7 @@ def run(server: Server, applied: Applied, pg_database: str,
     assert applied.applied.returncode == 0, applied.applied.stderr
     asyncio.run(empty_schema(pg_database))
     tmp = tmp_path_factory.mktemp("rbac-deployed")
-    env = server.env
-    r = DeployedRun(applied.objects, tmp, pg_database,
-                    cluster=RealServer(env.server, env.ca_file, ADMIN.token, server.tokens))
+    r = DeployedRun(applied.objects, tmp, pg_database, cluster=server.cluster)
     kubelets = start_kubelet_role(server.admin_kubeconfig, NODES, tmp / "kubelets.log")
     try:
         r.api("/api/v1/namespaces", {"metadata": {"name": APPS}})
@@ -190,6 +188,7 @@ def test_every_overlay_passes_a_server_side_dry_run(applied: Applied) -> None:
         assert done.returncode == 0, f"{overlay}: {done.stderr}"
         assert "(server dry run)" in done.stdout
         warnings = [line for line in done.stderr.splitlines() if line.startswith("Warning:")]
+        assert warnings, f"{overlay}: the namespace's warn label should flag the agent"
         assert all('hostPath volumes (volume "kubelet-checkpoints")' in w
                    for w in warnings), warnings
 
@@ -198,19 +197,19 @@ def test_the_dev_overlay_applies_and_creates_its_identities_and_rules(
         server: Server, applied: Applied) -> None:
     assert applied.applied.returncode == 0, applied.applied.stderr
     rbac = "/apis/rbac.authorization.k8s.io/v1"
-    env = RealServer(server.env.server, server.env.ca_file, ADMIN.token, {})
+    cluster = server.cluster
     for account in all_of(applied.objects, "ServiceAccount"):
         name = account["metadata"]["name"]
-        assert env.api(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{name}")
+        assert cluster.api(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{name}")
     for role in all_of(applied.objects, "ClusterRole"):
-        live = env.api(f"{rbac}/clusterroles/{role['metadata']['name']}")
+        live = cluster.api(f"{rbac}/clusterroles/{role['metadata']['name']}")
         assert live["rules"] == role["rules"]
     for binding in all_of(applied.objects, "ClusterRoleBinding"):
-        live = env.api(f"{rbac}/clusterrolebindings/{binding['metadata']['name']}")
+        live = cluster.api(f"{rbac}/clusterrolebindings/{binding['metadata']['name']}")
         assert (live["roleRef"], live["subjects"]) == (binding["roleRef"], binding["subjects"])
     for kind, path in (("Role", "roles"), ("RoleBinding", "rolebindings")):
         for obj in all_of(applied.objects, kind):
-            assert env.api(f"{rbac}/namespaces/{NAMESPACE}/{path}/{obj['metadata']['name']}")
+            assert cluster.api(f"{rbac}/namespaces/{NAMESPACE}/{path}/{obj['metadata']['name']}")
 
 
 def _allowed(server: Server, account: str, resource: str, verb: str,
@@ -218,7 +217,7 @@ def _allowed(server: Server, account: str, resource: str, verb: str,
     """The server's own answer (a SubjectAccessReview, as the kubelet asks it)."""
     kind, _, sub = resource.partition("/")
     attributes = {"verb": verb, "resource": kind, "subresource": sub, "namespace": namespace}
-    review = RealServer(server.env.server, server.env.ca_file, ADMIN.token, {}).api(
+    review = server.cluster.api(
         "/apis/authorization.k8s.io/v1/subjectaccessreviews",
         {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
          "spec": {"user": service_account_user(account),
@@ -243,7 +242,7 @@ def test_the_server_authorizes_the_agents_kubelet_call_and_nothing_wider(
 def test_the_migration_jobs_identity_may_do_nothing(server: Server, applied: Applied) -> None:
     job = pod_spec(find(applied.objects, "Job", "controlplane-db-upgrade"))
     account = job["serviceAccountName"]
-    assert account in server.tokens
+    assert account in server.cluster.tokens
     for resource, verb in (("pods", "list"), ("pods", "get"), ("secrets", "get"),
                            ("nodes", "list"), ("events", "create")):
         assert not _allowed(server, account, resource, verb, NAMESPACE), (resource, verb)
@@ -271,7 +270,7 @@ def test_a_node_drains_with_only_the_rights_deploy_grants(run: DeployedRun) -> N
 def test_no_request_of_any_component_was_refused(run: DeployedRun, server: Server) -> None:
     """The server's audit log has no 403 for deploy/'s identities, and no component's log
     (nor the verbs' output) mentions a refusal."""
-    users = {service_account_user(name) for name in server.tokens}
+    users = {service_account_user(name) for name in server.cluster.tokens}
     refused = [(e["user"]["username"], e["verb"], e.get("requestURI"))
                for e in run.audit if e["user"]["username"] in users
                and e.get("responseStatus", {}).get("code") == 403]
@@ -280,7 +279,7 @@ def test_no_request_of_any_component_was_refused(run: DeployedRun, server: Serve
         service_account_user(pod_spec(find(run.objects, kind, name))["serviceAccountName"])
         for kind, name in (("Deployment", "controlplane"), ("DaemonSet", "checkpoint-agent"))}
     logs = {p.name: p.read_text(errors="replace")
-            for p in [*run.tmp.glob("*.stderr"), run.tmp / "kubelets.log"]}
+            for p in [*run.tmp.glob("*.stderr"), *run.tmp.glob("*.log")]}
     for name, verb in (("cpctl migrate", run.migrated), ("cpctl drain", run.drained)):
         assert verb is not None
         logs[name] = verb.stdout + verb.stderr
