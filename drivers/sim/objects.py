@@ -65,7 +65,8 @@ class ApiError(Exception):
                  details: Obj | None = None, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.code = code
-        self.reason = reason or REASONS.get(code, "Unknown")
+        # reason="": none, as a real server's Status of an unclassified error has none.
+        self.reason = REASONS.get(code, "Unknown") if reason is None else reason
         self.message = message
         self.details = details or {}
         self.retry_after = retry_after
@@ -75,8 +76,9 @@ class ApiError(Exception):
         if self.retry_after is not None:
             details["retryAfterSeconds"] = self.retry_after
         body: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                     "status": "Failure", "message": self.message, "reason": self.reason,
-                     "code": self.code}
+                     "status": "Failure", "message": self.message, "code": self.code}
+        if self.reason:
+            body["reason"] = self.reason
         if details:
             body["details"] = details
         return body

@@ -7,7 +7,9 @@ API server: GET (one or LIST with ``labelSelector``, ``fieldSelector``, ``limit`
 ``preconditions`` and ``gracePeriodSeconds``, in the body or the query), the ``status``
 subresource, plus ``/version``, ``/api``, ``/apis``, ``/api/v1`` discovery and
 ``/healthz``. Every refusal is a ``Status`` object with the real ``reason`` and ``code``
-(429 carries ``Retry-After``). ``dryRun`` is refused (400) rather than silently applied.
+(429 carries ``Retry-After``). ``pods/NAME/eviction`` deletes like a DELETE (no
+disruption budgets). ``dryRun=All`` validates and answers without storing;
+``fieldValidation=Strict`` refuses unknown fields (see :mod:`drivers.sim.validation`).
 
 Every request is counted by verb (``requests``) and passes the fault hooks first. The
 audit (``audit``, served as JSON at ``/sim/audit``) counts them by who sent them (the
@@ -32,11 +34,11 @@ from typing import Any
 from aiohttp import web
 
 from controlplane.logs import get_logger
-from drivers.sim import selectors
+from drivers.sim import selectors, validation
 from drivers.sim.faults import Faults, Request
 from drivers.sim.objects import RESOURCES, ApiError, Obj, Resource, dumps, meta
 from drivers.sim.store import Store
-from drivers.sim.watch import WatchHub, stream, stream_error
+from drivers.sim.watch import WatchHub, parse_resource_version, stream, stream_error
 
 log = get_logger("drivers.sim.server")
 
@@ -69,7 +71,7 @@ def parse_path(tail: str) -> Target:
     if resource.namespaced and namespace is None and name is not None:
         raise ApiError(404, "the server could not find the requested resource")
     if sub is not None and (sub != "status" or not resource.has_status) and \
-            (sub, resource.plural) != ("binding", "pods"):
+            (sub, resource.plural) not in (("binding", "pods"), ("eviction", "pods")):
         raise ApiError(404, f"the server could not find the requested resource ({sub})")
     return Target(resource, namespace, name, sub)
 
@@ -147,6 +149,9 @@ class SimServer:
         listed += [{"name": f"{r.plural}/status", "singularName": "", "namespaced": r.namespaced,
                     "kind": r.kind, "verbs": ["get", "patch", "update"]}
                    for r in RESOURCES.values() if r.has_status]
+        listed.append({"name": "pods/eviction", "singularName": "", "namespaced": True,
+                       "group": "policy", "version": "v1", "kind": "Eviction",
+                       "verbs": ["create"]})
         return {"kind": "APIResourceList", "groupVersion": "v1", "resources": listed}
 
     async def _audit(self, _: web.Request) -> web.StreamResponse:
@@ -172,8 +177,8 @@ class SimServer:
                     await asyncio.wait_for(self.closing.wait(), hit.delay)
             if hit.error is not None:
                 raise hit.error
-            if query.get("dryRun"):
-                raise ApiError(400, "dryRun is not supported by the simulator")
+            validation.check_options(verb, query.getall("dryRun", []),
+                                     query.get("fieldValidation"))
             return await self._serve(request, target, verb)
         except ApiError as exc:
             return error_response(exc)
@@ -195,6 +200,8 @@ class SimServer:
 
     async def _serve(self, request: web.Request, t: Target, verb: str) -> web.StreamResponse:
         plural, ns, name, query = t.resource.plural, t.namespace or "", t.name or "", request.query
+        dry_run = bool(query.getall("dryRun", []))
+        strict = query.get("fieldValidation") == "Strict"
         if verb in ("list", "watch", "deletecollection"):
             selector = selectors.parse(query.get("labelSelector"), query.get("fieldSelector"))
             if verb == "watch":
@@ -211,6 +218,8 @@ class SimServer:
                 return await stream(request, self.hub, watch,
                                     timeout_seconds=_number(timeout, "timeoutSeconds"))
             if verb == "list":
+                if query.get("resourceVersion"):  # checked, then ignored: lists are current
+                    parse_resource_version(query["resourceVersion"], watch=False)
                 return _json(self._list(t, selector, query.get("limit"), query.get("continue")))
             items, _ = self.store.select(plural, t.namespace, selector)
             for obj in items:
@@ -226,25 +235,35 @@ class SimServer:
             if not isinstance(body, dict):
                 raise ApiError(400, "the request body must be a JSON object")
             if t.subresource == "binding":
+                if dry_run:
+                    raise ApiError(400, "dryRun of pods/binding is not supported by the simulator")
                 return _json(self.store.bind(ns, name, body), 201)
-            return _json(self.store.create(plural, ns, body), 201)
+            if t.subresource == "eviction":
+                return _json(self._evict(t, body, dry_run), 201)
+            if strict:
+                _strict(t.resource, body)
+            return _json(self.store.create(plural, ns, body, dry_run=dry_run), 201)
         if verb == "update":
             body = await self._body(request)
             if not isinstance(body, dict):
                 raise ApiError(400, "the request body must be a JSON object")
             if meta(body).get("name") not in (None, name):
                 raise ApiError(400, "the name of the object does not match the name on the URL")
-            return _json(self.store.update(plural, ns, name, body, subresource=t.subresource))
+            if strict:
+                _strict(t.resource, body)
+            return _json(self.store.update(plural, ns, name, body, subresource=t.subresource,
+                                           dry_run=dry_run))
         if verb == "patch":
             content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
             body = await self._body(request)
-            return _json(self.store.patch(plural, ns, name, content_type, body,
-                                          subresource=t.subresource))
+            return _json(self.store.patch(
+                plural, ns, name, content_type, body, subresource=t.subresource,
+                dry_run=dry_run, check=_strict_patch(t.resource) if strict else None))
         if verb == "delete":
-            return _json(self._delete(t, await self._body(request), query))
+            return _json(self._delete(t, await self._body(request), query, dry_run))
         raise ApiError(405, f"method {request.method} is not allowed here")
 
-    def _delete(self, t: Target, body: Any, query: Any) -> Obj:
+    def _delete(self, t: Target, body: Any, query: Any, dry_run: bool = False) -> Obj:
         options = body if isinstance(body, dict) else {}
         preconditions = options.get("preconditions") or {}
         grace = options.get("gracePeriodSeconds", query.get("gracePeriodSeconds"))
@@ -255,7 +274,18 @@ class SimServer:
         return self.store.delete(t.resource.plural, t.namespace or "", t.name or "",
                                  uid=preconditions.get("uid"),
                                  resource_version=preconditions.get("resourceVersion"),
-                                 grace=seconds)
+                                 grace=seconds, dry_run=dry_run)
+
+    def _evict(self, t: Target, body: Any, dry_run: bool) -> Obj:
+        """``pods/{name}/eviction``: a policy/v1 ``Eviction`` deletes the pod with its
+        ``deleteOptions`` (no PodDisruptionBudgets here, so nothing ever blocks it)."""
+        if not isinstance(body, dict) or body.get("kind") != "Eviction":
+            raise ApiError(400, "the object provided is unrecognized (must be of type Eviction)")
+        if meta(body).get("name") not in (None, "", t.name):
+            raise ApiError(400, "name in URL does not match name in Eviction object")
+        self._delete(t, body.get("deleteOptions"), {}, dry_run)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "code": 201}
 
     def _list(self, t: Target, selector: selectors.Selector, limit: str | None,
               token: str | None) -> Obj:
@@ -285,6 +315,29 @@ class SimServer:
     def _list_response(self, resource: Resource, items: list[Obj],
                        token: str | None) -> web.Response:
         return _json(self._list_body(resource, items, None, token))
+
+
+def _strict(resource: Resource, body: Obj) -> None:
+    """``fieldValidation=Strict`` on a create or update: ``400`` naming unknown fields."""
+    unknown = validation.unknown_fields(resource, body)
+    if unknown:
+        raise ApiError(400, f'{resource.kind} in version "v1" cannot be handled as a '
+                       f"{resource.kind}: strict decoding error: "
+                       + ", ".join(f'unknown field "{f}"' for f in unknown))
+
+
+def _strict_patch(resource: Resource) -> Callable[[Obj], None]:
+    """``fieldValidation=Strict`` on a patch: ``422`` on the field ``patch``, as a real
+    server refuses a patch whose result has unknown fields."""
+    def check(patched: Obj) -> None:
+        unknown = validation.unknown_fields(resource, patched)
+        if unknown:
+            why = "strict decoding error: " + ", ".join(f'unknown field "{f}"' for f in unknown)
+            raise ApiError(422, f' "" is invalid: patch: Invalid value: "{dumps(patched)}": '
+                           f"{why}", details={"causes": [
+                               {"reason": "FieldValueInvalid", "field": "patch",
+                                "message": f'Invalid value: "{dumps(patched)}": {why}'}]})
+    return check
 
 
 def _sort_key(obj: Obj) -> tuple[str, str]:

@@ -18,6 +18,9 @@ Semantics kept from Kubernetes:
   finalizers hold an object until an update empties them. Deleting a namespace deletes
   what it holds.
 
+Every write takes ``dry_run``: validated and answered as the write would be, but nothing
+is stored, versioned or sent to watches (``?dryRun=All``).
+
 All methods are synchronous (one event loop, no awaits inside), so every write and the
 fan-out of its change to listeners is atomic. Called by the HTTP server, the simulated
 scheduler/kubelet and :class:`~drivers.sim.cluster.SimCluster`.
@@ -135,7 +138,7 @@ class Store:
 
     # --- writing ----------------------------------------------------------------------
 
-    def create(self, plural: str, namespace: str, body: Obj) -> Obj:
+    def create(self, plural: str, namespace: str, body: Obj, *, dry_run: bool = False) -> Obj:
         resource = self.resource(plural)
         obj = clone(body)
         m = meta(obj)
@@ -160,10 +163,10 @@ class Store:
             m.pop(field, None)
         m["uid"] = str(uuid.uuid4())
         m["creationTimestamp"] = timestamp()
-        return self._write(resource, key, obj, None)
+        return self._write(resource, key, obj, None, dry_run=dry_run)
 
     def update(self, plural: str, namespace: str, name: str, body: Obj, *,
-               subresource: str | None = None) -> Obj:
+               subresource: str | None = None, dry_run: bool = False) -> Obj:
         resource = self.resource(plural)
         old = self._find(plural, namespace, name)
         wanted = str(meta(body).get("resourceVersion") or "")
@@ -171,10 +174,12 @@ class Store:
             raise conflict(resource, name, "the object has been modified; please apply your "
                            "changes to the latest version and try again")
         new = strategies.prepare_update(resource, old, body, subresource=subresource)
-        return self._replace(resource, old, new)
+        return self._replace(resource, old, new, dry_run=dry_run)
 
     def patch(self, plural: str, namespace: str, name: str, content_type: str, body: object, *,
-              subresource: str | None = None) -> Obj:
+              subresource: str | None = None, dry_run: bool = False,
+              check: Callable[[Obj], None] | None = None) -> Obj:
+        """``check``: called with the patched object before it is stored (strict fields)."""
         resource = self.resource(plural)
         current = self.get(plural, namespace, name)
         try:
@@ -193,7 +198,10 @@ class Store:
                            ) from exc
         if not isinstance(patched, dict):
             raise ApiError(422, f"the patch turned {resource.kind} {name} into a non-object")
-        return self.update(plural, namespace, name, patched, subresource=subresource)
+        if check is not None:
+            check(patched)
+        return self.update(plural, namespace, name, patched, subresource=subresource,
+                           dry_run=dry_run)
 
     def bind(self, namespace: str, name: str, binding: Obj) -> Obj:
         """``POST pods/NAME/binding``: assign the pod to ``target.name`` (a scheduler's write).
@@ -251,7 +259,8 @@ class Store:
         return self._replace(self.resource(plural), old, new)
 
     def delete(self, plural: str, namespace: str, name: str, *, uid: str | None = None,
-               resource_version: str | None = None, grace: int | None = None) -> Obj:
+               resource_version: str | None = None, grace: int | None = None,
+               dry_run: bool = False) -> Obj:
         resource = self.resource(plural)
         old = self._find(plural, namespace, name)
         m = meta(old)
@@ -265,7 +274,7 @@ class Store:
                            f"({resource_version}) does not match the ResourceVersion in record "
                            f"({m.get('resourceVersion')}). The object might have been modified",
                            by_kind=True)
-        if plural == "namespaces":
+        if plural == "namespaces" and not dry_run:
             for inner in RESOURCES.values():
                 if inner.namespaced:
                     for key in [k for k in self._objects[inner.plural] if k[0] == name]:
@@ -278,13 +287,13 @@ class Store:
                 return clone(old)
         if seconds == 0 and not m.get("finalizers"):
             key = (namespace if resource.namespaced else "", name)
-            return self._remove(resource, key)
+            return self._remove(resource, key, dry_run=dry_run)
         new = clone(old)
         meta(new)["deletionGracePeriodSeconds"] = seconds
         if meta(new).get("deletionTimestamp") is None or seconds == 0:
             meta(new)["deletionTimestamp"] = timestamp(datetime.now(UTC)
                                                        + timedelta(seconds=seconds))
-        return self._replace(resource, old, new)
+        return self._replace(resource, old, new, dry_run=dry_run)
 
     # --- internals --------------------------------------------------------------------
 
@@ -303,7 +312,7 @@ class Store:
             raise ApiError(403, f"unable to create new content in namespace {namespace} "
                            "because it is being terminated")
 
-    def _replace(self, resource: Resource, old: Obj, new: Obj) -> Obj:
+    def _replace(self, resource: Resource, old: Obj, new: Obj, *, dry_run: bool = False) -> Obj:
         key = (str(meta(old).get("namespace") or ""), str(meta(old)["name"]))
         meta(new)["resourceVersion"] = meta(old).get("resourceVersion")
         if new == old:
@@ -311,10 +320,15 @@ class Store:
         m = meta(new)
         if (m.get("deletionTimestamp") is not None and not m.get("finalizers")
                 and m.get("deletionGracePeriodSeconds") in (0, None)):
-            return self._remove(resource, key, last=new)
-        return self._write(resource, key, new, old)
+            return self._remove(resource, key, last=new, dry_run=dry_run)
+        return self._write(resource, key, new, old, dry_run=dry_run)
 
-    def _write(self, resource: Resource, key: Key, obj: Obj, prev: Obj | None) -> Obj:
+    def _write(self, resource: Resource, key: Key, obj: Obj, prev: Obj | None, *,
+               dry_run: bool = False) -> Obj:
+        if dry_run:  # validated and answered, not stored: a new object has no version yet
+            if prev is None:
+                meta(obj).pop("resourceVersion", None)
+            return clone(obj)
         self.rv += 1
         meta(obj)["resourceVersion"] = str(self.rv)
         self._objects[resource.plural][key] = obj
@@ -322,7 +336,10 @@ class Store:
                           clone(obj), prev))
         return clone(obj)
 
-    def _remove(self, resource: Resource, key: Key, *, last: Obj | None = None) -> Obj:
+    def _remove(self, resource: Resource, key: Key, *, last: Obj | None = None,
+                dry_run: bool = False) -> Obj:
+        if dry_run:
+            return clone(last if last is not None else self._objects[resource.plural][key])
         prev = self._objects[resource.plural].pop(key)
         self.rv += 1
         gone = clone(last if last is not None else prev)

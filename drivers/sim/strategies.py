@@ -3,10 +3,11 @@
 - :func:`prepare_create`: validate a new object and fill defaults (a pod starts
   ``Pending`` with a default grace period; a node gets a ``Ready`` status).
 - :func:`prepare_update`: merge an update into the stored object: the main resource
-  ignores ``status``, the ``status`` subresource ignores everything else; ``uid``,
+  ignores ``status``, the ``status`` subresource ignores the spec (not labels,
+  annotations and finalizers, as on a real server); ``uid``,
   ``name``, ``creationTimestamp`` and ``deletionTimestamp`` are immutable (422), a pod's
   spec may change only where Kubernetes allows it (images, tolerations, deadlines,
-  scheduling gates) and ``nodeName`` only from empty.
+  scheduling gates), never ``nodeName`` (binding sets it).
 - :func:`deletion_grace`: how long a DELETE waits before the object may go: pods bound
   to a node get their grace period (the simulated kubelet stops them), everything else
   goes at once.
@@ -16,6 +17,7 @@ Called by :mod:`drivers.sim.store`. Pure.
 
 from __future__ import annotations
 
+from drivers.sim import validation
 from drivers.sim.objects import (
     ApiError,
     Obj,
@@ -39,7 +41,7 @@ def _string_map(resource: Resource, name: str, obj: Obj, field: str) -> None:
         raise invalid(resource, name, f"metadata.{field}", "must map strings to strings")
 
 
-def validate_meta(resource: Resource, obj: Obj) -> None:
+def validate_meta(resource: Resource, obj: Obj, *, check_name: bool = False) -> None:
     name = str(meta(obj).get("name", ""))
     _string_map(resource, name, obj, "labels")
     _string_map(resource, name, obj, "annotations")
@@ -47,11 +49,14 @@ def validate_meta(resource: Resource, obj: Obj) -> None:
     if finalizers is not None and (not isinstance(finalizers, list)
                                    or not all(isinstance(f, str) for f in finalizers)):
         raise invalid(resource, name, "metadata.finalizers", "must be a list of strings")
+    causes = validation.metadata_errors(resource, meta(obj), check_name=check_name)
+    if causes:
+        raise validation.invalid_object(resource, name, causes)
 
 
 def prepare_create(resource: Resource, obj: Obj) -> None:
     """Validate ``obj`` (its metadata already named) and fill the kind's defaults."""
-    validate_meta(resource, obj)
+    validate_meta(resource, obj, check_name=True)
     obj["kind"], obj["apiVersion"] = resource.kind, "v1"
     name = str(meta(obj)["name"])
     if resource.plural == "pods":
@@ -109,8 +114,16 @@ def prepare_update(resource: Resource, old: Obj, new: Obj, *, subresource: str |
             raise invalid(resource, name, f"metadata.{field}",
                           f'Invalid value: "{seen}": field is immutable')
     if subresource == "status":
+        # As on a real server, a status write carries metadata too (labels, annotations,
+        # finalizers); only the spec is the main resource's alone.
+        validate_meta(resource, new)
         out = clone(old)
         out["status"] = clone(new.get("status") or {})
+        for field in ("labels", "annotations", "finalizers"):
+            if new_meta.get(field):
+                meta(out)[field] = clone(new_meta)[field]
+            else:
+                meta(out).pop(field, None)
         return out
     validate_meta(resource, new)
     out = clone(new)
@@ -134,20 +147,20 @@ def prepare_update(resource: Resource, old: Obj, new: Obj, *, subresource: str |
 
 
 def _check_pod_spec(resource: Resource, name: str, old: Obj, new: Obj) -> None:
-    if old.get("nodeName") and new.get("nodeName") != old.get("nodeName"):
-        raise invalid(resource, name, "spec.nodeName", "field is immutable once set")
-
+    # ``nodeName`` included: an update never binds a pod, even from empty (pods/binding does).
     def frozen(spec: Obj) -> Obj:
-        out = {k: v for k, v in spec.items() if k not in _MUTABLE_POD_SPEC and k != "nodeName"}
+        out = {k: v for k, v in spec.items() if k not in _MUTABLE_POD_SPEC}
         out["containers"] = [{k: v for k, v in c.items() if k != "image"}
                              for c in spec.get("containers") or [] if isinstance(c, dict)]
         return out
 
     if frozen(old) != frozen(new):
-        raise invalid(resource, name, "spec", "Forbidden: pod updates may not change fields "
-                      "other than `spec.containers[*].image`, `spec.activeDeadlineSeconds`, "
-                      "`spec.tolerations` (only additions to existing tolerations) or "
-                      "`spec.schedulingGates`")
+        raise validation.invalid_object(resource, name, [(
+            "spec", "Forbidden: pod updates may not change fields other than "
+            "`spec.containers[*].image`,`spec.initContainers[*].image`,"
+            "`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing "
+            "tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it "
+            "was previously negative)", "FieldValueForbidden")])
 
 
 def deletion_grace(resource: Resource, obj: Obj, requested: int | None) -> int:

@@ -114,10 +114,7 @@ class WatchHub:
             for obj in items:
                 watch.queue.put_nowait({"type": "ADDED", "object": obj})
         else:
-            try:
-                since = int(str(resource_version))
-            except ValueError:
-                raise ApiError(400, f"invalid resourceVersion {resource_version!r}") from None
+            since = parse_resource_version(str(resource_version), watch=True)
             for change in self.store.changes_since(since):
                 watch.offer(change)
         self.watches.add(watch)
@@ -165,6 +162,19 @@ class WatchHub:
     def shutdown(self) -> None:
         self.drop()
         self._unsubscribe()
+
+
+def parse_resource_version(value: str, *, watch: bool) -> int:
+    """A ``resourceVersion`` parameter as a number, or the real server's refusal: for a
+    LIST ``400 BadRequest``; for a watch ``500`` with no reason (kube-apiserver does not
+    classify that error), which a client retries with backoff like any 5xx."""
+    if value.isascii() and value.isdigit():
+        return int(value)
+    words = (f'resourceVersion: Invalid value: "{value}": strconv.ParseUint: parsing '
+             f'"{value}": invalid syntax')
+    if watch:
+        raise ApiError(500, words, reason="")
+    raise ApiError(400, f"invalid resource version: {words}")
 
 
 def _node_of(obj: Obj | None) -> str | None:

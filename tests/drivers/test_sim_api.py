@@ -1,8 +1,8 @@
 """The simulated API server speaks the core/v1 REST subset like a real one, over HTTP.
 
 Invariants pinned: Status errors (kind, reason, code); optimistic concurrency on
-resourceVersion; no-op writes do not bump versions; the status subresource and the main
-resource each ignore the other's half; pod specs are immutable; UID preconditions on
+resourceVersion; no-op writes do not bump versions; the status subresource ignores the
+spec and the main resource the status; pod specs are immutable; UID preconditions on
 DELETE; finalizers hold deletion; selectors, pages and watches (history replay, 410
 after compaction, selector exits as DELETED, bookmarks) behave as in Kubernetes.
 """
@@ -73,8 +73,9 @@ async def test_errors_are_status_objects_with_the_real_reasons(http: Http) -> No
     assert status == 415
     status, body = await http.call("GET", f"{PODS}?labelSelector=a+in+b")
     assert (status, body["reason"]) == (400, "BadRequest")
-    status, body = await http.call("POST", f"{PODS}?dryRun=All", _pod("dry"))
-    assert status == 400
+    status, body = await http.call("POST", f"{PODS}?dryRun=Everything", _pod("dry"))
+    assert (status, body["reason"]) == (422, "Invalid")
+    assert body["details"]["kind"] == "CreateOptions"
     status, _ = await http.call("GET", "/api/v1/namespaces/default/widgets")
     assert status == 404
 
@@ -107,7 +108,11 @@ async def test_status_and_main_resource_each_ignore_the_other_half(http: Http) -
                              {"status": {"message": "hi"}, "metadata": {"labels": {"y": "2"}}},
                              SMP)
     assert sub["status"]["message"] == "hi"
-    assert sub["metadata"]["labels"] == {"x": "1"}
+    assert sub["metadata"]["labels"] == {"x": "1", "y": "2"}, "metadata goes through, as on " \
+        "a real server"
+    _, sub = await http.call("PATCH", f"{PODS}/halves/status",
+                             {"spec": {"activeDeadlineSeconds": 5}}, SMP)
+    assert "activeDeadlineSeconds" not in sub["spec"]
 
 
 async def test_pod_specs_are_immutable_but_images(http: Http) -> None:
@@ -228,3 +233,52 @@ async def test_generate_name_and_discovery(http: Http) -> None:
     _, resources = await http.call("GET", "/api/v1")
     assert {"pods", "nodes", "events", "namespaces", "pods/status"} <= {
         r["name"] for r in resources["resources"]}
+
+
+async def test_dry_run_answers_like_the_write_and_stores_nothing(http: Http,
+                                                                sim: SimCluster) -> None:
+    """``dryRun=All`` validates and answers a create, patch or delete as the real write
+    would, but nothing changes: no object, no version bump, no watch event."""
+    await http.call("POST", PODS, _pod("kept"))
+    sim.settle()
+    pod, version = sim.pod("default", "kept"), sim.store.rv
+    status, created = await http.call("POST", f"{PODS}?dryRun=All", _pod("ghost"))
+    assert status == 201
+    assert created["metadata"]["uid"]
+    assert "resourceVersion" not in created["metadata"]
+    status, body = await http.call("POST", f"{PODS}?dryRun=All", _pod("Not_Valid"))
+    assert (status, body["reason"]) == (422, "Invalid"), "validated all the same"
+    status, patched = await http.call("PATCH", f"{PODS}/kept?dryRun=All",
+                                      {"metadata": {"annotations": {"x": "1"}}}, SMP)
+    assert (status, patched["metadata"]["annotations"]) == (200, {"x": "1"})
+    status, _ = await http.call("DELETE", f"{PODS}/kept?dryRun=All")
+    assert status == 200
+    status, body = await http.call("POST", f"{PODS}/kept/eviction?dryRun=All",
+                                   {"kind": "Eviction", "apiVersion": "policy/v1"})
+    assert status == 201
+    assert sim.pod("default", "ghost") is None
+    assert sim.pod("default", "kept") == pod
+    assert sim.store.rv == version
+
+
+async def test_an_eviction_deletes_the_pod_with_its_delete_options(http: Http,
+                                                                  sim: SimCluster) -> None:
+    """``pods/NAME/eviction`` (policy/v1) answers ``201`` with a ``Success`` Status and
+    deletes the pod as a DELETE with the Eviction's ``deleteOptions`` would; a missing
+    pod is 404, a failed UID precondition 409, another name in the body 400."""
+    _, pod = await http.call("POST", PODS, _pod("evicted"))
+    eviction = {"kind": "Eviction", "apiVersion": "policy/v1",
+                "metadata": {"name": "evicted"}}
+    status, body = await http.call("POST", f"{PODS}/evicted/eviction",
+                                   {**eviction, "metadata": {"name": "other"}})
+    assert (status, body["reason"]) == (400, "BadRequest")
+    status, body = await http.call("POST", f"{PODS}/evicted/eviction",
+                                   {**eviction, "deleteOptions": {"preconditions": {"uid": "x"}}})
+    assert (status, body["reason"]) == (409, "Conflict")
+    status, body = await http.call("POST", f"{PODS}/evicted/eviction", eviction)
+    assert (status, body) == (201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                    "status": "Success", "code": 201})
+    assert sim.pod("default", "evicted") is None
+    status, body = await http.call("POST", f"{PODS}/evicted/eviction", eviction)
+    assert (status, body["reason"]) == (404, "NotFound")
+    assert pod["metadata"]["uid"]
