@@ -154,6 +154,32 @@ async def world_for(backend: str, root: Path, *, nodes: int, pods: int,
         await world.stop()
 
 
+class LoopLag:
+    """How late this process's event loop wakes a ``every``-second sleep, sampled while
+    running: a request's client-side latency includes this wait, the server's does not."""
+
+    def __init__(self, every: float = 0.05) -> None:
+        self.every = every
+        self.samples: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            started = time.perf_counter()
+            await asyncio.sleep(self.every)
+            self.samples.append(max(0.0, time.perf_counter() - started - self.every))
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> dict[str, float]:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        return quantiles(self.samples)
+
+
 def quantiles(seconds: list[float]) -> dict[str, float]:
     """Count, p50 and p99 (nearest rank) in milliseconds."""
     ordered = sorted(seconds)
@@ -229,6 +255,8 @@ async def drive(db: Database, world: SimWorld, pods: list[dict[str, Any]], *, no
         submitted, submitted_marks = counter.snapshot(), marks(counter)
         t1 = time.perf_counter()
         cpu.start()
+        lag = LoopLag()
+        lag.start()
         worker = running.worker
         task = asyncio.create_task(worker.run())
         worker_error = ""
@@ -237,6 +265,7 @@ async def drive(db: Database, world: SimWorld, pods: list[dict[str, Any]], *, no
         finally:
             t2 = time.perf_counter()
             used = cpu.stop()
+            loop_lag = await lag.stop()
             worker.stop()
             try:
                 await task
@@ -250,6 +279,8 @@ async def drive(db: Database, world: SimWorld, pods: list[dict[str, Any]], *, no
             "wall_s": round(t2 - t0, 2),
             "migrations_per_s": round(n / (t2 - t0), 2),
             "run_cpu_s": used,
+            "cpu_ms_per_migration": {k: round(v * 1000 / n, 1) for k, v in used.items()},
+            "control_plane_loop_lag": loop_lag,
             "api_requests_per_migration": round(sum(worker_counts.values()) / n, 3),
             "api_per_migration_by_verb": per(worker_counts, n),
             "submission_api_per_migration_by_verb": per(submission_counts, n),
@@ -280,17 +311,21 @@ async def run_backend(backend: str, *, migrations: int, nodes: int, concurrency:
                 names = [p["metadata"]["name"] for p in pods]
                 real = world if isinstance(world, RealWorld) else None
                 out["loadavg_1m_before"] = round(os.getloadavg()[0], 2)
+                pids = {"control_plane": os.getpid(),
+                        **(real.pids() if real else
+                           {name: proc.pid for name, proc in world.procs.items()})}
                 if anchor:
                     before = await real.server_requests() if real else Counter()
+                    meter = CpuMeter(pids)
+                    meter.start()
                     out["anchor"] = await anchor_writes(world.kubeconfig, names, total=anchor)
+                    out["anchor"]["cpu_ms_per_write"] = {
+                        k: round(v * 1000 / anchor, 2) for k, v in meter.stop().items()}
                     if real:  # what the other clients wrote in reaction to the patches
                         during = await real.server_requests()
                         during.subtract(before)
                         out["anchor"]["server_writes"] = sum(during[v] for v in SERVER_WRITES)
                 before = await real.server_requests() if real else Counter()
-                pids = {"control_plane": os.getpid(),
-                        **(real.pids() if real else
-                           {name: proc.pid for name, proc in world.procs.items()})}
                 out.update(await drive(db, world, pods, nodes=nodes, concurrency=concurrency,
                                        qps=qps, cpu=CpuMeter(pids)))
                 if real:
@@ -316,8 +351,16 @@ async def run_backend(backend: str, *, migrations: int, nodes: int, concurrency:
     return out
 
 
-def _row(label: str, values: list[str]) -> None:
-    print(f"  {label:<34}" + "".join(f"{v:<44}" for v in values).rstrip())
+WIDTH = 40
+
+
+def _row(label: str, values: list[str], backends: list[str] | None = None) -> None:
+    """One figure per column; a figure too wide for its column gets a line per backend."""
+    if backends and any(len(v) >= WIDTH for v in values):
+        for backend, value in zip(backends, values, strict=True):
+            print(f"  {label:<34}{backend}: {value}")
+        return
+    print(f"  {label:<34}" + "".join(f"{v:<{WIDTH}}" for v in values).rstrip())
 
 
 def _verbs(by_verb: Mapping[str, float]) -> str:
@@ -338,37 +381,49 @@ def print_table(r: dict[str, Any]) -> None:
     if not ran:
         return
     cols = list(ran.values())
-    _row("", list(ran))
-    _row("succeeded", [f"{f['succeeded']} of {r['migrations']}" for f in cols])
-    _row("wall (submit + run) s", [f"{f['wall_s']:.1f} ({f['submit_s']:.1f} + {f['run_s']:.1f})"
+
+    def row(label: str, values: list[str]) -> None:
+        _row(label, values, list(ran))
+
+    row("", list(ran))
+    row("succeeded", [f"{f['succeeded']} of {r['migrations']}" for f in cols])
+    row("wall (submit + run) s", [f"{f['wall_s']:.1f} ({f['submit_s']:.1f} + {f['run_s']:.1f})"
                                    for f in cols])
-    _row("migrations/s", [f"{f['migrations_per_s']:.1f}" for f in cols])
-    _row("worker API req/migration", [f"{f['api_requests_per_migration']:.2f}" for f in cols])
-    _row("  by verb", [_verbs(f["api_per_migration_by_verb"]) for f in cols])
-    _row("submission API req/migration", [_verbs(f["submission_api_per_migration_by_verb"])
+    row("migrations/s", [f"{f['migrations_per_s']:.1f}" for f in cols])
+    row("worker API req/migration", [f"{f['api_requests_per_migration']:.2f}" for f in cols])
+    row("  by verb", [_verbs(f["api_per_migration_by_verb"]) for f in cols])
+    row("submission API req/migration", [_verbs(f["submission_api_per_migration_by_verb"])
                                           for f in cols])
     for key, label in (("latency_by_verb", "worker"), ("submission_latency_by_verb",
                                                        "submission")):
         for verb in sorted({v for f in cols for v in f[key]}):
-            _row(f"{label} {verb} p50/p99 ms (n)", [_lat(f[key].get(verb)) for f in cols])
-    _row("control-plane writes/migration", [f"{f['writes_per_migration']:.2f}" for f in cols])
-    _row("control-plane writes/s", [f"{f['writes_per_s']:.0f}" for f in cols])
-    _row("server writes/migration (all)", [str(f.get("server_writes_per_migration", "-"))
+            row(f"{label} {verb} p50/p99 ms (n)", [_lat(f[key].get(verb)) for f in cols])
+    row("control-plane writes/migration", [f"{f['writes_per_migration']:.2f}" for f in cols])
+    row("control-plane writes/s", [f"{f['writes_per_s']:.0f}" for f in cols])
+    row("server writes/migration (all)", [str(f.get("server_writes_per_migration", "-"))
                                            for f in cols])
-    _row("server writes/s (all clients)", [str(f.get("server_writes_per_s", "-"))
+    row("server writes/s (all clients)", [str(f.get("server_writes_per_s", "-"))
                                            for f in cols])
     if all("anchor" in f for f in cols):
-        _row("anchor: patches/s at c=16", [
+        row("anchor: patches/s at c=16", [
             f"{f['anchor']['writes_per_s']:.0f} (p50/p99 {f['anchor']['p50_ms']:.1f}/"
             f"{f['anchor']['p99_ms']:.1f} ms)" for f in cols])
-        _row("  server writes during it (all)", [str(f["anchor"].get("server_writes", "-"))
+        row("  server writes during it (all)", [str(f["anchor"].get("server_writes", "-"))
                                                  for f in cols])
-        _row("control-plane writes/s / anchor", [f"{f['writes_of_anchor']:.2f}" for f in cols])
-        _row("ceiling migrations/s (anchor)", [f"{f['ceiling_migrations_per_s']:.1f}"
+        row("control-plane writes/s / anchor", [f"{f['writes_of_anchor']:.2f}" for f in cols])
+        row("ceiling migrations/s (anchor)", [f"{f['ceiling_migrations_per_s']:.1f}"
                                                for f in cols])
-        _row("migrations/s / ceiling", [f"{f['of_ceiling']:.2f}" for f in cols])
-    _row("load average (1 min) before", [str(f["loadavg_1m_before"]) for f in cols])
-    _row("CPU s while running", [" ".join(f"{k} {v}" for k, v in f["run_cpu_s"].items())
+        row("migrations/s / ceiling", [f"{f['of_ceiling']:.2f}" for f in cols])
+    row("control-plane loop lag p50/p99 ms", [_lat(f["control_plane_loop_lag"])
+                                                for f in cols])
+    row("CPU ms per migration", [" ".join(f"{k} {v:g}" for k, v in
+                                           f["cpu_ms_per_migration"].items()) for f in cols])
+    if all("anchor" in f for f in cols):
+        row("anchor CPU ms per write", [" ".join(f"{k} {v:g}" for k, v in
+                                                  f["anchor"]["cpu_ms_per_write"].items())
+                                         for f in cols])
+    row("load average (1 min) before", [str(f["loadavg_1m_before"]) for f in cols])
+    row("CPU s while running", [" ".join(f"{k} {v}" for k, v in f["run_cpu_s"].items())
                                  for f in cols])
     lo, hi = EARLIER_ANCHOR_WRITES_PER_S
     print(f"  (earlier anchor on this machine: {lo}-{hi} writes/s at c=16 on the real server)")
