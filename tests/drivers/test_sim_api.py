@@ -282,3 +282,63 @@ async def test_an_eviction_deletes_the_pod_with_its_delete_options(http: Http,
     status, body = await http.call("POST", f"{PODS}/evicted/eviction", eviction)
     assert (status, body["reason"]) == (404, "NotFound")
     assert pod["metadata"]["uid"]
+
+
+@pytest.mark.parametrize(("metadata", "field", "words"), [
+    ({"name": "a" * 254}, "metadata.name", "must be no more than 253 characters"),
+    ({"name": "Web_1"}, "metadata.name", "a lowercase RFC 1123 subdomain"),
+    ({"name": "web", "labels": {"app": "x" * 64}}, "metadata.labels",
+     "must be no more than 63 bytes"),
+    ({"name": "web", "labels": {"bad key": "x"}}, "metadata.labels", "name part must"),
+    ({"name": "web", "annotations": {"Bad_Prefix/a": "x"}}, "metadata.annotations",
+     "prefix part a lowercase RFC 1123 subdomain"),
+    ({"name": "web", "annotations": {"a": "x" * (256 * 1024)}}, "metadata.annotations",
+     "Too long: may not be more than 262144 bytes"),
+])
+async def test_metadata_is_validated_in_apimachinerys_words(
+        http: Http, metadata: dict[str, Any], field: str, words: str) -> None:
+    """A create (and an update) with metadata a real server refuses gets ``422 Invalid``
+    naming the field, in apimachinery's words; nothing is stored."""
+    status, body = await http.call("POST", PODS, {
+        "metadata": metadata, "spec": {"containers": [{"name": "c", "image": "pause"}]}})
+    assert (status, body["reason"]) == (422, "Invalid")
+    assert body["details"]["causes"][0]["field"] == field
+    assert words in body["message"]
+    if metadata["name"] == "web":
+        await http.call("POST", PODS, _pod("web"))
+        status, _ = await http.call("PATCH", f"{PODS}/web", {"metadata": metadata}, SMP)
+        assert status == 422
+
+
+async def test_strict_field_validation_refuses_unknown_fields(http: Http) -> None:
+    """``fieldValidation=Strict``: an unknown field at any depth is ``400`` on a create and
+    ``422`` (field ``patch``) on a patch; known fields pass; without it they are kept."""
+    body = _pod("strict")
+    body["spec"]["containers"][0]["imagePolicy"] = "x"
+    status, out = await http.call("POST", f"{PODS}?fieldValidation=Strict", body)
+    assert (status, out["reason"]) == (400, "BadRequest")
+    assert 'unknown field "spec.containers[0].imagePolicy"' in out["message"]
+    status, _ = await http.call("POST", f"{PODS}?fieldValidation=Strict", _pod("strict"))
+    assert status == 201
+    status, out = await http.call("PATCH", f"{PODS}/strict?fieldValidation=Strict",
+                                  {"spec": {"tolerations": [{"key": "a", "bogus": 1}]}}, SMP)
+    assert (status, out["reason"], out["details"]["causes"][0]["field"]) == (
+        422, "Invalid", "patch")
+    status, _ = await http.call("PATCH", f"{PODS}/strict?fieldValidation=Strict",
+                                {"metadata": {"labels": {"a": "1"}}}, SMP)
+    assert status == 200
+    status, out = await http.call("PATCH", f"{PODS}/strict?fieldValidation=Sloppy", {}, SMP)
+    assert (status, out["details"]["kind"]) == (422, "PatchOptions")
+
+
+async def test_a_malformed_resource_version_is_refused_as_kube_apiserver_does(
+        http: Http) -> None:
+    """A LIST gets ``400 BadRequest``; a watch ``500`` with no reason (kube-apiserver does
+    not classify that error)."""
+    status, body = await http.call("GET", f"{PODS}?resourceVersion=abc")
+    assert (status, body["reason"]) == (400, "BadRequest")
+    status, body = await http.call("GET", f"{PODS}?watch=1&resourceVersion=abc")
+    assert status == 500
+    assert "reason" not in body
+    status, _ = await http.call("GET", f"{PODS}?resourceVersion=12")
+    assert status == 200
