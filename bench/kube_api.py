@@ -280,6 +280,11 @@ async def drive(db: Database, world: SimWorld, pods: list[dict[str, Any]], *, no
             "migrations_per_s": round(n / (t2 - t0), 2),
             "run_cpu_s": used,
             "cpu_ms_per_migration": {k: round(v * 1000 / n, 1) for k, v in used.items()},
+            # The whole world's CPU per migration, and the rate it allows if the world had
+            # this machine's cores to itself (a bound that does not move with other load).
+            "cpu_ms_per_migration_total": round(sum(used.values()) * 1000 / n, 1),
+            "cpu_bound_migrations_per_s": round((os.cpu_count() or 1) * n
+                                                / max(0.1, sum(used.values())), 1),
             "control_plane_loop_lag": loop_lag,
             "api_requests_per_migration": round(sum(worker_counts.values()) / n, 3),
             "api_per_migration_by_verb": per(worker_counts, n),
@@ -418,6 +423,8 @@ def print_table(r: dict[str, Any]) -> None:
                                                 for f in cols])
     row("CPU ms per migration", [" ".join(f"{k} {v:g}" for k, v in
                                            f["cpu_ms_per_migration"].items()) for f in cols])
+    row("  all processes", [f"{f['cpu_ms_per_migration_total']:g} (cores allow "
+                            f"{f['cpu_bound_migrations_per_s']:g} migrations/s)" for f in cols])
     if all("anchor" in f for f in cols):
         row("anchor CPU ms per write", [" ".join(f"{k} {v:g}" for k, v in
                                                   f["anchor"]["cpu_ms_per_write"].items())
