@@ -317,9 +317,8 @@ class DeployedRun:
         gate = self.run(argv, env)
         assert gate.returncode == 0, gate.stdout + gate.stderr
         assert "up to date" in gate.stdout
-        for node in nodes:
-            argv, env = self.agent(node)
-            agent = self.start(f"agent-{node}", argv, env)
+        agents = {node: self.start(f"agent-{node}", *self.agent(node)) for node in nodes}
+        for node, agent in agents.items():  # started together: each takes seconds to import
             assert agent.stdout is not None
             assert agent.stdout.readline().startswith("node agent serving"), \
                 self.stderr(f"agent-{node}")[-2000:]
