@@ -253,6 +253,7 @@ async def drive(db: Database, world: SimWorld, pods: list[dict[str, Any]], *, no
         t0 = time.perf_counter()
         await submit_all(db, running, pods, nodes, limits)
         submitted, submitted_marks = counter.snapshot(), marks(counter)
+        by_resource_before = Counter(counter.by_resource)
         t1 = time.perf_counter()
         cpu.start()
         lag = LoopLag()
@@ -272,6 +273,8 @@ async def drive(db: Database, world: SimWorld, pods: list[dict[str, Any]], *, no
             except Exception as exc:  # reported, not hidden: a finding of the run
                 worker_error = repr(exc)[:500]
         worker_counts = counter.since(submitted)
+        by_resource = Counter(counter.by_resource)
+        by_resource.subtract(by_resource_before)
         submission_counts = {k: v - startup.get(k, 0) for k, v in submitted.items()}
         writes = sum(worker_counts.get(v, 0) + submission_counts.get(v, 0) for v in WRITES)
         return {
@@ -288,6 +291,8 @@ async def drive(db: Database, world: SimWorld, pods: list[dict[str, Any]], *, no
             "control_plane_loop_lag": loop_lag,
             "api_requests_per_migration": round(sum(worker_counts.values()) / n, 3),
             "api_per_migration_by_verb": per(worker_counts, n),
+            "api_per_migration_by_resource": per(
+                Counter({f"{v} {r}": c for (v, r), c in by_resource.items()}), n),
             "submission_api_per_migration_by_verb": per(submission_counts, n),
             "latency_by_verb": latencies(counter, submitted_marks),
             "submission_latency_by_verb": latencies(counter, startup_marks, submitted_marks),
@@ -397,6 +402,7 @@ def print_table(r: dict[str, Any]) -> None:
     row("migrations/s", [f"{f['migrations_per_s']:.1f}" for f in cols])
     row("worker API req/migration", [f"{f['api_requests_per_migration']:.2f}" for f in cols])
     row("  by verb", [_verbs(f["api_per_migration_by_verb"]) for f in cols])
+    row("  by resource", [_verbs(f["api_per_migration_by_resource"]) for f in cols])
     row("submission API req/migration", [_verbs(f["submission_api_per_migration_by_verb"])
                                           for f in cols])
     for key, label in (("latency_by_verb", "worker"), ("submission_latency_by_verb",
@@ -407,6 +413,8 @@ def print_table(r: dict[str, Any]) -> None:
     row("control-plane writes/s", [f"{f['writes_per_s']:.0f}" for f in cols])
     row("server writes/migration (all)", [str(f.get("server_writes_per_migration", "-"))
                                            for f in cols])
+    row("server requests/migration (all)", [_verbs(f.get("server_per_migration_by_verb", {}))
+                                            for f in cols])
     row("server writes/s (all clients)", [str(f.get("server_writes_per_s", "-"))
                                            for f in cols])
     if all("anchor" in f for f in cols):
