@@ -96,14 +96,21 @@ class KubeletRole:
         await self._register_all(deadline)
         self.nodes.start()
         self.pods.start()
-        for cache in (self.nodes, self.pods):
-            await cache.wait_synced(limit_seconds=max(1.0, deadline - self.clock()))
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._loop(), name="kubelet-role"),
                        loop.create_task(self._heartbeats(), name="kubelet-role-heartbeat")]
-        await self.nodes.wait_until(
-            lambda: all(node_rules.healthy(self.nodes.get(n)) for n in self.options.nodes),
-            limit_seconds=max(1.0, deadline - self.clock()), what="every node Ready")
+        try:
+            for cache in (self.nodes, self.pods):
+                await cache.wait_synced(limit_seconds=max(1.0, deadline - self.clock()))
+            await self.nodes.wait_until(
+                lambda: all(node_rules.healthy(self.nodes.get(n)) for n in self.options.nodes),
+                limit_seconds=max(1.0, deadline - self.clock()), what="every node Ready")
+        except TimeoutError as exc:
+            raise RoleNotReady(f"kubelet role: nodes not Ready within "
+                               f"{self.options.ready_timeout:g}s: {exc}",
+                               hint="check that the API server is up and that nothing "
+                                    "else (a node lifecycle controller) marks these "
+                                    "nodes NotReady; or raise --ready-timeout") from exc
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -5,6 +5,7 @@ on SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from drivers.kube.resources import NODES, PODS
 from drivers.sim import SimCluster
 from drivers.sim.objects import condition
 from tests.kubelet.world import admin_client
-from tests.support.envtest import start_kubelet_role
+from tests.support.envtest import free_port, start_kubelet_role
 from tests.support.waiting import eventually
 
 
@@ -77,3 +78,21 @@ async def test_process_prints_one_ready_line_serves_pods_and_exits_0(tmp_path: P
             await asyncio.to_thread(role.stop)
         assert role.proc.returncode == 0, (tmp_path / "role.log").read_text()
         assert rest == ""  # the ready line was the only one
+
+
+def test_an_unreachable_server_fails_after_the_ready_timeout(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Exit 1 naming the node, the timeout and the address; no ready line."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{free_port()}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    code = main(["sim", "nodes", "--kubeconfig", str(kubeconfig), "--nodes", "a",
+                 "--ready-timeout", "1"])
+    out, err = capsys.readouterr()
+    assert code == 1, err
+    assert out == ""
+    assert "node a not registered within 1s" in err
+    assert "127.0.0.1" in err
