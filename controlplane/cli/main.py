@@ -282,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--kubeconfig", default="var/sim-kubeconfig.yaml",
                     help="where to write the kubeconfig (default var/sim-kubeconfig.yaml)")
     up.add_argument("--port", type=int, default=0, help="port (default: any free one)")
+    up.add_argument("--no-kubelets", dest="kubelets", action="store_false",
+                    help="no in-process scheduler, kubelets or nodes: run `cpctl sim nodes` "
+                    "against it instead")
     up.set_defaults(handler=sim_module.sim_cmd)
     sim_module.add_nodes_parser(simsub)
 

@@ -33,8 +33,9 @@ examples:
   cpctl sim nodes --kubeconfig admin.kubeconfig --nodes node-1,node-2,node-3
   cpctl sim nodes --kubeconfig var/sim-kubeconfig.yaml --nodes big-1 --node-cpu 64 \\
       --node-memory 256Gi --start-seconds 2 --stop-seconds 1
-Against the simulator, run it with the simulator's own kubelets off (SimCluster(kubelets=
-False)); both would otherwise schedule the same pods. See docs/simulator.md.
+Against the simulator, start it with its own kubelets off (cpctl sim up --no-kubelets, or
+SimCluster(kubelets=False)); both would otherwise schedule the same pods.
+See docs/simulator.md.
 exit: 0 after SIGTERM/SIGINT, 1 when the nodes cannot be registered in time, 2 on bad input.
 """
 
@@ -42,8 +43,9 @@ exit: 0 after SIGTERM/SIGINT, 1 when the nodes cannot be registered in time, 2 o
 async def sim_cmd(args: argparse.Namespace) -> int:
     from drivers.sim.__main__ import parse_args, serve
 
-    await serve(parse_args(["up", "--nodes", str(args.nodes), "--port", str(args.port),
-                            "--kubeconfig", args.kubeconfig]))
+    flags = ["up", "--nodes", str(args.nodes), "--port", str(args.port),
+             "--kubeconfig", args.kubeconfig]
+    await serve(parse_args(flags if args.kubelets else [*flags, "--no-kubelets"]))
     return 0
 
 

@@ -49,6 +49,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                          "(repeatable; see docs/simulator.md)")
     up.add_argument("--seed", type=int, default=0,
                     help="seed of the faults' random sequence (default 0)")
+    up.add_argument("--no-kubelets", dest="kubelets", action="store_false",
+                    help="no in-process scheduler, kubelets or nodes: leave them to the "
+                         "kubelet role (cpctl sim nodes)")
     return parser.parse_args(argv)
 
 
@@ -60,10 +63,12 @@ async def serve(args: argparse.Namespace) -> None:
     async with SimCluster(nodes=args.nodes, port=args.port, node_cpu=args.node_cpu,
                           node_memory=args.node_memory, node_pods=args.node_pods,
                           start_seconds=args.start_seconds,
-                          stop_seconds=args.stop_seconds, seed=args.seed) as cluster:
+                          stop_seconds=args.stop_seconds, seed=args.seed,
+                          kubelets=args.kubelets) as cluster:
         for spec in args.fault:
             spec.install(cluster.faults)
-        where = f"simulated cluster listening on {cluster.url} ({args.nodes} nodes)"
+        nodes = f"{args.nodes} nodes" if args.kubelets else "no nodes, no kubelets"
+        where = f"simulated cluster listening on {cluster.url} ({nodes})"
         if args.fault:
             where += f", {len(args.fault)} standing fault(s), seed {args.seed}"
         if args.kubeconfig:

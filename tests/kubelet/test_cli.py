@@ -7,16 +7,17 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from controlplane.cli.main import main
 from drivers.kube.resources import NODES, PODS
-from drivers.sim import SimCluster
 from drivers.sim.objects import condition
 from tests.kubelet.world import admin_client
-from tests.support.envtest import free_port, start_kubelet_role
+from tests.support.envtest import ROOT, free_port, start_kubelet_role
 from tests.support.waiting import eventually
 
 
@@ -50,14 +51,29 @@ def test_a_missing_kubeconfig_is_named(capsys: pytest.CaptureFixture[str],
     assert "does not exist" in err
 
 
+def _start_sim(kubeconfig: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "controlplane.cli.main", "sim", "up", "--no-kubelets",
+         "--kubeconfig", str(kubeconfig)], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL)
+
+
 @pytest.mark.slow
 async def test_process_prints_one_ready_line_serves_pods_and_exits_0(tmp_path: Path) -> None:
-    async with SimCluster(nodes=["n-a", "n-b"], kubelets=False) as sim:
-        kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig")
-        role = await asyncio.to_thread(start_kubelet_role, kubeconfig, ["n-a", "n-b"],
-                                       tmp_path / "role.log", "--node-cpu", "2")
+    """``cpctl sim up --no-kubelets`` (no nodes) + ``cpctl sim nodes``: the role's nodes,
+    with the flags' sizes, run a pod; SIGTERM ends it with exit 0 and nothing more on
+    stdout after the ready line."""
+    kubeconfig = tmp_path / "kubeconfig"
+    sim = await asyncio.to_thread(_start_sim, kubeconfig)
+    try:
+        assert sim.stdout is not None
+        assert "(no nodes, no kubelets)" in await asyncio.to_thread(sim.stdout.readline)
         admin = await admin_client(kubeconfig)
         try:
+            nodes, _ = await admin.list_all(NODES)
+            assert nodes == []  # the simulator registered none: the role does
+            role = await asyncio.to_thread(start_kubelet_role, kubeconfig, ["n-a", "n-b"],
+                                           tmp_path / "role.log", "--node-cpu", "2")
             for name in ("n-a", "n-b"):
                 node = await admin.get(NODES, name)
                 assert (condition(node, "Ready") or {}).get("status") == "True"
@@ -70,14 +86,17 @@ async def test_process_prints_one_ready_line_serves_pods_and_exits_0(tmp_path: P
                 return (pod.get("status") or {}).get("phase") == "Running"
 
             await eventually(running, limit_seconds=30, what="web Running")
-        finally:
-            await admin.client.close()
             role.proc.send_signal(signal.SIGTERM)
             assert role.proc.stdout is not None
             rest = await asyncio.to_thread(role.proc.stdout.read)  # until it exits
             await asyncio.to_thread(role.stop)
+        finally:
+            await admin.client.close()
         assert role.proc.returncode == 0, (tmp_path / "role.log").read_text()
         assert rest == ""  # the ready line was the only one
+    finally:
+        sim.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(sim.communicate, timeout=20)
 
 
 def test_an_unreachable_server_fails_after_the_ready_timeout(
