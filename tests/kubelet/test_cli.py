@@ -9,9 +9,11 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from controlplane.cli.main import main
 from drivers.kube.resources import NODES, PODS
@@ -19,6 +21,15 @@ from drivers.sim.objects import condition
 from tests.kubelet.world import admin_client
 from tests.support.envtest import ROOT, free_port, start_kubelet_role
 from tests.support.waiting import eventually
+
+
+@pytest.fixture(autouse=True)
+def _logs_restored() -> Iterator[None]:
+    """main() points the logs at this test's captured stderr, closed after it: put the
+    configuration back, or later tests' loggers write to a closed file (and raise)."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.mark.parametrize(("flags", "named", "fix"), [
