@@ -33,7 +33,8 @@ from tests.deploy.deployment import (
 from tests.deploy.manifests import find, pod_spec, render
 
 MARKER = "sim.controlplane.dev/marker"
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+# The run fixture starts a dozen processes: 25 s alone, 86 s measured on 2 busy cores.
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")

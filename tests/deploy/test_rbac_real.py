@@ -250,7 +250,8 @@ def test_the_server_enforces_rbac_on_these_tokens(server: Server, applied: Appli
     """A control: the control plane's own token reading Secrets is refused, so the run
     below passing is the rules' doing, not an open server's."""
     assert applied.applied.returncode == 0, applied.applied.stderr
-    token = server.cluster.tokens["controlplane"]
+    workers = pod_spec(find(applied.objects, "Deployment", "controlplane"))
+    token = server.cluster.tokens[workers["serviceAccountName"]]
     req = urllib.request.Request(f"{server.env.server}/api/v1/namespaces/{NAMESPACE}/secrets",
                                  headers={"Authorization": f"Bearer {token}"})
     context = ssl.create_default_context(cafile=str(server.env.ca_file))
