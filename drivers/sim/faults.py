@@ -29,7 +29,10 @@ takes at most one delay rule and one error rule, each the first that hits in the
 added; each hit uses one of the rule's ``times``. ``injected`` counts what was injected.
 Called by the server's middleware (:meth:`Faults.take`), the watch streams
 (:meth:`Faults.watch_interrupt`), ``python -m drivers.sim up --fault`` (see
-:mod:`drivers.sim.faultspec`) and tests through ``SimCluster.faults``.
+:mod:`drivers.sim.faultspec`) and tests through ``SimCluster.faults``. The same rules
+also run in front of a real API server: :mod:`drivers.sim.faultproxy` builds a
+:class:`Faults` over its own :class:`History` (etcd) and :class:`Watches` (proxied
+streams).
 """
 
 from __future__ import annotations
@@ -39,10 +42,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from drivers.sim.objects import REASONS, ApiError
-from drivers.sim.store import Store
-from drivers.sim.watch import WatchHub
 
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 WRITES = ("update", "patch", "delete")
@@ -59,6 +61,28 @@ class Request:
     resource: str
     namespace: str | None = None
     name: str | None = None
+    user: str | None = None  # who sent it, when known (a 403 names them)
+
+
+class History(Protocol):
+    """The change history watches resume from (the simulator's store, or etcd)."""
+
+    def compact(self) -> int:
+        """Forget every change up to now; returns the version compacted at."""
+        ...
+
+
+class Watches(Protocol):
+    """The open watch streams (the simulator's hub, or a proxy's proxied streams)."""
+
+    #: Asked after every event a stream sends: ``"drop"``, ``"cut"`` or ``None``.
+    interrupt: Callable[[], str | None]
+
+    def drop(self, *, abrupt: bool = False) -> int: ...
+
+    def expire(self) -> int: ...
+
+    def send_bookmarks(self) -> int: ...
 
 
 @dataclass
@@ -78,7 +102,7 @@ class Rule:
     jitter: float = 0.0
     rate: float = 1.0  # probability that a matching request is hit
     until: float | None = None  # on the faults' clock; None: no deadline
-    user: str = SERVICE_ACCOUNT  # who a 403 says was refused
+    user: str | None = None  # who a 403 says was refused; None: the sender, if known
 
     def matches(self, request: Request, now: float) -> bool:
         return ("*" in self.verbs or request.verb in self.verbs) and \
@@ -98,7 +122,7 @@ class Rule:
         details = {"kind": request.resource, **({"name": request.name} if request.name else {})}
         message = self.message
         if not message and self.code == 403:
-            message = forbidden_message(request, self.user)
+            message = forbidden_message(request, self.user or request.user or SERVICE_ACCOUNT)
         elif not message and self.code == 409 and reason == "Conflict":
             message = (f'Operation cannot be fulfilled on {request.resource} '
                        f'"{request.name or ""}": the object has been modified; please apply '
@@ -125,18 +149,18 @@ class Hit:
 
 
 class Faults:
-    """The fault hooks of one simulated cluster."""
+    """The fault hooks of one simulated cluster (or of one proxy to a real one)."""
 
-    def __init__(self, store: Store, hub: WatchHub, *, seed: int = 0,
+    def __init__(self, history: History, watches: Watches, *, seed: int = 0,
                  clock: Clock = time.monotonic) -> None:
-        self._store = store
-        self._hub = hub
+        self._history = history
+        self._hub = watches
         self.clock = clock
         self.rng = random.Random(seed)
         self.rules: list[Rule] = []
         self.watch_drop: tuple[float, bool] = (0.0, False)  # (rate, abrupt)
         self.injected: Counter[str] = Counter()  # "error 409", "delay", "watch drop"...
-        hub.interrupt = self.watch_interrupt
+        watches.interrupt = self.watch_interrupt
 
     def seed(self, seed: int) -> None:
         """Restart the random sequence (a campaign replays from here)."""
@@ -197,8 +221,10 @@ class Faults:
         return rule
 
     def forbid(self, verb: str | Sequence[str], resource: str, *,
-               namespace: str | None = None, user: str = SERVICE_ACCOUNT) -> Rule:
-        """Refuse ``verb`` on ``resource`` as a real cluster's RBAC would (403)."""
+               namespace: str | None = None, user: str | None = None) -> Rule:
+        """Refuse ``verb`` on ``resource`` as a real cluster's RBAC would (403), naming
+        ``user``; by default the sender when the request says who (a proxy to a real
+        server), else the control plane's service account."""
         rule = self.fail_next(verb, times=None, code=403, resource=resource,
                               namespace=namespace, reason="Forbidden")
         rule.user = user
@@ -268,7 +294,7 @@ class Faults:
 
     def compact(self) -> int:
         """Forget the change history (resumes from older versions get 410)."""
-        return self._store.compact()
+        return self._history.compact()
 
     def send_bookmarks(self) -> int:
         """A ``BOOKMARK`` now on every watch that allows them (not a fault; a nudge)."""

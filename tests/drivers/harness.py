@@ -2,8 +2,20 @@
 
 A :class:`Harness` gives a test a kubeconfig, a namespace, node names, an independent
 "admin" client (to change the world behind the driver's back), unique pod names, and
-the simulator's fault hooks — a test that needs them is skipped on a real cluster, with
-that reason. Pods a test creates are deleted (grace 0) when it ends.
+the fault hooks (:attr:`Harness.faults`). Pods a test creates are deleted (grace 0) when
+it ends.
+
+How faults reach a real server: on "real" the harness starts a
+:class:`~drivers.sim.faultproxy.FaultProxy` per test in front of the real API server and
+hands the driver a kubeconfig pointing at the proxy, so ``h.faults`` is the proxy's
+:class:`~drivers.sim.faults.Faults`: the simulator's rules, applied to the requests the
+driver sends, everything else answered by the real server (``compact()`` compacts the
+envtest etcd). The ``admin`` client talks to the real server directly and never meets a
+fault; a test that wants a request of its own to meet one uses :meth:`Harness.client`.
+What only the simulator can do (a bookmark on demand, reading its store) is asked for
+with :meth:`Harness.sim_only`, which skips on a real cluster with the reason given. On
+the simulator the driver and the admin client both talk to the simulated server, so
+``admin`` requests pass its fault hooks too.
 
 Real cluster: the session's ``real_cluster`` (tests/conftest.py): an envtest
 kube-apiserver started from ``KUBEBUILDER_ASSETS`` with the kubelet role providing nodes, or
@@ -34,6 +46,7 @@ from drivers.kube.driver import KubeDriver
 from drivers.kube.errors import ApiNotFound
 from drivers.kube.resources import NODES, PODS, CoreV1
 from drivers.sim import SimCluster
+from drivers.sim.faultproxy import EtcdHistory, FaultProxy
 from drivers.sim.faults import Faults
 from tests.support.envtest import RealCluster
 
@@ -69,12 +82,32 @@ class Harness:
     patience: float  # how long a condition may take (a real cluster pulls images)
     nodes: list[str] = field(default_factory=list)
     created: list[str] = field(default_factory=list)
+    proxy: FaultProxy | None = None  # real: the faults in front of the real server
 
     @property
     def faults(self) -> Faults:
+        if self.cluster is not None:
+            return self.cluster.faults
+        if self.proxy is None:
+            pytest.skip("needs fault hooks: no fault proxy in front of this cluster")
+        return self.proxy.faults
+
+    def sim_only(self, reason: str) -> SimCluster:
+        """The simulated cluster, or skip on a real one saying why the test needs it."""
         if self.cluster is None:
-            pytest.skip("needs the simulator's fault hooks (not available on a real cluster)")
-        return self.cluster.faults
+            pytest.skip(f"simulator only: {reason}")
+        return self.cluster
+
+    @contextlib.asynccontextmanager
+    async def client(self, *, request_timeout: float = 30.0) -> AsyncIterator[CoreV1]:
+        """A client on the driver's path (through the faults), unlike ``admin`` on a
+        real cluster."""
+        api = await _admin(self.kubeconfig, self.context)
+        api.client.request_timeout = request_timeout
+        try:
+            yield api
+        finally:
+            await api.client.close()
 
     def name(self, base: str) -> str:
         return f"{base}-{uuid.uuid4().hex[:6]}"
@@ -148,16 +181,24 @@ async def open_harness(kind: str, tmp_path: Path,
         raise ValueError("a real harness needs the session's real cluster")
     context = os.environ.get("CONTROLPLANE_TEST_CONTEXT") or None
     admin = await _admin(real.kubeconfig, context)
-    nodes, _ = await admin.list_all(NODES)
-    harness = Harness(real.kubeconfig, context,
-                      os.environ.get("CONTROLPLANE_TEST_NAMESPACE", "default"),
-                      admin, None, patience=120.0,
-                      nodes=sorted(str(n["metadata"]["name"]) for n in nodes if _usable(n)))
+    history = None if real.envtest is None else \
+        EtcdHistory(f"http://127.0.0.1:{real.envtest.etcd_port}")
+    proxy = FaultProxy.from_kubeconfig(real.kubeconfig, context=context, history=history)
     try:
-        yield harness
+        await proxy.start()
+        nodes, _ = await admin.list_all(NODES)
+        harness = Harness(proxy.write_kubeconfig(tmp_path / "faultproxy.kubeconfig"), None,
+                          os.environ.get("CONTROLPLANE_TEST_NAMESPACE", "default"),
+                          admin, None, patience=120.0,
+                          nodes=sorted(str(n["metadata"]["name"]) for n in nodes
+                                       if _usable(n)), proxy=proxy)
+        try:
+            yield harness
+        finally:
+            for name in harness.created:
+                await harness.delete_now(name)
     finally:
-        for name in harness.created:
-            await harness.delete_now(name)
+        await proxy.stop()
         await admin.client.close()
 
 

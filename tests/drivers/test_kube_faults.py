@@ -1,14 +1,15 @@
 """The cluster port under faults: 410s, dropped watches, typed errors, timeouts.
 
-Part of the contract suite (same ``harness``), but every test needs the simulator's
-fault hooks, so on a real cluster each one is skipped with that reason. Invariants
+Part of the contract suite (same ``harness``): on a real cluster the faults are the
+simulator's rules applied by the fault proxy in front of it (see ``harness.py``); the
+one test that needs a bookmark on demand stays on the simulator. Invariants
 pinned: the cache heals a compacted history by relisting and resumes from bookmarks
 without relisting; every API failure is a typed error chained from the transport error,
 retryable or not by type; handlers turn them into the worker's retryable/terminal
 errors; an unsynced cache never answers "absent" by itself.
 
 The "Pins" lines name the real API-server behaviour each fault imitates: the fault is
-injected by the simulator, but what it sends is what a real server sends.
+injected by the simulator (or the proxy), but what it sends is what a real server sends.
 """
 
 from __future__ import annotations
@@ -63,12 +64,12 @@ async def test_a_dropped_watch_resuming_into_compacted_history_relists(
     faults = h.faults
     async with h.driver() as kube:
         await _watching(h, kube)
-        assert h.cluster is not None
         name = h.name("missed")
-        # In one synchronous step: cut the streams, then create and compact, so the cut
+        # The resume waits until the pod is created and the history compacted, so the cut
         # watch never carries the pod and its resume version is older than the history.
+        faults.delay_next("watch", 1.0, resource="pods")
         faults.drop_watches(abrupt=True)
-        h.cluster.create_pod(h.namespace, name)
+        await h.make_pod(name)
         faults.compact()
         await kube.pods.wait_until(lambda: kube.pods.stats.relists >= 1 and kube.pods.synced,
                                    limit_seconds=h.patience)
@@ -83,8 +84,9 @@ async def test_a_watch_resumes_from_its_bookmark_without_relisting(harness: Harn
     only ``metadata.resourceVersion``, a version from the one global etcd counter."""
     h = harness
     faults = h.faults
-    assert h.cluster is not None
-    store = h.cluster.store
+    cluster = h.sim_only("a real server sends bookmarks when it chooses (about once a "
+                         "minute), never on request, and its version counter is not readable")
+    store = cluster.store
     async with h.driver() as kube:
         await _watching(h, kube)
         first = h.name("bookmarked")
@@ -92,8 +94,8 @@ async def test_a_watch_resumes_from_its_bookmark_without_relisting(harness: Harn
         await kube.pods.wait_until(
             lambda: (kube.pods.get(f"{h.namespace}/{first}") or {}).get("status", {}).get(
                 "phase") == "Running", limit_seconds=h.patience)
-        h.cluster.cordon(h.nodes[0])  # writes the pod watch does not carry
-        h.cluster.uncordon(h.nodes[0])
+        cluster.cordon(h.nodes[0])  # writes the pod watch does not carry
+        cluster.uncordon(h.nodes[0])
         assert int(kube.pods.resource_version) < store.rv
         assert faults.send_bookmarks() >= 1
         await kube.pods.wait_until(lambda: kube.pods.resource_version == str(store.rv),
@@ -127,8 +129,9 @@ async def test_api_failures_are_typed_and_chained(harness: Harness, code: int,
     name = h.name("typed")
     await h.make_pod(name)
     h.faults.fail_next("get", code=code, resource="pods")
-    with pytest.raises(expected) as caught:
-        await h.admin.get(PODS, name, namespace=h.namespace)
+    async with h.client() as api:
+        with pytest.raises(expected) as caught:
+            await api.get(PODS, name, namespace=h.namespace)
     error = caught.value
     assert type(error) is expected
     assert error.status == code
@@ -156,9 +159,9 @@ async def test_a_slow_server_is_a_retryable_timeout(harness: Harness) -> None:
     """Pins: nothing of the server; the client's own ``request_timeout`` bounds a call."""
     h = harness
     h.faults.delay_next("get", 30.0)
-    h.admin.client.request_timeout = 0.2
-    with pytest.raises(errors.ApiTimeout) as caught:
-        await h.admin.get(PODS, "whatever", namespace=h.namespace)
+    async with h.client(request_timeout=0.2) as api:
+        with pytest.raises(errors.ApiTimeout) as caught:
+            await api.get(PODS, "whatever", namespace=h.namespace)
     assert caught.value.retryable
     assert isinstance(caught.value.__cause__, TimeoutError)
 
