@@ -224,7 +224,7 @@ class SimServer:
             items, _ = self.store.select(plural, t.namespace, selector)
             for obj in items:
                 self.store.delete(plural, str(meta(obj).get("namespace") or ""),
-                                  str(meta(obj)["name"]))
+                                  str(meta(obj)["name"]), dry_run=dry_run)
             return self._list_response(t.resource, items, None)
         if verb == "get":
             return _json(self.store.get(plural, ns, name))

@@ -170,7 +170,7 @@ def _walk(value: Any, type_name: str, path: str, found: list[str]) -> None:
 
 FIELD_VALIDATION = ("", "Ignore", "Strict", "Warn")
 OPTIONS_KIND = {"create": "CreateOptions", "update": "UpdateOptions", "patch": "PatchOptions",
-                "delete": "DeleteOptions"}
+                "delete": "DeleteOptions", "deletecollection": "DeleteOptions"}
 
 
 def check_options(verb: str, dry_run: list[str], field_validation: str | None) -> None:
@@ -183,7 +183,7 @@ def check_options(verb: str, dry_run: list[str], field_validation: str | None) -
     if any(value != "All" for value in dry_run):
         causes.append(("dryRun", f"Unsupported value: {json.dumps(dry_run)}: supported "
                                  'values: "All"'))
-    if verb != "delete" and field_validation is not None and (
+    if kind != "DeleteOptions" and field_validation is not None and (
             field_validation not in FIELD_VALIDATION):
         supported = ", ".join(f'"{v}"' for v in FIELD_VALIDATION)
         causes.append(("fieldValidation", f"Unsupported value: {_quoted(field_validation)}: "

@@ -253,6 +253,8 @@ async def test_dry_run_answers_like_the_write_and_stores_nothing(http: Http,
     assert (status, patched["metadata"]["annotations"]) == (200, {"x": "1"})
     status, _ = await http.call("DELETE", f"{PODS}/kept?dryRun=All")
     assert status == 200
+    status, _ = await http.call("DELETE", f"{PODS}?dryRun=All")
+    assert status == 200
     status, body = await http.call("POST", f"{PODS}/kept/eviction?dryRun=All",
                                    {"kind": "Eviction", "apiVersion": "policy/v1"})
     assert status == 201
