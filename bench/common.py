@@ -2,8 +2,9 @@
 floor measured in the same run, peak-RSS sampling, database footprint, JSON output.
 
 Every scenario (``bench.engine_throughput``, ``bench.scale``, ``bench.growth``,
-``bench.recovery``, ``bench.replay``) prints a human table, then one JSON line, and
-writes the same JSON to ``bench/results/<scenario>.json`` (or ``--json FILE``).
+``bench.recovery``, ``bench.replay``, ``bench.kube_api``) prints a human table, then one
+JSON line, and writes the same JSON to ``bench/results/<scenario>.json`` (or ``--json
+FILE``).
 """
 
 from __future__ import annotations
