@@ -333,7 +333,7 @@ class FaultProxy:
         finally:
             self.watches.streams.discard(stream)
             pump.cancel()
-            answer.close()
+            _abort(answer)
 
     async def _relay_events(self, response: web.StreamResponse, stream: _Stream) -> str:
         """Relay lines until the upstream ends or a fault does; "end" or "cut"."""
@@ -389,6 +389,15 @@ async def _pump(answer: aiohttp.ClientResponse, stream: _Stream) -> None:
     except (aiohttp.ClientError, ValueError):
         pass
     stream.queue.put_nowait(_Signal("eof"))
+
+
+def _abort(answer: aiohttp.ClientResponse) -> None:
+    """Close an upstream stream at once. A TLS close mid-stream would wait (30 s) for a
+    close_notify the server, busy streaming, never sends, and outlive the event loop."""
+    connection = answer.connection
+    if connection is not None and connection.transport is not None:
+        connection.transport.abort()
+    answer.close()
 
 
 def _answer_headers(answer: aiohttp.ClientResponse) -> dict[str, str]:
