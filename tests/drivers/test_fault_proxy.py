@@ -4,7 +4,8 @@ Invariants pinned: a request the faults leave alone reaches the real server unch
 and its answer comes back unchanged; an injected failure never reaches it and is the
 simulator's ``Status``, which the driver types as it types the real server's; a proxied
 watch is relayed event by event, and ``expire_watches()`` ends it with the real server's
-``ERROR 410`` so the driver relists; ``compact()`` compacts the real etcd, and a watch
+``ERROR 410`` so the driver relists, while an ended, cut or randomly dropped one is
+resumed without a relist; ``compact()`` compacts the real etcd, and a watch
 resumed through the proxy from an older ``resourceVersion`` meets the 410 the real server
 sends once that version has left its watch cache (which, unlike the simulator, still
 replays it right after a compaction); a 403 names the user the real server knows the
@@ -109,6 +110,29 @@ async def test_an_expired_proxied_watch_makes_the_driver_relist(real: Harness) -
         await kube.pods.wait_until(lambda: kube.pods.stats.relists >= 1 and kube.pods.synced,
                                    limit_seconds=h.patience)
         assert kube.pods.stats.expired >= 1
+
+
+async def test_ended_cut_and_randomly_dropped_proxied_watches_resume_without_a_relist(
+        real: Harness) -> None:
+    """``drop_watches`` ends a relayed stream, ``abrupt=True`` cuts its connection, and
+    ``drop_watch_rate`` ends one after an event: the driver resumes each from its last
+    version (the real server serves those) and never relists."""
+    h = real
+    async with h.driver() as kube:
+        pods = kube.pods
+        await pods.wait_until(lambda: pods.stats.watches >= 1 and pods.synced,
+                              limit_seconds=h.patience)
+        assert h.faults.drop_watches() >= 1
+        await pods.wait_until(lambda: pods.stats.watches >= 2, limit_seconds=h.patience)
+        assert h.faults.drop_watches(abrupt=True) >= 1
+        await pods.wait_until(lambda: pods.stats.watches >= 3, limit_seconds=h.patience)
+        h.faults.drop_watch_rate(1.0)
+        name = h.name("dropped-after")
+        await h.make_pod(name)
+        await pods.wait_until(lambda: pods.get(f"{h.namespace}/{name}") is not None,
+                              limit_seconds=h.patience)
+        assert h.faults.injected["watch drop"] >= 1
+        assert (pods.stats.relists, pods.stats.expired) == (0, 0)
 
 
 async def _resume(api: CoreV1, namespace: str, version: str) -> list[KubeObject]:
