@@ -154,7 +154,7 @@ class Faults:
     def __init__(self, history: History, watches: Watches, *, seed: int = 0,
                  clock: Clock = time.monotonic) -> None:
         self._history = history
-        self._hub = watches
+        self._watches = watches
         self.clock = clock
         self.rng = random.Random(seed)
         self.rules: list[Rule] = []
@@ -286,19 +286,21 @@ class Faults:
 
     def drop_watches(self, *, abrupt: bool = False) -> int:
         """End every open watch stream; returns how many."""
-        return self._hub.drop(abrupt=abrupt)
+        return self._watches.drop(abrupt=abrupt)
 
     def expire_watches(self) -> int:
         """Send ``ERROR 410 Expired`` on every open watch and end it; returns how many."""
-        return self._hub.expire()
+        return self._watches.expire()
 
     def compact(self) -> int:
         """Forget the change history (resumes from older versions get 410)."""
         return self._history.compact()
 
     def send_bookmarks(self) -> int:
-        """A ``BOOKMARK`` now on every watch that allows them (not a fault; a nudge)."""
-        return self._hub.send_bookmarks()
+        """A ``BOOKMARK`` now on every watch that allows them (not a fault; a nudge).
+        Returns how many: always 0 in front of a real server, which bookmarks when it
+        chooses."""
+        return self._watches.send_bookmarks()
 
     def _add(self, rule: Rule) -> Rule:
         self.rules.append(rule)
