@@ -10,8 +10,10 @@ How faults reach a real server: on "real" the harness starts a
 hands the driver a kubeconfig pointing at the proxy, so ``h.faults`` is the proxy's
 :class:`~drivers.sim.faults.Faults`: the simulator's rules, applied to the requests the
 driver sends, everything else answered by the real server (``compact()`` compacts the
-envtest etcd). The ``admin`` client talks to the real server directly and never meets a
-fault; a test that wants a request of its own to meet one uses :meth:`Harness.client`.
+envtest etcd, and the proxy answers older resumes with the 410 itself: the real server's
+watch cache would still replay them). The ``admin`` client talks to the real server
+directly and never meets a fault; a test that wants a request of its own to meet one
+uses :meth:`Harness.client`.
 What only the simulator can do (a bookmark on demand, reading its store) is asked for
 with :meth:`Harness.sim_only`, which skips on a real cluster with the reason given. On
 the simulator the driver and the admin client both talk to the simulated server, so
