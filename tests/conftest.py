@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -18,7 +19,7 @@ import pytest
 from controlplane.clock import FakeClock
 from controlplane.store import migrate
 from controlplane.store.database import Database, open_database
-from tests.support.envtest import RealCluster, open_real_cluster
+from tests.support.envtest import HOW_TO_ENABLE, RealCluster, open_real_cluster
 
 PG_ADMIN_URL = os.environ.get("CONTROLPLANE_TEST_PG_ADMIN_URL",
                               "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -91,3 +92,15 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealClust
     ``pods/binding`` and finishing deletions. Started once, stopped by PID at the end."""
     with open_real_cluster(tmp_path_factory.mktemp("envtest")) as cluster:
         yield cluster
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+    """Every skip for want of a real API server is reported at one place, so ``-ra``
+    prints ONE line (with the count) saying how to enable the real half, not one per test."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.skipped and isinstance(report.longrepr, tuple) and \
+            HOW_TO_ENABLE in str(report.longrepr[2]):
+        report.longrepr = (__file__, 0, f"Skipped: {HOW_TO_ENABLE}")

@@ -120,7 +120,7 @@ class Store:
     def changes_since(self, rv: int) -> list[Change]:
         """Every change after version ``rv``; ``410 Expired`` if the history lost some."""
         if rv < self._compacted:
-            raise ApiError(410, f"too old resource version: {rv} ({self._compacted + 1})",
+            raise ApiError(410, f"too old resource version: {rv} ({self._compacted})",
                            reason="Expired")
         return [c for c in self._history if c.rv > rv]
 
