@@ -36,6 +36,7 @@ class RoleOptions:
     ready_timeout: float = 60.0  # how long registration may take before giving up
     backoff_initial: float = 0.2  # retry backoff after a failed write or a broken watch
     backoff_max: float = 5.0
+    concurrent_writes: int = 16  # writes of one pass in flight at once (many nodes' kubelets)
 
     def check(self) -> RoleOptions:
         """``self`` when every value is usable, else a :class:`RoleInputError`."""
@@ -68,4 +69,7 @@ class RoleOptions:
             if not 0 <= seconds <= 3600:
                 raise RoleInputError(f"{flag}: {seconds} is not between 0 and 3600 seconds",
                                      hint=f"pass e.g. {flag} 0 (at once) or {flag} 2")
+        if self.concurrent_writes < 1:
+            raise RoleInputError(f"concurrent_writes: {self.concurrent_writes} is not a "
+                                 "positive number of writes", hint="use e.g. 16")
         return self

@@ -87,6 +87,7 @@ class KubeletRole:
         self._due: float | None = None  # the next timed step or retry
         self._backoff = options.backoff_initial
         self._tasks: list[asyncio.Task[None]] = []
+        self._writes = asyncio.Semaphore(options.concurrent_writes)
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -227,7 +228,7 @@ class KubeletRole:
         self._sent &= wanted
         self._first_seen = {k: t for k, t in self._first_seen.items() if k in wanted}
         self._due = None
-        failed = False
+        due: list[Action] = []
         for action in actions:
             k = key(action)
             if k in self._sent:
@@ -237,14 +238,20 @@ class KubeletRole:
                 if at > now:
                     self._due = at if self._due is None else min(self._due, at)
                     continue
-            if await self.carry_out(action):
-                self._sent.add(k)
-            else:
-                failed = True
-        if failed:
+            due.append(action)
+        # One pass's actions are for distinct pods (placement already counted every bind
+        # of the pass), so they go out together, as many nodes' kubelets would send them:
+        # one at a time, a pass of hundreds of writes left pods Pending for a minute.
+        done = await asyncio.gather(*(self._bounded(a) for a in due))
+        self._sent.update(key(a) for a, ok in zip(due, done, strict=True) if ok)
+        if not all(done):
             self._retry_later()
         else:
             self._backoff = self.options.backoff_initial
+
+    async def _bounded(self, action: Action) -> bool:
+        async with self._writes:
+            return await self.carry_out(action)
 
     def _retry_later(self) -> None:
         self.stats.retries += 1
