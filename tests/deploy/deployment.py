@@ -23,12 +23,11 @@ import signal
 import ssl
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import asyncpg
 import yaml
@@ -44,8 +43,8 @@ from tests.deploy.manifests import (
     pod_spec,
 )
 from tests.support.envtest import write_kubeconfig
+from tests.support.waiting import wait_for
 
-T = TypeVar("T")
 NAMESPACE = "checkpoint-system"
 REGISTRY_BIN = "/usr/bin/docker-registry"
 SUBSTITUTIONS = {
@@ -95,15 +94,6 @@ async def empty_schema(url: str) -> None:
         await conn.close()
 
 
-def wait_for(check: Callable[[], T | None], what: str, limit: float = 60) -> T:
-    """Poll a condition another process makes true (nothing to await across processes)."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Cluster(Protocol):

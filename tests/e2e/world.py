@@ -20,7 +20,6 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -28,14 +27,14 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
 from drivers.sim import MARKER, SimCluster
 from tests.support.envtest import RealCluster
+from tests.support.waiting import wait_for
 
-T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "localhost:5000/checkpoints"
 IMAGE = "registry.k8s.io/pause:3.9"
@@ -96,15 +95,6 @@ class KubeHttp:
             raise
 
 
-def wait_for(check: Callable[[], T | None], what: str, limit: float = 60) -> T:
-    """Poll a condition other processes make true, until a deadline."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {limit:.0f} s waiting for {what}")
 
 
 class SimInThread:
