@@ -18,36 +18,22 @@ from __future__ import annotations
 
 from drivers.kube.client import KubeObject
 from drivers.kubelet.options import RoleOptions
-from drivers.sim.objects import HOSTNAME_LABEL, condition, meta
+from drivers.sim import nodestatus
+from drivers.sim.objects import condition, meta
 
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
-KUBELET_VERSION = "v1.31.0-role"
-
-
-def _ready(now: str, since: str) -> KubeObject:
-    return {"type": "Ready", "status": "True", "reason": "KubeletReady",
-            "message": "kubelet is posting ready status", "lastHeartbeatTime": now,
-            "lastTransitionTime": since}
 
 
 def _status(name: str, index: int, options: RoleOptions) -> KubeObject:
-    capacity = {"cpu": options.cpu, "memory": options.memory, "pods": str(options.pods)}
-    return {"capacity": capacity, "allocatable": dict(capacity),
-            "addresses": [{"type": "InternalIP", "address": f"10.0.0.{index}"},
-                          {"type": "Hostname", "address": name}],
-            "nodeInfo": {"kubeletVersion": KUBELET_VERSION,
-                         "containerRuntimeVersion": "sim://1", "operatingSystem": "linux",
-                         "architecture": "amd64"}}
+    return nodestatus.node_status(name, index, cpu=options.cpu, memory=options.memory,
+                                  pods=options.pods)
 
 
 def node_body(name: str, index: int, options: RoleOptions, *, now: str) -> KubeObject:
-    """The Node the role creates for ``name`` (``index``: its 1-based place in --nodes)."""
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {HOSTNAME_LABEL: name,
-                                                  "kubernetes.io/os": "linux",
-                                                  "kubernetes.io/arch": "amd64"}},
-            "spec": {},
-            "status": {**_status(name, index, options), "conditions": [_ready(now, now)]}}
+    """The Node the role creates for ``name`` (``index``: its 1-based place in --nodes):
+    the simulator's own node (:func:`drivers.sim.nodestatus.node_object`)."""
+    return nodestatus.node_object(name, index, cpu=options.cpu, memory=options.memory,
+                                  pods=options.pods, now=now)
 
 
 def status_patch(node: KubeObject, index: int, options: RoleOptions, *, now: str,
@@ -61,7 +47,7 @@ def status_patch(node: KubeObject, index: int, options: RoleOptions, *, now: str
     others = [c for c in (node.get("status") or {}).get("conditions") or []
               if isinstance(c, dict) and c.get("type") != "Ready"]
     return {"status": {**_status(name, index, options),
-                       "conditions": [*others, _ready(now, since)]}}
+                       "conditions": [*others, nodestatus.ready_condition(now, since)]}}
 
 
 def has_not_ready_taint(node: KubeObject) -> bool:

@@ -34,9 +34,8 @@ import contextlib
 from collections.abc import Callable, Mapping
 
 from controlplane.logs import get_logger
-from drivers.sim import podstatus, scheduling
+from drivers.sim import nodestatus, podstatus, scheduling
 from drivers.sim.objects import (
-    HOSTNAME_LABEL,
     ApiError,
     Obj,
     is_true,
@@ -283,21 +282,8 @@ class Kubelets:
     def add_node(self, name: str, *, cpu: str = "4", memory: str = "8Gi", pods: int = 110,
                  labels: Mapping[str, str] | None = None) -> Obj:
         index = len(self.store.select("nodes")[0]) + 1
-        capacity = {"cpu": cpu, "memory": memory, "pods": str(pods)}
-        return self.store.create("nodes", "", {
-            "metadata": {"name": name, "labels": {
-                HOSTNAME_LABEL: name, "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64", **(labels or {})}},
-            "spec": {},
-            "status": {"capacity": capacity, "allocatable": dict(capacity),
-                       "addresses": [{"type": "InternalIP", "address": f"10.0.0.{index}"},
-                                     {"type": "Hostname", "address": name}],
-                       "conditions": [{"type": "Ready", "status": "True",
-                                       "reason": "KubeletReady",
-                                       "message": "kubelet is posting ready status",
-                                       "lastTransitionTime": timestamp()}],
-                       "nodeInfo": {"kubeletVersion": "v1.31.0-sim",
-                                    "containerRuntimeVersion": "sim://1"}}})
+        return self.store.create("nodes", "", nodestatus.node_object(
+            name, index, cpu=cpu, memory=memory, pods=pods, now=timestamp(), labels=labels))
 
     def _node(self, name: str, change: _Step) -> Obj:
         self.store.get("nodes", "", name)  # 404 for an unknown node
