@@ -11,8 +11,8 @@ import asyncio
 
 from controlplane.clock import SystemClock
 from controlplane.engine.decider import Action
-from controlplane.machines.registry import default_kinds
-from controlplane.machines.steps import WORK_ACTION
+from controlplane.machines.catalog import default_kinds
+from controlplane.machines.selftest.steps import WORK_ACTION
 from controlplane.store.database import open_database
 from controlplane.worker.actions import ActionRunner, RetryPolicy
 from controlplane.worker.ports import NullObserver

@@ -47,7 +47,7 @@ from bench.cluster import SimWorld
 from bench.common import CpuMeter, fresh_database, write_results
 from bench.scale import clock, per, phases, submit_all, until_done
 from controlplane.cli.assembly import product
-from controlplane.collector import tune_for_service
+from controlplane.gc_tuning import tune_for_service
 from controlplane.logs import configure as configure_logs
 from controlplane.machines.submission import Limits
 from controlplane.store import migrate

@@ -53,9 +53,9 @@ from bench.common import (
 from bench.reference_log import measure_reference
 from bench.scale import run_scale
 from controlplane.clock import SystemClock
-from controlplane.collector import collector_paused
+from controlplane.gc_tuning import collector_paused
 from controlplane.logs import configure as configure_logs
-from controlplane.machines.registry import default_kinds
+from controlplane.machines.catalog import default_kinds
 from controlplane.replay import auto_jobs, rebuild, verify
 from controlplane.store import replay_reads
 from controlplane.store.database import Database, open_database

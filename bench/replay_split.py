@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import PostgresCpuSampler, db_name, write_results
-from controlplane.collector import collector_paused
-from controlplane.machines.registry import default_kinds
+from controlplane.gc_tuning import collector_paused
+from controlplane.machines.catalog import default_kinds
 from controlplane.replay import _projection_differences, replay_machine
 from controlplane.store import replay_reads
 from controlplane.store.database import open_database

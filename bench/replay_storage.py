@@ -31,7 +31,7 @@ import asyncpg
 import orjson
 
 from bench.common import cpu_seconds, db_name, write_results
-from controlplane.collector import collector_paused
+from controlplane.gc_tuning import collector_paused
 
 BATCH = 2000
 TYPES = ("jsonb", "json")

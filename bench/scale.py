@@ -49,9 +49,9 @@ from bench.common import (
 )
 from controlplane.cli.assembly import product
 from controlplane.clock import SystemClock, new_id
-from controlplane.collector import tune_for_service
+from controlplane.gc_tuning import tune_for_service
 from controlplane.logs import configure as configure_logs
-from controlplane.machines.registry import default_kinds
+from controlplane.machines.catalog import default_kinds
 from controlplane.machines.submission import Limits
 from controlplane.operations import submit_operation
 from controlplane.store import leases, migrate, queries

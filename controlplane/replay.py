@@ -26,11 +26,11 @@ from multiprocessing.queues import Queue
 from queue import Empty
 from typing import Any, Protocol
 
-from controlplane.collector import collector_paused
 from controlplane.engine.decider import SUBMITTED, Command, CommandRejected, Event, fold
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
 from controlplane.engine.kinds import KindRegistry
 from controlplane.engine.observation import Observation
+from controlplane.gc_tuning import collector_paused
 from controlplane.store import queries, replay_reads, replay_writes
 from controlplane.store.database import Database, open_database
 from controlplane.store.records import DecisionRecord, MachineRecord, Projection, RecordedEvent

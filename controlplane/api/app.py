@@ -24,9 +24,9 @@ from controlplane.clock import Clock, SystemClock
 from controlplane.engine.decider import Command, Event
 from controlplane.engine.kinds import KindRegistry
 from controlplane.errors import ControlPlaneError, UsageError
-from controlplane.machines.drain_state import KIND as DRAIN
-from controlplane.machines.drain_state import ChildStatus, child_id
-from controlplane.machines.registry import default_kinds
+from controlplane.machines.catalog import default_kinds
+from controlplane.machines.drain.state import KIND as DRAIN
+from controlplane.machines.drain.state import ChildStatus, child_id
 from controlplane.operations import send_command
 from controlplane.store import queries, reports
 from controlplane.store.database import Database

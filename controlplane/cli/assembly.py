@@ -23,9 +23,9 @@ from typing import Any
 
 from controlplane.clock import Clock
 from controlplane.engine.observation import pod_key
-from controlplane.machines.drain import SUBMIT_OPERATION
-from controlplane.machines.registry import default_kinds
-from controlplane.machines.steps import WORK_ACTION
+from controlplane.machines.catalog import default_kinds
+from controlplane.machines.drain.machine import SUBMIT_OPERATION
+from controlplane.machines.selftest.steps import WORK_ACTION
 from controlplane.store import leases
 from controlplane.store.database import Database
 from controlplane.worker.actions import ActionRunner, RetryPolicy

@@ -2,7 +2,7 @@
 
 The file (``--classes-file``, else ``$CONTROLPLANE_CLASSES_FILE``; ``deploy/`` mounts its
 ConfigMap at ``/etc/controlplane/classes/classes.yaml``) holds ``classes: [...]``, each a
-definition :func:`~controlplane.machines.classes.parse_class` accepts. The verb embeds
+definition :func:`~controlplane.machines.config.classes.parse_class` accepts. The verb embeds
 the chosen class's normalised JSON in the operation's spec, so a later edit of the file
 never changes a running operation or its replay. ``--repository`` alone stays the short
 form (the default class with that repository); with ``--class`` it overrides the class's
@@ -20,7 +20,7 @@ import yaml
 from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
-from controlplane.machines.classes import CheckpointClass, class_to_json, parse_class
+from controlplane.machines.config.classes import CheckpointClass, class_to_json, parse_class
 
 ENV = "CONTROLPLANE_CLASSES_FILE"
 

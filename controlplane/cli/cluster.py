@@ -27,7 +27,7 @@ from controlplane.cli.progress import SUCCESS_PHASES, follow
 from controlplane.clock import new_id
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
-from controlplane.machines.registry import default_kinds
+from controlplane.machines.catalog import default_kinds
 from controlplane.operations import submit_operation
 from controlplane.store import migrate, queries
 from controlplane.store.database import Database

@@ -24,14 +24,14 @@ from controlplane.cli import render
 from controlplane.cli.meter import RebuildMeter
 from controlplane.cli.options import limits_from
 from controlplane.clock import SystemClock, new_id
-from controlplane.collector import tune_for_service
 from controlplane.engine.decider import Command
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
-from controlplane.machines.drain_state import KIND as DRAIN
-from controlplane.machines.drain_state import ChildStatus
-from controlplane.machines.registry import default_kinds
-from controlplane.machines.steps import WORK_ACTION
+from controlplane.gc_tuning import tune_for_service
+from controlplane.machines.catalog import default_kinds
+from controlplane.machines.drain.state import KIND as DRAIN
+from controlplane.machines.drain.state import ChildStatus
+from controlplane.machines.selftest.steps import WORK_ACTION
 from controlplane.operations import send_command, submit
 from controlplane.replay import ReplayReport, auto_jobs, phase_after_each, rebuild, verify
 from controlplane.store import leases, migrate, queries, replay_reads, reports

@@ -23,8 +23,8 @@ from controlplane.cli.progress import follow
 from controlplane.clock import new_id
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import ControlPlaneError
-from controlplane.machines import protocol
-from controlplane.machines.registry import default_kinds
+from controlplane.machines.catalog import default_kinds
+from controlplane.machines.contract import protocol
 from controlplane.operations import submit_operation
 from controlplane.replay import phase_after_each, rebuild, verify
 from controlplane.store import migrate, queries, reports

@@ -1,7 +1,7 @@
 """``cpctl drain NODE``: plan the moves off a node, then run them as one durable drain.
 
 Reads the cluster (GET/LIST only: nodes and pods), plans with the pure planner
-(:func:`controlplane.machines.planning.plan_drain`), and either prints the plan
+(:func:`controlplane.machines.drain.planning.plan_drain`), and either prints the plan
 (``--dry-run``: nothing is written — no event, no API write, no registry write) or
 submits a ``drain`` machine carrying that plan, prints its id and, with ``--wait``,
 follows it and prints each child and its outcome. Bad input (unknown node, the only
@@ -29,9 +29,15 @@ from controlplane.cli.progress import follow
 from controlplane.clock import new_id
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
 from controlplane.errors import UsageError
-from controlplane.machines.classes import artifact_for, parse_class
-from controlplane.machines.planning import DrainPlan, PlanRejected, node_info, plan_drain, pod_info
-from controlplane.machines.registry import default_kinds
+from controlplane.machines.catalog import default_kinds
+from controlplane.machines.config.classes import artifact_for, parse_class
+from controlplane.machines.drain.planning import (
+    DrainPlan,
+    PlanRejected,
+    node_info,
+    plan_drain,
+    pod_info,
+)
 from controlplane.operations import submit_operation
 from controlplane.store import migrate, queries
 from controlplane.store.database import Database

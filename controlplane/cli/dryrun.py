@@ -16,7 +16,7 @@ from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
 from controlplane.engine.observation import Interests, Observation, ProbeError, TagView
 from controlplane.errors import ControlPlaneError
-from controlplane.machines.classes import parse_class
+from controlplane.machines.config.classes import parse_class
 from controlplane.machines.submission import (
     ActiveOperation,
     Limits,

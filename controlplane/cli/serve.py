@@ -17,10 +17,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from controlplane.cli.commands import clock
-from controlplane.collector import tune_for_service
 from controlplane.errors import UsageError
 from controlplane.exposition import CONTENT_TYPE
-from controlplane.machines.registry import default_kinds
+from controlplane.gc_tuning import tune_for_service
+from controlplane.machines.catalog import default_kinds
 from controlplane.store import migrate
 from controlplane.store.database import open_database
 from controlplane.worker.runtime import Worker

@@ -1,8 +1,9 @@
-"""The product's machine kinds, for the engine to register.
+"""The machine kinds this build knows, for the engine to register.
 
-``product_kinds()`` returns one decider per kind: ``checkpoint``, ``restore``,
-``migration``, ``suspend``, ``resume`` and ``drain``. Called by the runtime/CLI when it builds its
-:class:`~controlplane.engine.kinds.KindRegistry`, and by submission validation.
+``product_kinds()`` returns one decider per product kind: ``checkpoint``, ``restore``,
+``migration``, ``suspend``, ``resume`` and ``drain``. ``default_kinds()`` adds the engine's
+own ``steps`` workload: it is what the CLI, the API and the workers use, so that history
+and replay work for any machine in the database.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.engine.decider import Decider
-from controlplane.machines.checkpoint import CheckpointDecider, CheckpointState
-from controlplane.machines.drain import DrainDecider, DrainState
-from controlplane.machines.migration import MigrationDecider, MigrationState
-from controlplane.machines.restore import RestoreDecider, RestoreState
-from controlplane.machines.resume import ResumeDecider, ResumeState
-from controlplane.machines.suspension import SuspendDecider, SuspendState
+from controlplane.engine.kinds import KindRegistry
+from controlplane.machines.checkpoint.machine import CheckpointDecider, CheckpointState
+from controlplane.machines.drain.machine import DrainDecider, DrainState
+from controlplane.machines.migration.machine import MigrationDecider, MigrationState
+from controlplane.machines.restore.machine import RestoreDecider, RestoreState
+from controlplane.machines.resume.machine import ResumeDecider, ResumeState
+from controlplane.machines.selftest.steps import StepsDecider
+from controlplane.machines.suspend.machine import SuspendDecider, SuspendState
 
 
 def product_kinds() -> list[Decider[Any]]:
@@ -28,3 +31,8 @@ def product_kinds() -> list[Decider[Any]]:
     resume: Decider[ResumeState] = ResumeDecider()
     drain: Decider[DrainState] = DrainDecider()
     return [checkpoint, restore, migration, suspend, resume, drain]
+
+
+def default_kinds() -> KindRegistry:
+    """Every kind, the engine's ``steps`` included."""
+    return KindRegistry([StepsDecider(), *product_kinds()])

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, NodeView, Observation, PodView, ProbeError
+from controlplane.machines.base.specs import PodRef, pod_ref
 from controlplane.machines.catalog import product_kinds
-from controlplane.machines.specs import PodRef, pod_ref
 
 # Kinds whose spec names a running source pod, and the spec key of their target node.
 _SOURCE_KINDS = {"checkpoint": None, "migration": "target_node", "suspend": None}

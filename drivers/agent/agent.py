@@ -43,8 +43,8 @@ from typing import Any
 from controlplane.clock import Clock, SystemClock, new_id
 from controlplane.engine.observation import PodView
 from controlplane.logs import get_logger
-from controlplane.machines import protocol
-from controlplane.machines.refs import ArtifactRef
+from controlplane.machines.base.refs import ArtifactRef
+from controlplane.machines.contract import protocol
 from drivers.agent.dumper import Container, Dumper, DumpRequest, RestoreRequest, Workload
 from drivers.agent.errors import AgentError, RequestRefused, RestoreFailed
 from drivers.agent.pods import PodPatcher

@@ -1,7 +1,7 @@
 """Reading the control plane's requests off a pod, and judging them. Pure.
 
 :func:`capture_request` reads the capture request (protocol v1, see
-:mod:`controlplane.machines.protocol`) and :func:`judge_capture` decides whether this
+:mod:`controlplane.machines.contract.protocol`) and :func:`judge_capture` decides whether this
 agent may act on it — the UID provenance check (gate 4): the request must name this
 pod's UID (a pod recreated under the same name, or one created from a template that
 copied the annotations, is not the source) and, when the request names a node
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.observation import PodView
-from controlplane.machines import protocol
-from controlplane.machines.refs import ArtifactRef, parse_digest_ref, parse_tag_ref
+from controlplane.machines.base.refs import ArtifactRef, parse_digest_ref, parse_tag_ref
+from controlplane.machines.contract import protocol
 from drivers.agent.errors import RequestRefused
 
 #: Optional (v1): the node the control plane saw the source on when it asked. An agent

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from controlplane.machines import protocol
+from controlplane.machines.contract import protocol
 from drivers.kube.client import KubeObject
 
 HOSTNAME = "kubernetes.io/hostname"

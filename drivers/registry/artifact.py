@@ -14,7 +14,7 @@ One manifest per checkpoint (``application/vnd.oci.image.manifest.v1+json``):
   checkpoint.name`` and ``org.criu.checkpoint.container.name`` (single container),
   ``org.criu.checkpoint.pod.name``/``pod.namespace``, ``org.criu.checkpoint.rootfsImageName``
   (the container image, when known), ``org.criu.checkpoint.engine.name`` (when the dumper
-  knows it) — plus the control plane's provenance (:mod:`controlplane.machines.protocol`):
+  knows it) — plus the control plane's provenance (:mod:`controlplane.machines.contract.protocol`):
   ``checkpoint-id``, ``source-pod-uid``, ``node``, ``format``, ``protocol-version``, and the
   agent's details: ``archive-bytes`` (sum of the layers), ``containers``, ``pod``,
   ``dumper``, ``org.opencontainers.image.created``.
@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from controlplane.machines import protocol
+from controlplane.machines.contract import protocol
 from drivers.registry.errors import RegistryBadResponse
 from drivers.registry.manifests import parse_manifest
 from drivers.registry.port import OCI_MANIFEST, Descriptor

@@ -1,6 +1,6 @@
 """The ``DeleteManifest`` action handler: garbage-collect an artifact by digest.
 
-Params (see :mod:`controlplane.machines.actions`): ``repository`` (``registry/repo``) and
+Params (see :mod:`controlplane.machines.contract.actions`): ``repository`` (``registry/repo``) and
 ``digest`` (``sha256:...``). Outcomes:
 
 - deleted, or ``404`` (already gone): done — deleting is idempotent;

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from controlplane.engine.decider import InvalidSpec
-from controlplane.machines.refs import is_valid_tag, parse_repository
+from controlplane.machines.base.refs import is_valid_tag, parse_repository
 from drivers.registry.client import is_digest
 from drivers.registry.errors import (
     RegistryBadRequest,

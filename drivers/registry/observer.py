@@ -19,7 +19,7 @@ import asyncio
 
 from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.observation import Interests, Observation, ProbeError, TagFact, TagView
-from controlplane.machines.refs import parse_artifact_ref
+from controlplane.machines.base.refs import parse_artifact_ref
 from drivers.registry.errors import RegistryError, probe_error
 from drivers.registry.port import Registry
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
-from controlplane.machines.planning import matches_expression, tolerates
+from controlplane.machines.drain.planning import matches_expression, tolerates
 from drivers.sim.objects import Obj, is_true, meta, quantity
 
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.engine.observation import Interests, TagView
-from controlplane.machines import protocol
+from controlplane.machines.contract import protocol
 from drivers.agent.dumper import DumpRequest
 from drivers.agent.errors import DumpFailed
 from drivers.agent.requests import CAPTURE_NODE

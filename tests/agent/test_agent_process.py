@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
-from controlplane.machines import protocol
+from controlplane.machines.contract import protocol
 from drivers.registry import OciLayout
 from drivers.sim import SimCluster
 

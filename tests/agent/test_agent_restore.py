@@ -9,7 +9,7 @@ restore that cannot be done is reported in ``restore-failure``, not left silent.
 
 from __future__ import annotations
 
-from controlplane.machines import protocol
+from controlplane.machines.contract import protocol
 from drivers.sim import MARKER
 from tests.agent.world import World
 

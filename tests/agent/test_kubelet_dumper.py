@@ -33,7 +33,7 @@ import pytest
 from aiohttp import web
 
 from controlplane.engine.observation import TagView
-from controlplane.machines import protocol
+from controlplane.machines.contract import protocol
 from drivers.agent.dumper import Container, DumpRequest, Workload
 from drivers.agent.errors import DumpFailed
 from drivers.agent.kubelet import FORMAT, KubeletDumper, KubeletSettings

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from controlplane.clock import SystemClock
-from controlplane.machines import protocol
-from controlplane.machines.registry import default_kinds
+from controlplane.machines.catalog import default_kinds
+from controlplane.machines.contract import protocol
 from controlplane.operations import submit
 from controlplane.store import leases, migrate, queries
 from controlplane.store.database import Database, open_database

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane.machines import protocol
+from controlplane.machines.contract import protocol
 from drivers.agent import AgentSettings, NodeAgent, node_agent
 from drivers.agent.pods import PodPatcher
 from drivers.agent.runner import DumperFactory

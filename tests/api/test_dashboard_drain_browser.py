@@ -34,8 +34,8 @@ from controlplane.api.serving import make_runner
 from controlplane.cli.drain import drain_spec
 from controlplane.cli.embedded import embedded
 from controlplane.clock import SystemClock, new_id
-from controlplane.machines.planning import node_info, plan_drain, pod_info
-from controlplane.machines.registry import default_kinds
+from controlplane.machines.catalog import default_kinds
+from controlplane.machines.drain.planning import node_info, plan_drain, pod_info
 from controlplane.machines.submission import Limits
 from controlplane.operations import submit_operation
 from controlplane.store import queries

@@ -12,7 +12,7 @@ from controlplane.api import metrics
 from controlplane.api.app import make_app
 from controlplane.clock import FakeClock
 from controlplane.engine.decider import Action
-from controlplane.machines.steps import WORK_ACTION
+from controlplane.machines.selftest.steps import WORK_ACTION
 from controlplane.store import reports
 from controlplane.store.database import Database
 from controlplane.worker.errors import TerminalActionError

@@ -17,8 +17,8 @@ from controlplane.cli.drain import drain_spec
 from controlplane.cli.embedded import Embedded, embedded
 from controlplane.clock import SystemClock, new_id
 from controlplane.engine.jsonvalue import JsonObject
-from controlplane.machines.planning import DrainPlan, node_info, plan_drain, pod_info, usage
-from controlplane.machines.registry import default_kinds
+from controlplane.machines.catalog import default_kinds
+from controlplane.machines.drain.planning import DrainPlan, node_info, plan_drain, pod_info, usage
 from controlplane.machines.submission import Limits
 from controlplane.operations import submit_operation
 from controlplane.store import migrate, queries

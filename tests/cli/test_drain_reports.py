@@ -13,9 +13,9 @@ from typing import Any
 from controlplane.clock import FakeClock
 from controlplane.engine.decider import Event, fold
 from controlplane.engine.observation import MachineView, NodeView, Observation
-from controlplane.machines.drain import SUBMIT_OPERATION, DrainDecider, child_id
-from controlplane.machines.drain_state import submit_key
-from controlplane.machines.registry import default_kinds
+from controlplane.machines.catalog import default_kinds
+from controlplane.machines.drain.machine import SUBMIT_OPERATION, DrainDecider, child_id
+from controlplane.machines.drain.state import submit_key
 from controlplane.operations import submit
 from controlplane.store import event_store, reports
 from controlplane.store.database import Database

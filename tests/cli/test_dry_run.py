@@ -20,7 +20,7 @@ import pytest
 
 from controlplane.cli.main import main
 from controlplane.clock import new_id
-from controlplane.machines.registry import default_kinds
+from controlplane.machines.catalog import default_kinds
 from controlplane.operations import submit_operation
 from controlplane.store import migrate
 from controlplane.store.database import open_database

@@ -18,7 +18,7 @@ import pytest
 
 from controlplane.cli.drain import drain_spec
 from controlplane.clock import new_id
-from controlplane.machines.registry import default_kinds
+from controlplane.machines.catalog import default_kinds
 from controlplane.operations import submit_operation
 from controlplane.store import queries
 from tests.cli.drain_world import NS, clock, drain_world

@@ -11,7 +11,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from controlplane.machines.classes import parse_class
+from controlplane.machines.config.classes import parse_class
 from tests.deploy.manifests import (
     DEPLOY,
     OVERLAYS,

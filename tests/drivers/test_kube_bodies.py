@@ -130,7 +130,7 @@ def test_request_counts_by_verb_and_since_a_snapshot() -> None:
 
 def test_a_restored_pod_does_not_inherit_the_sources_protocol_annotations() -> None:
     """An inherited restore-failure or capture request would describe the old pod."""
-    from controlplane.machines import protocol
+    from controlplane.machines.contract import protocol
     from drivers.kube.bodies import restore_pod
 
     template = {"metadata": {"annotations": {"team": "a", protocol.PREFIX + "restore-failure":

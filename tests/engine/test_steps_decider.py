@@ -8,7 +8,7 @@ import pytest
 
 from controlplane.engine.decider import ACTION_FAILED, Command, CommandRejected, Event, InvalidSpec
 from controlplane.engine.observation import Observation, PodView, ProbeError
-from controlplane.machines.steps import StepsDecider, StepsPhase, StepsState
+from controlplane.machines.selftest.steps import StepsDecider, StepsPhase, StepsState
 
 D = StepsDecider()
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -39,7 +39,7 @@ from controlplane.engine.observation import (
     TagFact,
     TagView,
 )
-from controlplane.machines import protocol
+from controlplane.machines.contract import protocol
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 NS = "apps"

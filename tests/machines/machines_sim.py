@@ -39,7 +39,7 @@ from controlplane.engine.observation import (
     ProbeError,
     TagView,
 )
-from controlplane.machines import protocol
+from controlplane.machines.contract import protocol
 from tests.machines.machines_gwt import T0, check_contract, digest_of, manifest
 
 DESTRUCTIVE = ("/source/delete/", "/source/kill/")

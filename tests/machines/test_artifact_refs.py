@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.engine.decider import InvalidSpec
-from controlplane.machines.refs import (
+from controlplane.machines.base.refs import (
     ArtifactRef,
     parse_artifact_ref,
     parse_digest_ref,

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.engine.decider import InvalidSpec
-from controlplane.machines.classes import (
+from controlplane.machines.config.classes import (
     DEFAULT_CLASS,
     OnFailure,
     Retention,
@@ -21,7 +21,7 @@ from controlplane.machines.classes import (
     retention_victims,
     tag_for,
 )
-from controlplane.machines.containers import (
+from controlplane.machines.config.containers import (
     DEFAULT_LOADER,
     DEFAULT_SAVER,
     SOCKET_DIR,

@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 
 from controlplane.engine.decider import CommandRejected, Event, InvalidSpec
-from controlplane.machines import protocol
-from controlplane.machines.checkpoint import CheckpointDecider
+from controlplane.machines.checkpoint.machine import CheckpointDecider
+from controlplane.machines.contract import protocol
 from tests.machines.machines_gwt import (
     NS,
     POD,

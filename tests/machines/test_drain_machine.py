@@ -13,13 +13,13 @@ import pytest
 from controlplane.engine.decider import Event, InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import MachineView, NodeView, Observation
-from controlplane.machines.drain import (
+from controlplane.machines.drain.machine import (
     SET_NODE_UNSCHEDULABLE,
     SUBMIT_OPERATION,
     DrainDecider,
     child_id,
 )
-from controlplane.machines.drain_state import submit_key
+from controlplane.machines.drain.state import submit_key
 from tests.machines.machines_gwt import REPO, TEMPLATE, Given, at, error
 
 DRAIN = "drain-1"

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.machines.planning import (
+from controlplane.machines.drain.planning import (
     CHECKPOINT_POLICY,
     NodeInfo,
     PlanRejected,

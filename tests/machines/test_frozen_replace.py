@@ -12,31 +12,36 @@ from datetime import UTC, datetime
 import pytest
 
 import controlplane.machines as machines_package
-from controlplane.machines.capturing import Capture
-from controlplane.machines.common import Condition
-from controlplane.machines.frozen import check_copyable, replace
+from controlplane.machines.base.common import Condition
+from controlplane.machines.base.frozen import check_copyable, replace
+from controlplane.machines.steps.capture import Capture
+
+
+def _machine_modules() -> dict[str, object]:
+    """Every module under ``controlplane.machines``, folders included, by dotted name."""
+    return {info.name: importlib.import_module(info.name)
+            for info in pkgutil.walk_packages(machines_package.__path__,
+                                              prefix=f"{machines_package.__name__}.")}
 
 
 def _machine_dataclasses() -> list[type]:
     found: dict[str, type] = {}
-    for info in pkgutil.iter_modules(machines_package.__path__):
-        module = importlib.import_module(f"{machines_package.__name__}.{info.name}")
+    for module in _machine_modules().values():
         for _name, cls in inspect.getmembers(module, inspect.isclass):
-            if dataclasses.is_dataclass(cls) and cls.__module__ == module.__name__:
+            if dataclasses.is_dataclass(cls) and cls.__module__ == getattr(module, "__name__"):
                 found[f"{cls.__module__}.{cls.__qualname__}"] = cls
     return [found[k] for k in sorted(found)]
 
 
 MODULES_USING_REPLACE = [
-    name for name in (i.name for i in pkgutil.iter_modules(machines_package.__path__))
-    if "replace" in vars(importlib.import_module(f"controlplane.machines.{name}"))
-    and name != "frozen"
+    name for name, module in _machine_modules().items()
+    if "replace" in vars(module) and not name.endswith(".frozen")
 ]
 
 
 def test_every_dataclass_of_a_module_that_copies_states_is_copyable() -> None:
     checked = [cls for cls in _machine_dataclasses()
-               if cls.__module__.rsplit(".", 1)[1] in MODULES_USING_REPLACE]
+               if cls.__module__ in MODULES_USING_REPLACE]
     assert len(checked) > 20  # the states, steps and their parts, not an empty sweep
     for cls in checked:
         check_copyable(cls)

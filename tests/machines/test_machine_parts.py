@@ -13,8 +13,11 @@ from hypothesis import strategies as st
 from controlplane.engine.decider import Event
 from controlplane.engine.kinds import KindRegistry
 from controlplane.engine.observation import Interests
-from controlplane.machines import protocol
-from controlplane.machines.actions import (
+from controlplane.machines.base.codec import RawJson, decode, encode
+from controlplane.machines.base.common import backoff, event_time, next_poll, stamped
+from controlplane.machines.catalog import product_kinds
+from controlplane.machines.contract import protocol
+from controlplane.machines.contract.actions import (
     ACTION_TYPES,
     EventType,
     annotate_pod,
@@ -24,10 +27,7 @@ from controlplane.machines.actions import (
     emit_event,
     remove_pod_annotations,
 )
-from controlplane.machines.catalog import product_kinds
-from controlplane.machines.codec import RawJson, decode, encode
-from controlplane.machines.common import backoff, event_time, next_poll, stamped
-from controlplane.machines.restoring import restore_pod_name
+from controlplane.machines.steps.restore import restore_pod_name
 from tests.machines.machines_gwt import T0, at, digest_of, manifest, pod
 
 

@@ -18,12 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.engine.observation import NodeView, PodView
-from controlplane.machines import protocol
-from controlplane.machines.checkpoint import CheckpointDecider
-from controlplane.machines.migration import MigrationDecider
-from controlplane.machines.restore import RestoreDecider
-from controlplane.machines.resume import ResumeDecider
-from controlplane.machines.suspension import SuspendDecider
+from controlplane.machines.checkpoint.machine import CheckpointDecider
+from controlplane.machines.contract import protocol
+from controlplane.machines.migration.machine import MigrationDecider
+from controlplane.machines.restore.machine import RestoreDecider
+from controlplane.machines.resume.machine import ResumeDecider
+from controlplane.machines.suspend.machine import SuspendDecider
 from tests.machines.machines_gwt import T0, TEMPLATE, digest_of, manifest
 from tests.machines.machines_sim import Run, World, play
 

@@ -6,8 +6,8 @@ import pytest
 
 from controlplane.engine.decider import CommandRejected, InvalidSpec
 from controlplane.engine.observation import Observation, PodView
-from controlplane.machines import protocol
-from controlplane.machines.restore import RestoreDecider
+from controlplane.machines.contract import protocol
+from controlplane.machines.restore.machine import RestoreDecider
 from tests.machines.machines_gwt import (
     NS,
     REPO,

@@ -6,10 +6,10 @@ import pytest
 
 from controlplane.engine.decider import CommandRejected, InvalidSpec
 from controlplane.engine.observation import PodView
-from controlplane.machines import protocol
-from controlplane.machines.restoring import restore_pod_name
-from controlplane.machines.resume import ResumeDecider
-from controlplane.machines.suspension import SuspendDecider
+from controlplane.machines.contract import protocol
+from controlplane.machines.resume.machine import ResumeDecider
+from controlplane.machines.steps.restore import restore_pod_name
+from controlplane.machines.suspend.machine import SuspendDecider
 from tests.machines.machines_gwt import (
     NS,
     POD,

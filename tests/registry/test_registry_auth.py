@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.engine.observation import Interests, ProbeError, TagView
-from controlplane.machines.actions import delete_manifest
+from controlplane.machines.contract.actions import delete_manifest
 from controlplane.worker.errors import TerminalActionError
 from drivers.registry import (
     Credentials,

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from controlplane.engine.observation import Interests, ProbeError
-from controlplane.machines.actions import delete_manifest
+from controlplane.machines.contract.actions import delete_manifest
 from controlplane.worker.errors import RetryableActionError, TerminalActionError
 from drivers.registry import ManifestActions, RegistryClient, RegistryObserver
 from drivers.registry.errors import (

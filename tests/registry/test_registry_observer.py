@@ -16,8 +16,8 @@ import pytest
 
 from controlplane.engine.decider import Action
 from controlplane.engine.observation import Interests, ProbeError, TagView
-from controlplane.machines import protocol
-from controlplane.machines.actions import delete_manifest
+from controlplane.machines.contract import protocol
+from controlplane.machines.contract.actions import delete_manifest
 from controlplane.worker.errors import RetryableActionError, TerminalActionError
 from drivers.registry import ManifestActions, RegistryClient, RegistryObserver
 from drivers.registry.artifact import CRIO_CHECKPOINT_NAME, CRIU_CONTAINER_NAME, Provenance

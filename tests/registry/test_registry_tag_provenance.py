@@ -3,7 +3,7 @@
 Gate 1 says a tag resolving is not enough: the manifest behind it must name this
 checkpoint and this source pod. Pins, against the OCI layout and a real registry: a tag
 still holding an earlier checkpoint is observed as that checkpoint (its digest, its
-annotations) and :func:`~controlplane.machines.protocol.provenance_problem` rejects it
+annotations) and :func:`~controlplane.machines.contract.protocol.provenance_problem` rejects it
 for a later one; an image that is not a checkpoint at all (a plain OCI image, a Docker
 image, an image index) is observed as a ``TagView`` that no checkpoint accepts, and the
 agent's pull refuses it; a checkpoint comes back byte for byte (manifest and layer) and
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.engine.observation import Interests, TagView
-from controlplane.machines import protocol
+from controlplane.machines.contract import protocol
 from drivers.registry import RegistryObserver
 from drivers.registry.artifact import LAYER_TYPE, Provenance, read_checkpoint_manifest
 from drivers.registry.checkpoints import Archive, pull_checkpoint, push_checkpoint

@@ -43,8 +43,8 @@ import asyncpg
 from controlplane.clock import SystemClock, new_id
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import ControlPlaneError
-from controlplane.machines.refs import parse_artifact_ref
-from controlplane.machines.registry import default_kinds
+from controlplane.machines.base.refs import parse_artifact_ref
+from controlplane.machines.catalog import default_kinds
 from controlplane.machines.submission import Limits
 from controlplane.operations import submit_operation
 from controlplane.store import migrate

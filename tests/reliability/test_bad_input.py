@@ -26,7 +26,7 @@ from controlplane.cli.main import main
 from controlplane.clock import FakeClock
 from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.observation import Observation
-from controlplane.machines.steps import StepsDecider
+from controlplane.machines.selftest.steps import StepsDecider
 from controlplane.machines.submission import submission_interests, validate_submission
 from controlplane.store import migrate, reports
 from controlplane.store.database import Database, open_database

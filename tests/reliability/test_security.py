@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from controlplane.engine.observation import PodView
-from controlplane.machines import protocol
+from controlplane.machines.contract import protocol
 from drivers.agent.errors import RequestRefused
 from drivers.agent.requests import CAPTURE_NODE, capture_request, judge_capture
 from tests.reliability.sqlscan import built_sql_calls, sql_fstrings

@@ -16,7 +16,7 @@ from controlplane.engine.decider import Command, Event
 from controlplane.engine.kinds import KindRegistry
 from controlplane.engine.observation import PodView
 from controlplane.errors import UsageError
-from controlplane.machines.steps import StepsDecider, StepsState
+from controlplane.machines.selftest.steps import StepsDecider, StepsState
 from controlplane.operations import send_command
 from controlplane.replay import rebuild, verify
 from controlplane.store import leases, migrate, queries

@@ -12,7 +12,7 @@ import pytest
 from controlplane.clock import FakeClock
 from controlplane.engine.observation import Interests, Observation
 from controlplane.errors import ControlPlaneError, UsageError
-from controlplane.machines.registry import default_kinds
+from controlplane.machines.catalog import default_kinds
 from controlplane.machines.submission import Limits
 from controlplane.operations import submit_operation
 from controlplane.store import event_store, queries

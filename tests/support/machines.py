@@ -9,7 +9,7 @@ from controlplane.clock import FakeClock
 from controlplane.engine.decider import Decision
 from controlplane.engine.kinds import KindRegistry
 from controlplane.engine.observation import Observation
-from controlplane.machines.steps import StepsDecider, StepsState
+from controlplane.machines.selftest.steps import StepsDecider, StepsState
 from controlplane.operations import submit
 from controlplane.store.database import Database
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from controlplane.clock import SystemClock
 from controlplane.engine.decider import Action
 from controlplane.engine.observation import Interests, Observation, PodView
-from controlplane.machines.steps import WORK_ACTION
+from controlplane.machines.selftest.steps import WORK_ACTION
 from controlplane.store.database import open_database
 from controlplane.worker.actions import ActionRunner, RetryPolicy
 from controlplane.worker.runtime import Worker, WorkerConfig

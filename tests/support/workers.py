@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from controlplane.clock import Clock
 from controlplane.engine.decider import Action
 from controlplane.engine.observation import Interests, Observation, PodView, ProbeError
-from controlplane.machines.steps import WORK_ACTION
+from controlplane.machines.selftest.steps import WORK_ACTION
 from controlplane.store import leases, queries
 from controlplane.store.database import Database
 from controlplane.worker.actions import ActionRunner, RetryPolicy

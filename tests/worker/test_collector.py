@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from controlplane.collector import SERVICE_THRESHOLDS, collector_paused, tune_for_service
+from controlplane.gc_tuning import SERVICE_THRESHOLDS, collector_paused, tune_for_service
 
 
 @pytest.fixture(autouse=True)

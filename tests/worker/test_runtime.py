@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from controlplane.clock import FakeClock
 from controlplane.engine.decider import Action
 from controlplane.engine.observation import PodView, ProbeError
-from controlplane.machines.steps import WORK_ACTION
+from controlplane.machines.selftest.steps import WORK_ACTION
 from controlplane.store import leases, queries
 from controlplane.store.database import Database
 from controlplane.worker.errors import RetryableActionError, TerminalActionError

@@ -12,7 +12,7 @@ Phases::
 The machine id is the checkpoint id. Spec: ``pod`` ``{namespace, name, uid}`` (uid as
 observed at submission), ``artifact`` (tag reference; default from the class tag scheme),
 ``containers`` (default: all), ``quiesce`` (default false), ``class`` (the resolved
-checkpoint class, see :mod:`controlplane.machines.classes`). Commands: ``Cancel``.
+checkpoint class, see :mod:`controlplane.machines.config.classes`). Commands: ``Cancel``.
 
 Registered by :func:`controlplane.machines.catalog.product_kinds`. Pure.
 """
@@ -28,13 +28,8 @@ from typing import Any, ClassVar
 from controlplane.engine.decider import Command, CommandRejected, Decision, Event, EventLike
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
-from controlplane.machines import capturing as cap_
-from controlplane.machines import sourceops as src_
-from controlplane.machines.actions import EventType, emit_event
-from controlplane.machines.capturing import Capture, CaptureSpec, CaptureStatus
-from controlplane.machines.classes import CheckpointClass, OnFailure, artifact_for
-from controlplane.machines.codec import decode
-from controlplane.machines.common import (
+from controlplane.machines.base.codec import decode
+from controlplane.machines.base.common import (
     STARTED,
     Condition,
     Failure,
@@ -47,10 +42,9 @@ from controlplane.machines.common import (
     stamped,
     with_facts,
 )
-from controlplane.machines.frozen import replace
-from controlplane.machines.refs import parse_tag_ref
-from controlplane.machines.sourceops import SourceOp, SourceOpKind, SourceOpStatus
-from controlplane.machines.specs import (
+from controlplane.machines.base.frozen import replace
+from controlplane.machines.base.refs import parse_tag_ref
+from controlplane.machines.base.specs import (
     checkpoint_class,
     class_json,
     containers,
@@ -59,7 +53,13 @@ from controlplane.machines.specs import (
     pod_ref,
     require,
 )
-from controlplane.machines.states import CapturingState
+from controlplane.machines.base.states import CapturingState
+from controlplane.machines.config.classes import CheckpointClass, OnFailure, artifact_for
+from controlplane.machines.contract.actions import EventType, emit_event
+from controlplane.machines.steps import capture as cap_
+from controlplane.machines.steps import source as src_
+from controlplane.machines.steps.capture import Capture, CaptureSpec, CaptureStatus
+from controlplane.machines.steps.source import SourceOp, SourceOpKind, SourceOpStatus
 
 KIND = "checkpoint"
 FINISHED = "CheckpointFinished"

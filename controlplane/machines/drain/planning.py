@@ -33,7 +33,7 @@ from typing import Any
 
 from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject
-from controlplane.machines.protocol import PREFIX
+from controlplane.machines.contract.protocol import PREFIX
 
 HOSTNAME = "kubernetes.io/hostname"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"

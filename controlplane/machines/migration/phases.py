@@ -1,13 +1,13 @@
 """The ``migration`` machine's ``decide``: one function per phase (see ``migration``).
 
-Each function returns a :class:`~controlplane.machines.common.Step`; the decider turns it
+Each function returns a :class:`~controlplane.machines.base.common.Step`; the decider turns it
 into the engine's ``Decision``. The source deletion guard is
-:func:`controlplane.machines.sourceops.decide_deletion`; the restore rule is here:
+:func:`controlplane.machines.steps.source.decide_deletion`; the restore rule is here:
 
 - ``_restore``: once the source is gone the restore finishes somewhere: a failed target
   attempt rolls back to the source node; the artifact is kept until a restore is verified.
 
-Called by :class:`controlplane.machines.migration.MigrationDecider`. Pure.
+Called by :class:`controlplane.machines.migration.machine.MigrationDecider`. Pure.
 """
 
 from __future__ import annotations
@@ -15,28 +15,28 @@ from __future__ import annotations
 from datetime import datetime
 
 from controlplane.engine.observation import Observation, ProbeError
-from controlplane.machines import capturing as cap_
-from controlplane.machines import collecting as gc_
-from controlplane.machines import restoring as rs_
-from controlplane.machines import sourceops as src_
-from controlplane.machines.actions import EventType, emit_event
-from controlplane.machines.capturing import CaptureStatus
-from controlplane.machines.classes import OnFailure
-from controlplane.machines.common import (
+from controlplane.machines.base.common import (
     Step,
     action_key,
     emit,
     pod_facts,
     stamped,
 )
-from controlplane.machines.migration_state import (
+from controlplane.machines.config.classes import OnFailure
+from controlplane.machines.contract.actions import EventType, emit_event
+from controlplane.machines.migration.state import (
     FINISHED,
     ROLLBACK_STARTED,
     MigrationPhase,
     MigrationState,
 )
-from controlplane.machines.restoring import RestorePlan, RestoreStatus
-from controlplane.machines.sourceops import SOURCE_VANISHED
+from controlplane.machines.steps import capture as cap_
+from controlplane.machines.steps import collect as gc_
+from controlplane.machines.steps import restore as rs_
+from controlplane.machines.steps import source as src_
+from controlplane.machines.steps.capture import CaptureStatus
+from controlplane.machines.steps.restore import RestorePlan, RestoreStatus
+from controlplane.machines.steps.source import SOURCE_VANISHED
 
 _NOT_OBSERVED = ProbeError("NotObserved", "not observed")
 

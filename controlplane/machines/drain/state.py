@@ -1,4 +1,4 @@
-"""The ``drain`` machine's spec, state and ``evolve`` (see :mod:`controlplane.machines.drain`).
+"""The ``drain`` machine's spec, state and ``evolve``.
 
 The state is the plan (one :class:`Child` per pod to move, in plan order) plus what has
 happened to it: the cordon (requested by us, or found already in place), each child's
@@ -17,10 +17,10 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from controlplane.engine.decider import ACTION_FAILED, EventLike
-from controlplane.machines.codec import RawJson
-from controlplane.machines.common import STARTED, event_time
-from controlplane.machines.frozen import replace
-from controlplane.machines.states import PhasedState
+from controlplane.machines.base.codec import RawJson
+from controlplane.machines.base.common import STARTED, event_time
+from controlplane.machines.base.frozen import replace
+from controlplane.machines.base.states import PhasedState
 
 KIND = "drain"
 CORDON_REQUESTED = "CordonRequested"

@@ -21,8 +21,7 @@ from datetime import datetime, timedelta
 
 from controlplane.engine.decider import ACTION_FAILED, Action, EventLike
 from controlplane.engine.observation import Observation, ProbeError
-from controlplane.machines.actions import EventType, delete_manifest, emit_event
-from controlplane.machines.common import (
+from controlplane.machines.base.common import (
     REISSUE_AFTER,
     ActionError,
     Step,
@@ -36,7 +35,8 @@ from controlplane.machines.common import (
     tag_facts,
     wait,
 )
-from controlplane.machines.frozen import replace
+from controlplane.machines.base.frozen import replace
+from controlplane.machines.contract.actions import EventType, delete_manifest, emit_event
 
 ARTIFACT_KEPT = "ArtifactKept"
 ARTIFACT_DELETION_REQUESTED = "ArtifactDeletionRequested"

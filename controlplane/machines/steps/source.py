@@ -27,9 +27,7 @@ from enum import StrEnum
 from controlplane.engine.decider import ACTION_FAILED, Action, EventLike
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Observation, PodFact, PodView, ProbeError, TagView
-from controlplane.machines import protocol
-from controlplane.machines.actions import delete_pod, remove_pod_annotations
-from controlplane.machines.common import (
+from controlplane.machines.base.common import (
     REISSUE_AFTER,
     ActionError,
     Failure,
@@ -47,7 +45,9 @@ from controlplane.machines.common import (
     tag_facts,
     wait,
 )
-from controlplane.machines.frozen import replace
+from controlplane.machines.base.frozen import replace
+from controlplane.machines.contract import protocol
+from controlplane.machines.contract.actions import delete_pod, remove_pod_annotations
 
 _NOT_OBSERVED = ProbeError("NotObserved", "the pod was not observed")
 

@@ -8,7 +8,7 @@ the secret is appended as an ``envFrom`` source, mounts are appended. The contai
 names, the ``CHECKPOINT_*`` variables the operator sets and the operator's socket mount
 are operator-owned: an override that touches them is rejected, naming the field.
 
-Used by :mod:`controlplane.machines.classes` (parse, validate) and by the machines, which
+Used by :mod:`controlplane.machines.config.classes` (parse, validate) and by the machines, which
 send the merged container to the agent as JSON. Pure.
 """
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
-from controlplane.machines.codec import encode_object
-from controlplane.machines.frozen import replace
+from controlplane.machines.base.codec import encode_object
+from controlplane.machines.base.frozen import replace
 
 SAVER_NAME = "checkpoint-saver"
 LOADER_NAME = "checkpoint-loader"

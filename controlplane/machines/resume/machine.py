@@ -41,12 +41,8 @@ from controlplane.engine.decider import (
 )
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
 from controlplane.engine.observation import Interests, Observation, ProbeError, TagView
-from controlplane.machines import protocol
-from controlplane.machines import restoring as rs_
-from controlplane.machines.actions import EventType, emit_event
-from controlplane.machines.classes import CheckpointClass
-from controlplane.machines.codec import RawJson, decode
-from controlplane.machines.common import (
+from controlplane.machines.base.codec import RawJson, decode
+from controlplane.machines.base.common import (
     STARTED,
     Failure,
     Step,
@@ -60,10 +56,9 @@ from controlplane.machines.common import (
     wait,
     with_facts,
 )
-from controlplane.machines.frozen import replace
-from controlplane.machines.refs import parse_digest_ref
-from controlplane.machines.restoring import Restore, RestoreContext, RestorePlan, RestoreStatus
-from controlplane.machines.specs import (
+from controlplane.machines.base.frozen import replace
+from controlplane.machines.base.refs import parse_digest_ref
+from controlplane.machines.base.specs import (
     checkpoint_class,
     class_json,
     namespace_name,
@@ -73,7 +68,12 @@ from controlplane.machines.specs import (
     pod_template,
     require,
 )
-from controlplane.machines.states import PhasedState
+from controlplane.machines.base.states import PhasedState
+from controlplane.machines.config.classes import CheckpointClass
+from controlplane.machines.contract import protocol
+from controlplane.machines.contract.actions import EventType, emit_event
+from controlplane.machines.steps import restore as rs_
+from controlplane.machines.steps.restore import Restore, RestoreContext, RestorePlan, RestoreStatus
 
 KIND = "resume"
 CHECKPOINT_SELECTED = "CheckpointSelected"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
-from controlplane.machines.classes import CheckpointClass, class_to_json, parse_class
+from controlplane.machines.config.classes import CheckpointClass, class_to_json, parse_class
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from controlplane.engine.observation import PodView, TagView
-from controlplane.machines.refs import is_digest
+from controlplane.machines.base.refs import is_digest
 
 PROTOCOL_VERSION = "v1"
 PREFIX = "checkpoint.controlplane.dev/"

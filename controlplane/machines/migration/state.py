@@ -1,4 +1,4 @@
-"""The ``migration`` machine's state and ``evolve`` (see :mod:`controlplane.machines.migration`).
+"""The ``migration`` machine's state and ``evolve``.
 
 The state folds the capture, source, restore and collection steps' events plus the
 migration's own (``Retargeted``, ``CancelRequested``, ``SourceDeletionAborted``,
@@ -13,15 +13,8 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from controlplane.engine.decider import EventLike
-from controlplane.machines import capturing as cap_
-from controlplane.machines import collecting as gc_
-from controlplane.machines import restoring as rs_
-from controlplane.machines import sourceops as src_
-from controlplane.machines.capturing import Capture, CaptureSpec
-from controlplane.machines.classes import CheckpointClass
-from controlplane.machines.codec import RawJson
-from controlplane.machines.collecting import Collection
-from controlplane.machines.common import (
+from controlplane.machines.base.codec import RawJson
+from controlplane.machines.base.common import (
     STARTED,
     Condition,
     Failure,
@@ -30,10 +23,17 @@ from controlplane.machines.common import (
     seconds,
     set_condition,
 )
-from controlplane.machines.frozen import replace
-from controlplane.machines.restoring import Restore, RestoreContext
-from controlplane.machines.sourceops import SourceOp, SourcePod
-from controlplane.machines.states import PhasedState
+from controlplane.machines.base.frozen import replace
+from controlplane.machines.base.states import PhasedState
+from controlplane.machines.config.classes import CheckpointClass
+from controlplane.machines.steps import capture as cap_
+from controlplane.machines.steps import collect as gc_
+from controlplane.machines.steps import restore as rs_
+from controlplane.machines.steps import source as src_
+from controlplane.machines.steps.capture import Capture, CaptureSpec
+from controlplane.machines.steps.collect import Collection
+from controlplane.machines.steps.restore import Restore, RestoreContext
+from controlplane.machines.steps.source import SourceOp, SourcePod
 
 KIND = "migration"
 FINISHED = "MigrationFinished"

@@ -33,8 +33,8 @@ from controlplane.engine.decider import (
 )
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation, PodView, ProbeError
-from controlplane.machines.frozen import replace
-from controlplane.machines.states import PhasedState
+from controlplane.machines.base.frozen import replace
+from controlplane.machines.base.states import PhasedState
 
 KIND = "steps"
 MAX_STEPS = 1000

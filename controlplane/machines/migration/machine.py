@@ -41,12 +41,20 @@ from controlplane.engine.decider import (
 )
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
-from controlplane.machines import restoring as rs_
-from controlplane.machines.actions import EventType, emit_event
-from controlplane.machines.checkpoint import capture_spec, validate_capture_fields
-from controlplane.machines.codec import decode
-from controlplane.machines.common import STARTED, action_key, stamped, with_facts
-from controlplane.machines.migration_state import (
+from controlplane.machines.base.codec import decode
+from controlplane.machines.base.common import STARTED, action_key, stamped, with_facts
+from controlplane.machines.base.specs import (
+    checkpoint_class,
+    node_name,
+    object_name,
+    only_known,
+    pod_template,
+    require,
+)
+from controlplane.machines.checkpoint.machine import capture_spec, validate_capture_fields
+from controlplane.machines.contract.actions import EventType, emit_event
+from controlplane.machines.migration.phases import decide_migration
+from controlplane.machines.migration.state import (
     CANCEL_REQUESTED,
     KIND,
     RETARGETED,
@@ -55,15 +63,7 @@ from controlplane.machines.migration_state import (
     MigrationState,
     evolve_migration,
 )
-from controlplane.machines.migration_steps import decide_migration
-from controlplane.machines.specs import (
-    checkpoint_class,
-    node_name,
-    object_name,
-    only_known,
-    pod_template,
-    require,
-)
+from controlplane.machines.steps import restore as rs_
 
 
 class MigrationDecider:

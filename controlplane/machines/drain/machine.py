@@ -50,8 +50,8 @@ from controlplane.engine.observation import (
     Observation,
     ProbeError,
 )
-from controlplane.machines.codec import decode
-from controlplane.machines.common import (
+from controlplane.machines.base.codec import decode
+from controlplane.machines.base.common import (
     REISSUE_AFTER,
     STARTED,
     Step,
@@ -61,7 +61,15 @@ from controlplane.machines.common import (
     wait,
     with_facts,
 )
-from controlplane.machines.drain_state import (
+from controlplane.machines.base.specs import (
+    class_json,
+    node_name,
+    only_known,
+    pod_ref,
+    pod_template,
+    require,
+)
+from controlplane.machines.drain.state import (
     CANCEL_REQUESTED,
     CHILD_FINISHED,
     CHILD_STARTED,
@@ -79,14 +87,6 @@ from controlplane.machines.drain_state import (
     child_id,
     evolve_drain,
     submit_key,
-)
-from controlplane.machines.specs import (
-    class_json,
-    node_name,
-    only_known,
-    pod_ref,
-    pod_template,
-    require,
 )
 
 SET_NODE_UNSCHEDULABLE = "SetNodeUnschedulable"

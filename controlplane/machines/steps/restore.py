@@ -33,10 +33,8 @@ from enum import StrEnum
 from controlplane.engine.decider import ACTION_FAILED, Action, EventLike
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Observation, PodFact, PodView, ProbeError
-from controlplane.machines import protocol
-from controlplane.machines.actions import EventType, create_pod, delete_pod, emit_event
-from controlplane.machines.codec import RawJson, decode, encode_object
-from controlplane.machines.common import (
+from controlplane.machines.base.codec import RawJson, decode, encode_object
+from controlplane.machines.base.common import (
     REISSUE_AFTER,
     ActionError,
     Failure,
@@ -53,7 +51,9 @@ from controlplane.machines.common import (
     stamped,
     wait,
 )
-from controlplane.machines.frozen import replace
+from controlplane.machines.base.frozen import replace
+from controlplane.machines.contract import protocol
+from controlplane.machines.contract.actions import EventType, create_pod, delete_pod, emit_event
 
 RESTORE_POD_REQUESTED = "RestorePodRequested"
 RESTORE_POD_OBSERVED = "RestorePodObserved"

@@ -13,8 +13,8 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from controlplane.engine.jsonvalue import JsonObject
-from controlplane.machines.codec import encode_object
-from controlplane.machines.sourceops import SourcePod
+from controlplane.machines.base.codec import encode_object
+from controlplane.machines.steps.source import SourcePod
 
 
 class PhasedState:

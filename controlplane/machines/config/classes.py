@@ -4,7 +4,7 @@ A class names the artifact ``repository`` and the ``tag_scheme`` (which must con
 ``{checkpoint_id}``, so a tag is never reused by another checkpoint), the ``timeouts`` of
 every waiting phase, the ``retention`` of artifacts (keep the last N, a maximum age,
 delete after a successful migration), the saver/loader container overrides (see
-:mod:`controlplane.machines.containers`), the ``on_failure`` behaviour of a failed
+:mod:`controlplane.machines.config.containers`), the ``on_failure`` behaviour of a failed
 capture (``Resume`` the workload or ``Kill`` it) and how many restore attempts a
 migration or resume makes.
 
@@ -28,7 +28,8 @@ import orjson
 
 from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
-from controlplane.machines.containers import (
+from controlplane.machines.base.refs import is_valid_tag, parse_repository
+from controlplane.machines.config.containers import (
     DEFAULT_LOADER,
     DEFAULT_SAVER,
     Container,
@@ -37,7 +38,6 @@ from controlplane.machines.containers import (
     override_to_json,
     parse_override,
 )
-from controlplane.machines.refs import is_valid_tag, parse_repository
 
 DEFAULT_CLASS_NAME = "default"
 DEFAULT_REPOSITORY = "localhost:5000/checkpoints"

@@ -9,10 +9,10 @@ Phases::
         --SourceReleased--> Cancelled | Failed
 
 The source is deleted under the same guard as a migration's
-(:func:`controlplane.machines.sourceops.decide_deletion`). The terminal state is what a
+(:func:`controlplane.machines.steps.source.decide_deletion`). The terminal state is what a
 later ``resume`` needs: the submitter passes ``artifact`` (and ``checkpoint_id``,
 ``source_uid``) of the latest ``Suspended`` machine as the resume's first candidate, with
-``template``. Resume lives in :mod:`controlplane.machines.resume`.
+``template``. Resume lives in :mod:`controlplane.machines.resume.machine`.
 
 Spec: ``pod`` ``{namespace, name, uid}``, ``template`` (the saved pod), optional
 ``artifact``, ``containers``, ``class``. Commands: ``Cancel`` (before the delete).
@@ -30,14 +30,8 @@ from typing import Any, ClassVar
 from controlplane.engine.decider import Command, CommandRejected, Decision, Event, EventLike
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
-from controlplane.machines import capturing as cap_
-from controlplane.machines import sourceops as src_
-from controlplane.machines.actions import EventType, emit_event
-from controlplane.machines.capturing import Capture, CaptureSpec, CaptureStatus
-from controlplane.machines.checkpoint import capture_spec, validate_capture_fields
-from controlplane.machines.classes import CheckpointClass, OnFailure
-from controlplane.machines.codec import RawJson, decode
-from controlplane.machines.common import (
+from controlplane.machines.base.codec import RawJson, decode
+from controlplane.machines.base.common import (
     STARTED,
     Failure,
     Step,
@@ -47,10 +41,16 @@ from controlplane.machines.common import (
     stamped,
     with_facts,
 )
-from controlplane.machines.frozen import replace
-from controlplane.machines.sourceops import SourceOp
-from controlplane.machines.specs import checkpoint_class, only_known, pod_template, require
-from controlplane.machines.states import CapturingState
+from controlplane.machines.base.frozen import replace
+from controlplane.machines.base.specs import checkpoint_class, only_known, pod_template, require
+from controlplane.machines.base.states import CapturingState
+from controlplane.machines.checkpoint.machine import capture_spec, validate_capture_fields
+from controlplane.machines.config.classes import CheckpointClass, OnFailure
+from controlplane.machines.contract.actions import EventType, emit_event
+from controlplane.machines.steps import capture as cap_
+from controlplane.machines.steps import source as src_
+from controlplane.machines.steps.capture import Capture, CaptureSpec, CaptureStatus
+from controlplane.machines.steps.source import SourceOp
 
 KIND = "suspend"
 FINISHED = "SuspendFinished"

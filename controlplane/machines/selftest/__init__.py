@@ -1,0 +1,1 @@
+"""The ``steps`` kind: the engine's own test and benchmark workload. Pure."""

@@ -1,0 +1,1 @@
+"""The ``suspend`` kind: checkpoint a pod (quiesced), then delete it, keeping its spec. Pure."""
