@@ -24,7 +24,7 @@ from typing import Any
 from controlplane.clock import Clock
 from controlplane.engine.observation import pod_key
 from controlplane.machines.catalog import default_kinds
-from controlplane.machines.drain.machine import SUBMIT_OPERATION
+from controlplane.machines.contract.actions import ActionType
 from controlplane.machines.selftest.steps import WORK_ACTION
 from controlplane.store import leases
 from controlplane.store.database import Database
@@ -84,7 +84,7 @@ async def product(db: Database, clock: Clock, *, registry: Registry, config: Wor
         kinds = default_kinds()
         handlers: dict[str, ActionHandler] = {
             **driver.handlers(), **ManifestActions(registry).handlers(), WORK_ACTION: _noop,
-            SUBMIT_OPERATION: ChildSubmitter(db, kinds, fresh, clock, config.limits)}
+            ActionType.SUBMIT_OPERATION: ChildSubmitter(db, kinds, fresh, clock, config.limits)}
         worker = Worker(db, kinds, observer,
                         ActionRunner(handlers, RetryPolicy(attempts=3)), clock, config)
         workers.append(worker)

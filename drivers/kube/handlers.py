@@ -35,6 +35,7 @@ from typing import Any
 from controlplane.clock import Clock, SystemClock
 from controlplane.engine.decider import Action
 from controlplane.logs import get_logger
+from controlplane.machines.contract.actions import ActionType
 from controlplane.worker.errors import TerminalActionError
 from controlplane.worker.ports import ActionHandler
 from drivers.kube import bodies
@@ -50,12 +51,6 @@ from drivers.kube.resources import EVENTS, NODES, PODS, CoreV1, Kind
 
 log = get_logger("drivers.kube.handlers")
 
-ANNOTATE_POD = "AnnotatePod"
-REMOVE_POD_ANNOTATIONS = "RemovePodAnnotations"
-DELETE_POD = "DeletePod"
-CREATE_POD = "CreatePod"
-EMIT_EVENT = "EmitEvent"
-SET_NODE_UNSCHEDULABLE = "SetNodeUnschedulable"
 
 
 def _text(action: Action, field: str, *, optional: bool = False) -> str:
@@ -121,10 +116,10 @@ class PodActions:
         self.component = component
 
     def handlers(self) -> dict[str, ActionHandler]:
-        return {ANNOTATE_POD: self.annotate_pod,
-                REMOVE_POD_ANNOTATIONS: self.remove_pod_annotations,
-                DELETE_POD: self.delete_pod, CREATE_POD: self.create_pod,
-                EMIT_EVENT: self.emit_event}
+        return {ActionType.ANNOTATE_POD: self.annotate_pod,
+                ActionType.REMOVE_POD_ANNOTATIONS: self.remove_pod_annotations,
+                ActionType.DELETE_POD: self.delete_pod, ActionType.CREATE_POD: self.create_pod,
+                ActionType.EMIT_EVENT: self.emit_event}
 
     async def annotate_pod(self, action: Action, /) -> None:
         changes: dict[str, str | None] = dict(_string_map(action, "annotations"))
@@ -229,7 +224,7 @@ class NodeActions:
         self.api = api
 
     def handlers(self) -> dict[str, ActionHandler]:
-        return {SET_NODE_UNSCHEDULABLE: self.set_unschedulable}
+        return {ActionType.SET_NODE_UNSCHEDULABLE: self.set_unschedulable}
 
     async def set_unschedulable(self, action: Action, /) -> None:
         node = _text(action, "node")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from controlplane.engine.decider import Action
 from controlplane.logs import get_logger
+from controlplane.machines.contract.actions import ActionType
 from controlplane.worker.errors import TerminalActionError
 from controlplane.worker.ports import ActionHandler
 from drivers.registry.client import is_digest
@@ -26,7 +27,6 @@ from drivers.registry.port import Registry
 
 log = get_logger("drivers.registry.handlers")
 
-DELETE_MANIFEST = "DeleteManifest"
 
 
 class ManifestActions:
@@ -36,7 +36,7 @@ class ManifestActions:
         self.registry = registry
 
     def handlers(self) -> dict[str, ActionHandler]:
-        return {DELETE_MANIFEST: self.delete_manifest}
+        return {ActionType.DELETE_MANIFEST: self.delete_manifest}
 
     async def delete_manifest(self, action: Action, /) -> None:
         repository = action.params.get("repository")

@@ -13,9 +13,9 @@ import pytest
 from controlplane.engine.decider import Event, InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import MachineView, NodeView, Observation
+from controlplane.machines.contract.actions import ActionType
 from controlplane.machines.drain.machine import (
     SET_NODE_UNSCHEDULABLE,
-    SUBMIT_OPERATION,
     DrainDecider,
     child_id,
 )
@@ -70,8 +70,8 @@ def test_cordons_first_and_starts_no_child_until_the_node_is_seen_cordoned() -> 
 
 def test_starts_at_most_max_parallel_children_with_deterministic_ids() -> None:
     then = draining().when(seen(True), at(2))
-    then.then_events("ChildStarted", "ChildStarted").then_actions(SUBMIT_OPERATION,
-                                                                  SUBMIT_OPERATION)
+    then.then_events("ChildStarted", "ChildStarted").then_actions(ActionType.SUBMIT_OPERATION,
+                                                                  ActionType.SUBMIT_OPERATION)
     assert [a.params["machine_id"] for a in then.actions] == [child(0), child(1)]
     assert [a.key for a in then.actions] == [submit_key(DRAIN, child(0)),
                                              submit_key(DRAIN, child(1))]
@@ -124,7 +124,7 @@ def test_all_children_succeeding_leaves_the_node_cordoned() -> None:
 
 def test_a_refused_child_submission_counts_as_failed_and_others_go_on() -> None:
     g = draining(pods=3).decided(seen(True), at(2))
-    refusal = Event("ActionFailed", {"at": at(3).isoformat(), "action": SUBMIT_OPERATION,
+    refusal = Event("ActionFailed", {"at": at(3).isoformat(), "action": ActionType.SUBMIT_OPERATION,
                                      "key": submit_key(DRAIN, child(0)), "error_class": "Refused",
                                      "message": "pod gone", "retryable": False, "attempts": 1})
     then = g.event(refusal).when(seen(True, {child(1): view(1)}), at(3))
@@ -187,14 +187,14 @@ def test_a_started_child_whose_submission_never_ran_is_submitted_again() -> None
     so the second's SubmitOperation never ran. The store shows no such machine: the drain
     submits it again (same id and key) instead of waiting for it forever."""
     g = draining(pods=3).decided(seen(True), at(2))
-    refusal = Event("ActionFailed", {"at": at(3).isoformat(), "action": SUBMIT_OPERATION,
+    refusal = Event("ActionFailed", {"at": at(3).isoformat(), "action": ActionType.SUBMIT_OPERATION,
                                      "key": submit_key(DRAIN, child(0)), "error_class": "Refused",
                                      "message": "pod gone", "retryable": False, "attempts": 1})
     g = g.event(refusal)
     then = g.when(seen(True, {child(1): None}), at(3))
     assert then.decision.events == ()  # nothing new happened: the same child, again
     assert [(a.type, a.key, a.params["machine_id"]) for a in then.actions] == [
-        (SUBMIT_OPERATION, submit_key(DRAIN, child(1)), child(1))]
+        (ActionType.SUBMIT_OPERATION, submit_key(DRAIN, child(1)), child(1))]
     # Once the store has it, it is not submitted again; the freed slot goes to child 2.
     nxt = g.when(seen(True, {child(1): view(1)}), at(4)).then_events("ChildStarted")
     assert [a.params["machine_id"] for a in nxt.actions] == [child(2)]

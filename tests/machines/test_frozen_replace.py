@@ -28,7 +28,7 @@ def _machine_dataclasses() -> list[type]:
     found: dict[str, type] = {}
     for module in _machine_modules().values():
         for _name, cls in inspect.getmembers(module, inspect.isclass):
-            if dataclasses.is_dataclass(cls) and cls.__module__ == getattr(module, "__name__"):
+            if dataclasses.is_dataclass(cls) and cls.__module__ == module.__name__:
                 found[f"{cls.__module__}.{cls.__qualname__}"] = cls
     return [found[k] for k in sorted(found)]
 

@@ -18,7 +18,7 @@ from controlplane.machines.base.common import backoff, event_time, next_poll, st
 from controlplane.machines.catalog import product_kinds
 from controlplane.machines.contract import protocol
 from controlplane.machines.contract.actions import (
-    ACTION_TYPES,
+    ActionType,
     EventType,
     annotate_pod,
     create_pod,
@@ -98,7 +98,7 @@ def test_action_constructors_fill_the_documented_params() -> None:
     e = emit_event("k", namespace="n", pod_name="p", pod_uid=None, type_=EventType.WARNING,
                    reason="R", message="m")
     assert e.params["type"] == "Warning"
-    assert {a.type, c.type, e.type} <= set(ACTION_TYPES)
+    assert {a.type, c.type, e.type} <= set(ActionType)
 
 
 @dataclass(frozen=True)

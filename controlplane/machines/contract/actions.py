@@ -23,8 +23,13 @@ type                          params
                               (``sha256:...``): delete the manifest by digest
 ``EmitEvent``                 ``namespace``, ``object`` (``{"kind", "name", "uid"}``),
                               ``type`` (``Normal`` | ``Warning``), ``reason``, ``message``
+``SetNodeUnschedulable``      ``node``, ``unschedulable`` (cordon or uncordon)
+``SubmitOperation``           ``machine_id`` (derived from the parent), ``kind``,
+                              ``spec``, ``parent``: create a child machine (the drain's)
 ============================  ==========================================================
 
+:class:`ActionType` is the one list of these names: the machines build actions with the
+constructors below, and the drivers and the worker key their handlers by it.
 Called by the capture, restore, source and machine modules. Pure constructors.
 """
 
@@ -36,15 +41,18 @@ from enum import StrEnum
 from controlplane.engine.decider import Action
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
 
-ANNOTATE_POD = "AnnotatePod"
-REMOVE_POD_ANNOTATIONS = "RemovePodAnnotations"
-DELETE_POD = "DeletePod"
-CREATE_POD = "CreatePod"
-DELETE_MANIFEST = "DeleteManifest"
-EMIT_EVENT = "EmitEvent"
 
-ACTION_TYPES = (ANNOTATE_POD, REMOVE_POD_ANNOTATIONS, DELETE_POD, CREATE_POD,
-                DELETE_MANIFEST, EMIT_EVENT)
+class ActionType(StrEnum):
+    """Every action type a machine emits; a driver or the worker performs each."""
+
+    ANNOTATE_POD = "AnnotatePod"
+    REMOVE_POD_ANNOTATIONS = "RemovePodAnnotations"
+    DELETE_POD = "DeletePod"
+    CREATE_POD = "CreatePod"
+    DELETE_MANIFEST = "DeleteManifest"
+    EMIT_EVENT = "EmitEvent"
+    SET_NODE_UNSCHEDULABLE = "SetNodeUnschedulable"
+    SUBMIT_OPERATION = "SubmitOperation"
 
 
 class EventType(StrEnum):
@@ -58,7 +66,7 @@ def annotate_pod(key: str, *, namespace: str, name: str, uid: str,
                  annotations: Mapping[str, str]) -> Action:
     """Patch annotations onto the pod ``namespace/name`` only if its UID is ``uid``."""
     body: JsonObject = {k: v for k, v in sorted(annotations.items())}
-    return Action(ANNOTATE_POD, key, {"namespace": namespace, "name": name, "uid": uid,
+    return Action(ActionType.ANNOTATE_POD, key, {"namespace": namespace, "name": name, "uid": uid,
                                       "annotations": body})
 
 
@@ -66,20 +74,20 @@ def remove_pod_annotations(key: str, *, namespace: str, name: str, uid: str,
                            keys: tuple[str, ...]) -> Action:
     """Remove annotation ``keys`` from the pod, only if its UID is ``uid``."""
     listed: list[JsonValue] = list(keys)
-    return Action(REMOVE_POD_ANNOTATIONS, key, {"namespace": namespace, "name": name,
+    return Action(ActionType.REMOVE_POD_ANNOTATIONS, key, {"namespace": namespace, "name": name,
                                                 "uid": uid, "keys": listed})
 
 
 def delete_pod(key: str, *, namespace: str, name: str, uid: str, reason: str) -> Action:
     """Delete the pod with a UID precondition (a same-named newcomer is never touched)."""
-    return Action(DELETE_POD, key, {"namespace": namespace, "name": name, "uid": uid,
+    return Action(ActionType.DELETE_POD, key, {"namespace": namespace, "name": name, "uid": uid,
                                     "reason": reason})
 
 
 def create_pod(key: str, *, namespace: str, name: str, template: JsonObject, node: str | None,
                annotations: Mapping[str, str], labels: Mapping[str, str]) -> Action:
     """Create a pod from a saved template with REQUIRED node affinity to ``node``."""
-    return Action(CREATE_POD, key, {
+    return Action(ActionType.CREATE_POD, key, {
         "namespace": namespace, "name": name, "template": template, "node": node,
         "annotations": {k: v for k, v in sorted(annotations.items())},
         "labels": {k: v for k, v in sorted(labels.items())},
@@ -88,13 +96,13 @@ def create_pod(key: str, *, namespace: str, name: str, template: JsonObject, nod
 
 def delete_manifest(key: str, *, repository: str, digest: str) -> Action:
     """Delete the manifest ``repository@digest`` from the registry."""
-    return Action(DELETE_MANIFEST, key, {"repository": repository, "digest": digest})
+    return Action(ActionType.DELETE_MANIFEST, key, {"repository": repository, "digest": digest})
 
 
 def emit_event(key: str, *, namespace: str, pod_name: str, pod_uid: str | None,
                type_: EventType, reason: str, message: str) -> Action:
     """Record a Kubernetes Event about a pod (best effort: never verified)."""
-    return Action(EMIT_EVENT, key, {
+    return Action(ActionType.EMIT_EVENT, key, {
         "namespace": namespace, "object": {"kind": "Pod", "name": pod_name, "uid": pod_uid},
         "type": type_.value, "reason": reason, "message": message,
     })

@@ -69,6 +69,7 @@ from controlplane.machines.base.specs import (
     pod_template,
     require,
 )
+from controlplane.machines.contract.actions import ActionType
 from controlplane.machines.drain.state import (
     CANCEL_REQUESTED,
     CHILD_FINISHED,
@@ -89,8 +90,6 @@ from controlplane.machines.drain.state import (
     submit_key,
 )
 
-SET_NODE_UNSCHEDULABLE = "SetNodeUnschedulable"
-SUBMIT_OPERATION = "SubmitOperation"
 MAX_PARALLEL = 100
 #: How often a drain with children in flight reads their phases from the store (no API
 #: request: pod watch events on the children's pods wake it sooner).
@@ -99,13 +98,14 @@ CHILD_POLL = timedelta(milliseconds=500)
 
 def set_node_unschedulable(key: str, *, node: str, unschedulable: bool) -> Action:
     """Cordon (``True``) or uncordon a node: patch ``spec.unschedulable``."""
-    return Action(SET_NODE_UNSCHEDULABLE, key, {"node": node, "unschedulable": unschedulable})
+    return Action(ActionType.SET_NODE_UNSCHEDULABLE, key,
+                  {"node": node, "unschedulable": unschedulable})
 
 
 def submit_operation(key: str, *, machine_id: str, kind: str, spec: JsonObject,
                      parent: str) -> Action:
     """Submit a child operation with this id (done if it already exists)."""
-    return Action(SUBMIT_OPERATION, key, {"machine_id": machine_id, "kind": kind,
+    return Action(ActionType.SUBMIT_OPERATION, key, {"machine_id": machine_id, "kind": kind,
                                           "spec": spec, "parent": parent})
 
 

@@ -21,6 +21,7 @@ from controlplane.machines.base.codec import RawJson
 from controlplane.machines.base.common import STARTED, event_time
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.states import PhasedState
+from controlplane.machines.contract.actions import ActionType
 
 KIND = "drain"
 CORDON_REQUESTED = "CordonRequested"
@@ -191,7 +192,7 @@ def _action_failed(state: DrainState, event: EventLike) -> DrainState:
     for c in state.children:
         if key == submit_key(state.machine_id, c.id) and c.in_flight:
             return _child(state, c.id, status=ChildStatus.REFUSED, reason=message)
-    if d.get("action") == "SetNodeUnschedulable" and not d.get("retryable"):
+    if d.get("action") == ActionType.SET_NODE_UNSCHEDULABLE and not d.get("retryable"):
         return replace(state, node_error=message)
     # A retryable cordon failure: decide re-issues the action after the re-issue delay.
     return replace(state, cordon_requested_at=None if state.status is DrainPhase.CORDONING

@@ -1,0 +1,185 @@
+"""Typed events: one frozen dataclass per event type, and the set of them a kind folds.
+
+The store keeps an event as ``(type, data)`` JSON (the engine's :class:`Event`); the
+machines work with typed values instead, so a renamed or misspelt event is a type error,
+not an ``evolve`` that silently returns the state unchanged.
+
+- :class:`DomainEvent` is the base of every event class. Its wire name is the class name
+  unless the class says otherwise (``class MigrationCancelRequested(DomainEvent,
+  name="CancelRequested")``): several kinds record a ``CancelRequested`` with data of
+  their own. ``event.recorded(facts)`` is the engine's :class:`Event` for it.
+- The wire format is the one histories were recorded in: fields are encoded by
+  :mod:`~controlplane.machines.base.codec` (datetimes as ISO text, enums by value,
+  tuples as arrays), in field order, and a field whose default is ``None`` is left out
+  while it is ``None`` (an optional key is absent, not ``null``). A field that was
+  always written, even as ``null``, is declared without a default.
+- :class:`EventSet` is the catalogue one kind folds: ``decode`` turns a recorded event
+  into its class and raises :class:`UnknownEvent` for a type the kind does not know, or
+  data with a key its class does not declare (re-encoding would drop it).
+
+The engine's own events (``Queued``, ``Admitted``, ``ActionFailed``) are defined here;
+every kind's set includes them (:data:`ENGINE_EVENTS`). Pure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar, TypeVar
+
+from controlplane.engine.decider import ACTION_FAILED, ADMITTED, QUEUED, Event, EventLike
+from controlplane.engine.jsonvalue import JsonObject, JsonValue
+from controlplane.machines.base.codec import RawJson, decode, encode
+
+E = TypeVar("E", bound="DomainEvent")
+
+
+class UnknownEvent(ValueError):
+    """A recorded event this kind cannot read: an unknown type, or data it would lose."""
+
+
+class DomainEvent:
+    """Base of the typed events. Subclasses are frozen dataclasses."""
+
+    NAME: ClassVar[str]
+
+    def __init_subclass__(cls, name: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.NAME = name or cls.__name__
+
+    def data(self) -> JsonObject:
+        """The event's data as recorded: see the module docstring for the format."""
+        return _encoder(type(self))(self)
+
+    def recorded(self, facts: JsonObject | None = None) -> Event:
+        """The engine's event for this one, with the facts that justified it."""
+        return Event(self.NAME, self.data(), dict(facts or {}))
+
+
+_ENCODERS: dict[type[DomainEvent], Callable[[DomainEvent], JsonObject]] = {}
+_NAMES: dict[type[DomainEvent], frozenset[str]] = {}
+
+
+def _encoder(cls: type[DomainEvent]) -> Callable[[DomainEvent], JsonObject]:
+    known = _ENCODERS.get(cls)
+    if known is not None:
+        return known
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    optional = frozenset(f.name for f in fields if f.default is None)
+
+    def encode_event(event: DomainEvent) -> JsonObject:
+        out: JsonObject = {}
+        for f in fields:
+            value = getattr(event, f.name)
+            if value is None and f.name in optional:
+                continue
+            out[f.name] = value if isinstance(value, str | bool | int) else encode(value)
+        return out
+
+    _ENCODERS[cls] = encode_event
+    return encode_event
+
+
+def _names(cls: type[DomainEvent]) -> frozenset[str]:
+    known = _NAMES.get(cls)
+    if known is None:
+        known = _NAMES[cls] = frozenset(
+            f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+    return known
+
+
+class EventSet:
+    """The event classes one kind folds, by wire name."""
+
+    def __init__(self, *groups: Iterable[type[DomainEvent]]) -> None:
+        self._by_name: dict[str, type[DomainEvent]] = {}
+        for group in groups:
+            for cls in group:
+                known = self._by_name.get(cls.NAME)
+                if known is not None and known is not cls:
+                    raise ValueError(f"event {cls.NAME!r} is both {known.__qualname__} and "
+                                     f"{cls.__qualname__} in one event set")
+                self._by_name[cls.NAME] = cls
+
+    def __iter__(self) -> Any:
+        return iter(self._by_name.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(self._by_name)
+
+    def decode(self, event: EventLike | DomainEvent) -> DomainEvent:
+        """The typed event of a recorded one (a typed one passes through)."""
+        if isinstance(event, DomainEvent):
+            return event
+        cls = self._by_name.get(event.type)
+        if cls is None:
+            raise UnknownEvent(f"event type {event.type!r} is not one this kind records "
+                               f"(known: {', '.join(sorted(self._by_name))})")
+        data = event.data
+        extra = data.keys() - _names(cls)
+        if extra:
+            raise UnknownEvent(f"event {event.type!r} has data this build does not know: "
+                               f"{', '.join(sorted(extra))}")
+        try:
+            return decode(cls, data)
+        except (TypeError, ValueError, KeyError) as err:
+            raise UnknownEvent(f"event {event.type!r} does not decode: {err}") from err
+
+
+def typed(events: EventSet) -> Callable[[Callable[[Any, Any], Any]], Callable[[Any, Any], Any]]:
+    """Decorate an ``evolve(state, event)`` so it receives the typed event."""
+
+    def wrap(fold: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        @functools.wraps(fold)
+        def evolve(state: Any, event: Any) -> Any:
+            return fold(state, events.decode(event))
+
+        return evolve
+
+    return wrap
+
+
+# --- the engine's own events ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Queued(DomainEvent, name=QUEUED):
+    """A limit held the new machine back (appended by the store at submission)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Admitted(DomainEvent, name=ADMITTED):
+    """The admitter let a held machine in."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class ActionFailed(DomainEvent, name=ACTION_FAILED):
+    """The worker gave up on an action (a terminal error, or retries ran out)."""
+
+    at: datetime
+    action: str
+    key: str
+    params: RawJson
+    error_class: str
+    message: str
+    retryable: bool
+    attempts: int
+
+
+ENGINE_EVENTS: tuple[type[DomainEvent], ...] = (Queued, Admitted, ActionFailed)
+
+
+def data_of(event: DomainEvent) -> JsonValue:
+    """The recorded data of ``event`` (for tests and history)."""
+    return event.data()
