@@ -14,7 +14,8 @@ from controlplane.clock import FakeClock
 from controlplane.engine.decider import Event, fold
 from controlplane.engine.observation import MachineView, NodeView, Observation
 from controlplane.machines.catalog import default_kinds
-from controlplane.machines.drain.machine import SUBMIT_OPERATION, DrainDecider, child_id
+from controlplane.machines.contract.actions import ActionType
+from controlplane.machines.drain.machine import DrainDecider, child_id
 from controlplane.machines.drain.state import submit_key
 from controlplane.operations import submit
 from controlplane.store import event_store, reports
@@ -61,7 +62,7 @@ async def test_drain_views_count_children_outcomes_and_failure_reasons(
     await decide(node(True), 1)  # Started, NodeCordoned
     await decide(node(True), 1)  # three ChildStarted
     await step((Event("ActionFailed", {
-        "at": clock.now().isoformat(), "action": SUBMIT_OPERATION,
+        "at": clock.now().isoformat(), "action": ActionType.SUBMIT_OPERATION,
         "key": submit_key(DRAIN, ids[2]), "error_class": "Refused", "message": "pod gone",
         "retryable": False, "attempts": 1}),), 1)
     await decide(node(True, {ids[0]: MachineView(ids[0], "migration", "Succeeded", True),

@@ -15,7 +15,6 @@ from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import MachineView, NodeView, Observation
 from controlplane.machines.contract.actions import ActionType
 from controlplane.machines.drain.machine import (
-    SET_NODE_UNSCHEDULABLE,
     DrainDecider,
     child_id,
 )
@@ -61,8 +60,9 @@ def draining(pods: int = 5, max_parallel: int = 2) -> Given:
 
 def test_cordons_first_and_starts_no_child_until_the_node_is_seen_cordoned() -> None:
     then = given().when(seen(False), at(0)).then_events("Started", "CordonRequested")
-    then.then_actions(SET_NODE_UNSCHEDULABLE)
-    assert then.action(SET_NODE_UNSCHEDULABLE).params == {"node": NODE, "unschedulable": True}
+    then.then_actions(ActionType.SET_NODE_UNSCHEDULABLE)
+    assert then.action(ActionType.SET_NODE_UNSCHEDULABLE).params == {
+        "node": NODE, "unschedulable": True}
     # The watch has not caught up: wait, do not re-issue, start nothing.
     then.and_then().when(seen(False), at(1)).then_idle().then_phase("Cordoning")
     then.and_then().when(seen(True), at(1)).then_events("NodeCordoned").then_phase("Draining")
@@ -119,12 +119,13 @@ def test_all_children_succeeding_leaves_the_node_cordoned() -> None:
     g = draining(pods=1).decided(seen(True), at(2))
     then = g.when(seen(True, {child(0): view(0, "Succeeded", True)}), at(3))
     then.and_then().when(seen(True), at(3)).then_events("DrainFinished").then_phase(
-        "Succeeded").then_no_action(SET_NODE_UNSCHEDULABLE)
+        "Succeeded").then_no_action(ActionType.SET_NODE_UNSCHEDULABLE)
 
 
 def test_a_refused_child_submission_counts_as_failed_and_others_go_on() -> None:
     g = draining(pods=3).decided(seen(True), at(2))
-    refusal = Event("ActionFailed", {"at": at(3).isoformat(), "action": ActionType.SUBMIT_OPERATION,
+    refusal = Event("ActionFailed", {"at": at(3).isoformat(),
+                                     "action": ActionType.SUBMIT_OPERATION,
                                      "key": submit_key(DRAIN, child(0)), "error_class": "Refused",
                                      "message": "pod gone", "retryable": False, "attempts": 1})
     then = g.event(refusal).when(seen(True, {child(1): view(1)}), at(3))
@@ -153,13 +154,13 @@ def test_cancel_never_uncordons_a_node_that_was_cordoned_before_the_drain() -> N
     then = g.command("Cancel", at(1)).when(seen(True), at(1))
     then.then_events("ChildrenSkipped")
     then.and_then().when(seen(True), at(1)).then_events("DrainFinished").then_phase(
-        "Cancelled").then_no_action(SET_NODE_UNSCHEDULABLE)
+        "Cancelled").then_no_action(ActionType.SET_NODE_UNSCHEDULABLE)
 
 
 def test_a_cordon_forbidden_for_good_fails_the_drain() -> None:
     g = given().decided(seen(False), at(0))
     g = g.event(Event("ActionFailed", {"at": at(1).isoformat(),
-                                       "action": SET_NODE_UNSCHEDULABLE,
+                                       "action": ActionType.SET_NODE_UNSCHEDULABLE,
                                        "key": f"{DRAIN}:cordon", "error_class": "Forbidden",
                                        "message": "403", "retryable": False, "attempts": 1}))
     g.when(seen(False), at(1)).then_events("DrainFinished").then_phase("Failed")
@@ -187,7 +188,8 @@ def test_a_started_child_whose_submission_never_ran_is_submitted_again() -> None
     so the second's SubmitOperation never ran. The store shows no such machine: the drain
     submits it again (same id and key) instead of waiting for it forever."""
     g = draining(pods=3).decided(seen(True), at(2))
-    refusal = Event("ActionFailed", {"at": at(3).isoformat(), "action": ActionType.SUBMIT_OPERATION,
+    refusal = Event("ActionFailed", {"at": at(3).isoformat(),
+                                     "action": ActionType.SUBMIT_OPERATION,
                                      "key": submit_key(DRAIN, child(0)), "error_class": "Refused",
                                      "message": "pod gone", "retryable": False, "attempts": 1})
     g = g.event(refusal)
