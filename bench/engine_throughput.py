@@ -32,11 +32,11 @@ from typing import Any
 from sqlalchemy import text
 
 from bench.common import ROOT, db_name, floor, fresh_database, until_all_terminal, write_results
+from controlplane.app.operations import submit
 from controlplane.clock import SystemClock, new_id
 from controlplane.logs import configure as configure_logs
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.selftest.steps import WORK_ACTION
-from controlplane.operations import submit
 from controlplane.store import leases, migrate, queries
 from controlplane.store.database import Database, open_database
 from controlplane.worker import runtime

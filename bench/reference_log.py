@@ -18,7 +18,7 @@ database (``$BENCH_DB_PREFIX`` replaces ``cp_bench``):
    resolved, JSON state decoded): what a projection reading the log pays;
 4. reconstruct: ``app.repository.get`` of every aggregate (one query each, events decoded
    and folded into the aggregate), each checked for its expected version: the like-for-like
-   comparison with ``controlplane.replay.rebuild``. One thread, as the library's repository
+   comparison with ``controlplane.app.replay.rebuild``. One thread, as the library's repository
    is synchronous; ``--reconstruct-sample N`` takes every k-th aggregate instead of all.
 
 The library runs with its defaults (JSON transcoder, no cipher, no compressor, no aggregate

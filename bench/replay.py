@@ -11,10 +11,10 @@
    ids until the events table holds ``--events`` rows; ``ANALYZE``;
 3. the read alone (machines + events decoded, no fold: what a log-reading figure such
    as the eventsourcing library's measures), timed;
-4. ``controlplane.replay.rebuild`` (what ``cpctl replay`` runs): fold every machine's
+4. ``controlplane.app.replay.rebuild`` (what ``cpctl replay`` runs): fold every machine's
    events from its ``Submitted`` spec and compare with the stored projection, timed;
    every projection must match;
-5. with ``--verify``: ``controlplane.replay.verify`` (``cpctl replay --verify``) re-runs
+5. with ``--verify``: ``controlplane.app.replay.verify`` (``cpctl replay --verify``) re-runs
    every recorded decision, timed; the clones are faithful enough that none differs;
 6. the reference, in the same run (``--reference``, :mod:`bench.reference_log`): the
    eventsourcing library writes as many events of the same size into its own log (or,
@@ -52,11 +52,11 @@ from bench.common import (
 )
 from bench.reference_log import measure_reference
 from bench.scale import run_scale
+from controlplane.app.replay import auto_jobs, rebuild, verify
 from controlplane.clock import SystemClock
 from controlplane.gc_tuning import collector_paused
 from controlplane.logs import configure as configure_logs
 from controlplane.machines.catalog import default_kinds
-from controlplane.replay import auto_jobs, rebuild, verify
 from controlplane.store import replay_reads
 from controlplane.store.database import Database, open_database
 

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import PostgresCpuSampler, db_name, write_results
+from controlplane.app.replay import _projection_differences, replay_machine
 from controlplane.gc_tuning import collector_paused
 from controlplane.machines.catalog import default_kinds
-from controlplane.replay import _projection_differences, replay_machine
 from controlplane.store import replay_reads
 from controlplane.store.database import open_database
 

@@ -47,13 +47,13 @@ from bench.common import (
     rss_bytes,
     write_results,
 )
+from controlplane.app.operations import submit_operation
 from controlplane.cli.assembly import product
 from controlplane.clock import SystemClock, new_id
 from controlplane.gc_tuning import tune_for_service
 from controlplane.logs import configure as configure_logs
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.submission import Limits
-from controlplane.operations import submit_operation
 from controlplane.store import leases, migrate, queries
 from controlplane.store.database import Database, open_database
 from controlplane.worker.runtime import WorkerConfig

@@ -2,7 +2,7 @@
 
 ``make_app`` is the factory a composition root (the CLI, tests) calls with an open
 :class:`Database`. Reads go through ``controlplane.store.queries``/``reports``; commands
-through ``controlplane.operations.send_command``, so validation stays the decider's.
+through ``controlplane.app.operations.send_command``, so validation stays the decider's.
 Errors are JSON ``{"error": message, "parameter"?: name}`` with a 4xx/5xx status.
 """
 
@@ -20,6 +20,7 @@ from aiohttp import web
 
 from controlplane.api import dashboard, metrics, params
 from controlplane.api.openapi import document
+from controlplane.app.operations import send_command
 from controlplane.clock import Clock, SystemClock
 from controlplane.engine.decider import Command, Event
 from controlplane.engine.kinds import KindRegistry
@@ -27,7 +28,6 @@ from controlplane.errors import ControlPlaneError, UsageError
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.drain.state import KIND as DRAIN
 from controlplane.machines.drain.state import ChildStatus, child_id
-from controlplane.operations import send_command
 from controlplane.store import queries, reports
 from controlplane.store.database import Database
 from controlplane.store.errors import MachineNotFound

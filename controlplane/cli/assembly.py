@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from controlplane.app.children import ChildSubmitter
 from controlplane.clock import Clock
 from controlplane.engine.observation import pod_key
 from controlplane.machines.catalog import default_kinds
@@ -29,7 +30,7 @@ from controlplane.machines.selftest.steps import WORK_ACTION
 from controlplane.store import leases
 from controlplane.store.database import Database
 from controlplane.worker.actions import ActionRunner, RetryPolicy
-from controlplane.worker.children import ChildSubmitter, StoreMachineObserver
+from controlplane.worker.children import StoreMachineObserver
 from controlplane.worker.composite import CompositeObserver
 from controlplane.worker.ports import ActionHandler
 from controlplane.worker.runtime import Worker, WorkerConfig

@@ -18,6 +18,7 @@ import argparse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from controlplane.app.operations import submit_operation
 from controlplane.cli import dryrun
 from controlplane.cli.assembly import Product, product
 from controlplane.cli.classes import class_for
@@ -28,7 +29,6 @@ from controlplane.clock import new_id
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
 from controlplane.machines.catalog import default_kinds
-from controlplane.operations import submit_operation
 from controlplane.store import migrate, queries
 from controlplane.store.database import Database
 from controlplane.store.errors import MachineNotFound

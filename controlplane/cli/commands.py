@@ -20,6 +20,8 @@ from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from controlplane.app.operations import send_command, submit
+from controlplane.app.replay import ReplayReport, auto_jobs, phase_after_each, rebuild, verify
 from controlplane.cli import render
 from controlplane.cli.meter import RebuildMeter
 from controlplane.cli.options import limits_from
@@ -32,8 +34,6 @@ from controlplane.machines.catalog import default_kinds
 from controlplane.machines.drain.state import KIND as DRAIN
 from controlplane.machines.drain.state import ChildStatus
 from controlplane.machines.selftest.steps import WORK_ACTION
-from controlplane.operations import send_command, submit
-from controlplane.replay import ReplayReport, auto_jobs, phase_after_each, rebuild, verify
 from controlplane.store import leases, migrate, queries, replay_reads, reports
 from controlplane.store.database import Database, open_database
 from controlplane.store.errors import MachineNotFound

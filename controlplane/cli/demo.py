@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from controlplane.app.operations import submit_operation
+from controlplane.app.replay import phase_after_each, rebuild, verify
 from controlplane.cli import render
 from controlplane.cli.commands import clock
 from controlplane.cli.progress import follow
@@ -25,8 +27,6 @@ from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import ControlPlaneError
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.contract import protocol
-from controlplane.operations import submit_operation
-from controlplane.replay import phase_after_each, rebuild, verify
 from controlplane.store import migrate, queries, reports
 from controlplane.store.database import Database, open_database
 from controlplane.store.records import MachineRecord

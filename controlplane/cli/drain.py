@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from controlplane.app.operations import submit_operation
 from controlplane.cli import render
 from controlplane.cli.assembly import product
 from controlplane.cli.classes import class_for
@@ -38,7 +39,6 @@ from controlplane.machines.drain.planning import (
     plan_drain,
     pod_info,
 )
-from controlplane.operations import submit_operation
 from controlplane.store import migrate, queries
 from controlplane.store.database import Database
 from controlplane.worker.runtime import WorkerConfig

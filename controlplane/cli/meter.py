@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from controlplane.replay import RebuildProgress
+from controlplane.app.replay import RebuildProgress
 
 
 class RebuildMeter:

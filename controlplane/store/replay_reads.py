@@ -13,7 +13,7 @@ JSON codec and the ORM-free row mapping were most of a rebuild's time (8k events
 see ``docs/performance.md``). Batches are large, in id order, and the next batch is read
 while the caller folds the current one, so the database's time overlaps the fold.
 
-Called by :func:`controlplane.replay.rebuild` and the replay benchmark.
+Called by :func:`controlplane.app.replay.rebuild` and the replay benchmark.
 """
 
 from __future__ import annotations

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
+from controlplane.app.operations import submit
 from controlplane.clock import SystemClock
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.contract import protocol
-from controlplane.operations import submit
 from controlplane.store import leases, migrate, queries
 from controlplane.store.database import Database, open_database
 from controlplane.worker.actions import ActionRunner, RetryPolicy

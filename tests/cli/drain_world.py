@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from controlplane.app.operations import submit_operation
 from controlplane.cli.drain import drain_spec
 from controlplane.cli.embedded import Embedded, embedded
 from controlplane.clock import SystemClock, new_id
@@ -20,7 +21,6 @@ from controlplane.engine.jsonvalue import JsonObject
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.drain.planning import DrainPlan, node_info, plan_drain, pod_info, usage
 from controlplane.machines.submission import Limits
-from controlplane.operations import submit_operation
 from controlplane.store import migrate, queries
 from controlplane.store.database import Database, open_database
 from controlplane.store.records import MachineRecord

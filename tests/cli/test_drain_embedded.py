@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.app.operations import send_command
 from controlplane.engine.decider import Command
 from controlplane.machines.catalog import default_kinds
-from controlplane.operations import send_command
 from controlplane.store import queries
 from tests.cli.drain_world import clock, drain_world, max_in_flight, max_overlap
 from tests.support.waiting import eventually

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from controlplane.app.operations import submit
 from controlplane.clock import FakeClock
 from controlplane.engine.decider import Event, fold
 from controlplane.engine.observation import MachineView, NodeView, Observation
@@ -17,7 +18,6 @@ from controlplane.machines.catalog import default_kinds
 from controlplane.machines.contract.actions import ActionType
 from controlplane.machines.drain.machine import DrainDecider, child_id
 from controlplane.machines.drain.state import submit_key
-from controlplane.operations import submit
 from controlplane.store import event_store, reports
 from controlplane.store.database import Database
 from controlplane.store.records import Projection

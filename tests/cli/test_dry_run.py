@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from controlplane.app.operations import submit_operation
 from controlplane.cli.main import main
 from controlplane.clock import new_id
 from controlplane.machines.catalog import default_kinds
-from controlplane.operations import submit_operation
 from controlplane.store import migrate
 from controlplane.store.database import open_database
 from drivers.sim import SimCluster

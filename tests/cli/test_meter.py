@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import io
 
+from controlplane.app.replay import (
+    AUTO_MAX_JOBS,
+    AUTO_PARALLEL_MACHINES,
+    RebuildProgress,
+    auto_jobs,
+)
 from controlplane.cli.meter import RebuildMeter
-from controlplane.replay import AUTO_MAX_JOBS, AUTO_PARALLEL_MACHINES, RebuildProgress, auto_jobs
 
 
 class Clock:

@@ -13,10 +13,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from controlplane.app.operations import send_command
 from controlplane.clock import FakeClock
 from controlplane.engine.decider import Action, Command
 from controlplane.engine.observation import PodView
-from controlplane.operations import send_command
 from controlplane.store import leases, migrate, queries
 from controlplane.store.database import Database, open_database
 from controlplane.worker.errors import TerminalActionError

@@ -6,7 +6,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from controlplane.replay import replay_machine, verify_machine
+from controlplane.app.replay import replay_machine, verify_machine
 from controlplane.store.records import DecisionRecord, MachineRecord, RecordedEvent
 from tests.golden.scenarios import golden_path, run_fresh
 from tests.support.machines import KINDS

@@ -40,13 +40,13 @@ from typing import Any
 
 import asyncpg
 
+from controlplane.app.operations import submit_operation
 from controlplane.clock import SystemClock, new_id
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import ControlPlaneError
 from controlplane.machines.base.refs import parse_artifact_ref
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.submission import Limits
-from controlplane.operations import submit_operation
 from controlplane.store import migrate
 from controlplane.store.database import Database, open_database
 from controlplane.worker.composite import CompositeObserver

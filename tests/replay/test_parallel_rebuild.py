@@ -3,9 +3,9 @@ does: every machine once, the same mismatches in id order, the same rewrites."""
 
 from __future__ import annotations
 
+from controlplane.app.replay import RebuildProgress, rebuild, verify
 from controlplane.clock import FakeClock
 from controlplane.engine.kinds import KindRegistry
-from controlplane.replay import RebuildProgress, rebuild, verify
 from controlplane.store import queries, replay_reads
 from controlplane.store.database import Database
 from controlplane.store.records import Projection

@@ -11,14 +11,14 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from controlplane.app.operations import send_command
+from controlplane.app.replay import rebuild, verify
 from controlplane.clock import FakeClock
 from controlplane.engine.decider import Command, Event
 from controlplane.engine.kinds import KindRegistry
 from controlplane.engine.observation import PodView
 from controlplane.errors import UsageError
 from controlplane.machines.selftest.steps import StepsDecider, StepsState
-from controlplane.operations import send_command
-from controlplane.replay import rebuild, verify
 from controlplane.store import leases, migrate, queries
 from controlplane.store.database import Database, open_database
 from controlplane.store.records import Projection

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from controlplane.app.operations import submit_operation
 from controlplane.clock import FakeClock
 from controlplane.engine.observation import Interests, Observation
 from controlplane.errors import ControlPlaneError, UsageError
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.submission import Limits
-from controlplane.operations import submit_operation
 from controlplane.store import event_store, queries
 from controlplane.store.database import Database
 from controlplane.store.records import Projection
@@ -188,8 +188,8 @@ async def test_a_finished_operation_frees_its_workload(
 async def test_a_submitted_migration_accepts_retarget_and_records_it(
     db: Database, cluster: Cluster, clock: FakeClock
 ) -> None:
+    from controlplane.app.operations import send_command
     from controlplane.engine.decider import Command
-    from controlplane.operations import send_command
 
     await _submit(db, cluster, clock, "mig", migration("web", "uid-web"))
     await send_command(db, KINDS, machine_id="mig", command=Command("Retarget",

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime
 
+from controlplane.app.operations import submit
 from controlplane.clock import FakeClock
 from controlplane.engine.decider import Decision
 from controlplane.engine.kinds import KindRegistry
 from controlplane.engine.observation import Observation
 from controlplane.machines.selftest.steps import StepsDecider, StepsState
-from controlplane.operations import submit
 from controlplane.store.database import Database
 
 KINDS = KindRegistry([StepsDecider()])

@@ -87,7 +87,7 @@ async def _asleep(db: Database, machine_id: str, version: int) -> bool:
 
 
 async def _submit(db: Database, machine_id: str, **spec: object) -> None:
-    from controlplane.operations import submit
+    from controlplane.app.operations import submit
 
     await submit(db, KINDS, kind="steps", spec=spec,  # type: ignore[arg-type]
                  machine_id=machine_id, now=clock.now())
