@@ -146,6 +146,19 @@ def typed(events: EventSet) -> Callable[[Callable[[Any, Any], Any]], Callable[[A
     return wrap
 
 
+# --- the opening every product kind records -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Started(DomainEvent):
+    """The machine's first decision: it is running (``kind`` as submitted; a drain adds
+    its ``node``)."""
+
+    at: datetime
+    kind: str
+    node: str | None = None
+
+
 # --- the engine's own events ------------------------------------------------------------
 
 
