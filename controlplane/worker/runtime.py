@@ -35,10 +35,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from structlog.stdlib import BoundLogger
+
 from controlplane.clock import Clock, new_id
 from controlplane.engine.decider import ACTION_FAILED, Action, Decider, Decision, Event, fold
+from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.kinds import KindRegistry
-from controlplane.engine.observation import EMPTY_OBSERVATION
+from controlplane.engine.observation import EMPTY_OBSERVATION, Observation
 from controlplane.logs import get_logger
 from controlplane.machines.submission import Limits
 from controlplane.store import event_store, leases
@@ -74,6 +77,30 @@ class WorkerConfig:
     kinds: tuple[str, ...] | None = None
     #: Admission limits; when set, this worker also admits held operations.
     limits: Limits | None = None
+
+
+@dataclass(slots=True)
+class _Held:
+    """A machine while this worker drives it under one lease: what its steps move on."""
+
+    decider: Decider[Any]
+    lease: Lease
+    attempts: int  # consecutive troubled claims, 1 = this one (backoffs grow with it)
+    state: Any
+    version: int
+    log: BoundLogger  # bound to the machine, its phase and its version
+    #: The last action-only decision: the same one again means the world has not caught up.
+    previous_actions: tuple[Action, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Stepped:
+    """What one step saw, decided and failed at: whether to step again depends on it."""
+
+    decision: Decision
+    observation: Observation
+    now: datetime
+    failure: ActionFailure | None
 
 
 class Worker:
@@ -238,85 +265,111 @@ class Worker:
 
     async def drive(self, claimed: Claimed) -> None:
         """Observe -> decide -> commit -> act, while the machine keeps changing."""
-        record, lease = claimed.record, claimed.lease
+        held = self._hold(claimed)
+        try:
+            if claimed.record.pending_actions:
+                await self._perform_outbox(held, claimed.record.pending_actions)
+            for _ in range(self.config.max_steps_per_lease):
+                if await self._release_after(held, await self._step(held)):
+                    return
+            await self._release(held.lease, self.clock.now())  # fairness: let others have a turn
+        except Exception as exc:
+            await self._let_go_after_error(held, exc)
+
+    def _hold(self, claimed: Claimed) -> _Held:
+        """The claimed machine's state as its row has it, and a log bound to it."""
+        record = claimed.record
         decider = self.kinds.get(record.kind)
         state: Any = decider.load_state(record.state)
-        version = record.version
-        bound = log.bind(machine_id=record.id, kind=record.kind, phase=state.phase, seq=version)
-        previous_actions: tuple[object, ...] | None = None
-        try:
-            if record.pending_actions:
-                # A previous owner committed a decision but may not have acted on it.
-                outbox = tuple(map(event_store.action_from_json, record.pending_actions))
-                bound.info("performing actions left by a previous owner",
-                           actions=[a.key for a in outbox])
-                failure = await self.actions.run_all(outbox)
-                if failure is not None:
-                    state, version = await self._record_failure(decider, state, version,
-                                                                lease, failure)
-                    bound = bound.bind(phase=state.phase, seq=version)
-            for _ in range(self.config.max_steps_per_lease):
-                interests = decider.interests(state)
-                observation = (EMPTY_OBSERVATION if interests.empty
-                               else await self.observer.observe(interests))
-                now = self.clock.now()
-                decision = decider.decide(state, observation, now)
-                if decision.events:
-                    state, version = await self._commit(
-                        decider, state, version, lease, decision.events, now,
-                        "observation", {"observation": observation.to_json()},
-                        outbox=decision.actions,
-                    )
-                    bound = bound.bind(phase=state.phase, seq=version)
-                    bound.info("transition", events=[e.type for e in decision.events])
-                failure = await self.actions.run_all(decision.actions)
-                if failure is not None:
-                    state, version = await self._record_failure(decider, state, version,
-                                                                lease, failure)
-                    bound = bound.bind(phase=state.phase, seq=version)
-                    bound.warning("action failed", action=failure.action.type,
-                                  key=failure.action.key, error=failure.message)
-                if state.terminal:
-                    await self._release(lease, None)
-                    bound.info("terminal")
-                    return
-                if self._stopping.is_set():  # shutting down: this step is done, hand over
-                    await self._release(lease, self.clock.now())
-                    bound.info("released for shutdown")
-                    return
-                if decision.events or failure is not None:
-                    continue
-                if decision.actions and decision.actions != previous_actions:
-                    previous_actions = decision.actions
-                    continue
-                unseen = observation.failed_probes()
-                retry_at = self._probe_retry_at(record.attempts, now) if unseen else None
-                if unseen:
-                    bound.info("probe failed; looking again", keys=unseen, retry_at=retry_at)
-                await self._release(lease, self._sleep_until(decision, now, retry_at),
-                                    reset_attempts=not unseen)
-                return
-            await self._release(lease, self.clock.now())  # fairness: let others have a turn
-        except StaleWriter as exc:
+        return _Held(
+            decider=decider, lease=claimed.lease, attempts=record.attempts,
+            state=state, version=record.version,
+            log=log.bind(machine_id=record.id, kind=record.kind, phase=state.phase,
+                         seq=record.version),
+        )
+
+    async def _perform_outbox(self, held: _Held, pending: list[JsonObject]) -> None:
+        """A previous owner committed a decision but may not have acted on it: act now."""
+        outbox = tuple(map(event_store.action_from_json, pending))
+        held.log.info("performing actions left by a previous owner",
+                      actions=[a.key for a in outbox])
+        failure = await self.actions.run_all(outbox)
+        if failure is not None:
+            await self._record_failure(held, failure)
+
+    async def _step(self, held: _Held) -> _Stepped:
+        """One round: observe the machine's interests, decide, commit the events with the
+        decision's actions (the outbox), perform the actions."""
+        decider = held.decider
+        interests = decider.interests(held.state)
+        observation = (EMPTY_OBSERVATION if interests.empty
+                       else await self.observer.observe(interests))
+        now = self.clock.now()
+        decision = decider.decide(held.state, observation, now)
+        if decision.events:
+            await self._commit(held, decision.events, now, "observation",
+                               {"observation": observation.to_json()}, outbox=decision.actions)
+            held.log.info("transition", events=[e.type for e in decision.events])
+        failure = await self.actions.run_all(decision.actions)
+        if failure is not None:
+            await self._record_failure(held, failure)
+            held.log.warning("action failed", action=failure.action.type,
+                             key=failure.action.key, error=failure.message)
+        return _Stepped(decision, observation, now, failure)
+
+    async def _release_after(self, held: _Held, step: _Stepped) -> bool:
+        """Release the lease if ``step`` ends this turn: the machine is terminal, the worker
+        is stopping, or nothing changed (due again at its wake). ``False``: step again."""
+        if held.state.terminal:
+            await self._release(held.lease, None)
+            held.log.info("terminal")
+            return True
+        if self._stopping.is_set():  # shutting down: this step is done, hand over
+            await self._release(held.lease, self.clock.now())
+            held.log.info("released for shutdown")
+            return True
+        decision = step.decision
+        if decision.events or step.failure is not None:
+            return False
+        if decision.actions and decision.actions != held.previous_actions:
+            held.previous_actions = decision.actions
+            return False
+        unseen = step.observation.failed_probes()
+        retry_at = self._probe_retry_at(held.attempts, step.now) if unseen else None
+        if unseen:
+            held.log.info("probe failed; looking again", keys=unseen, retry_at=retry_at)
+        await self._release(held.lease, self._sleep_until(decision, step.now, retry_at),
+                            reset_attempts=not unseen)
+        return True
+
+    async def _let_go_after_error(self, held: _Held, exc: Exception) -> None:
+        """The error policy of driving a machine, in one place:
+
+        - a stale writer (``LeaseLost``, ``ConcurrencyConflict``) lost the race: release now;
+        - the database is unavailable: nothing can be written, the lease will expire;
+        - anything else is a bug in a decider, observer or handler, which must not stop the
+          worker: release with a backoff on the machine's consecutive troubled claims.
+        """
+        if isinstance(exc, StaleWriter):
             if isinstance(exc, LeaseLost):
                 self.metrics.lease_losses += 1
             else:
                 self.metrics.conflicts += 1
-            bound.info("lost the race, letting go", reason=str(exc))
+            held.log.info("lost the race, letting go", reason=str(exc))
             with contextlib.suppress(StaleWriter, DatabaseUnavailable):
-                await self._release(lease, self.clock.now())
-        except DatabaseUnavailable as exc:
-            bound.warning("database unavailable mid-decision; the lease will expire",
-                          error=str(exc))
-        except Exception as exc:  # a bug in a decider/observer/handler must not stop the worker
+                await self._release(held.lease, self.clock.now())
+        elif isinstance(exc, DatabaseUnavailable):
+            held.log.warning("database unavailable mid-decision; the lease will expire",
+                             error=str(exc))
+        else:
             self.metrics.step_crashes += 1
-            delay = _backoff_seconds(record.attempts, self.config.error_backoff_seconds,
+            delay = _backoff_seconds(held.attempts, self.config.error_backoff_seconds,
                                      self.config.error_backoff_max_seconds)
-            bound.exception("machine step crashed; retrying later", error=repr(exc),
-                            retry_in=delay)
+            held.log.exception("machine step crashed; retrying later", error=repr(exc),
+                               retry_in=delay)
             with contextlib.suppress(StaleWriter, DatabaseUnavailable):
                 await self.committer.release(ReleaseRequest(
-                    lease, self.clock.now(), self.clock.now() + timedelta(seconds=delay),
+                    held.lease, self.clock.now(), self.clock.now() + timedelta(seconds=delay),
                     reset_attempts=False))
 
     def _sleep_until(self, decision: Decision, now: datetime,
@@ -337,39 +390,34 @@ class Worker:
 
     async def _commit(
         self,
-        decider: Decider[Any],
-        state: Any,
-        version: int,
-        lease: Lease,
+        held: _Held,
         events: tuple[Event, ...],
         now: datetime,
         cause: str,
         decision_input: dict[str, Any],
         outbox: tuple[Action, ...] = (),
-    ) -> tuple[Any, int]:
-        new_state = fold(decider, state, events)
+    ) -> None:
+        state = held.state
+        new_state = fold(held.decider, state, events)
         keys = new_state.wake_keys
         version = await self.committer.commit(CommitRequest(
-            machine_id=lease.machine_id, expected_version=version, events=events,
+            machine_id=held.lease.machine_id, expected_version=held.version, events=events,
             projection=Projection(new_state.phase, new_state.to_json(), new_state.terminal,
                                   keys if keys != state.wake_keys else None),
             cause=cause, decision_input=decision_input, now=now,
-            worker_id=self.config.worker_id, lease=lease, outbox=outbox,
+            worker_id=self.config.worker_id, lease=held.lease, outbox=outbox,
         ))
         self.transitions += len(events)
-        self.metrics.transitions[decider.kind] += len(events)
-        return new_state, version
+        self.metrics.transitions[held.decider.kind] += len(events)
+        held.state, held.version = new_state, version
+        held.log = held.log.bind(phase=new_state.phase, seq=version)
 
-    async def _record_failure(
-        self, decider: Decider[Any], state: Any, version: int, lease: Lease,
-        failure: ActionFailure,
-    ) -> tuple[Any, int]:
+    async def _record_failure(self, held: _Held, failure: ActionFailure) -> None:
         now = self.clock.now()
         self.metrics.action_failures[(failure.action.type, failure.error_class)] += 1
         data = failure.to_event_data(now)
         event = Event(ACTION_FAILED, data, {"error_class": failure.error_class})
-        return await self._commit(decider, state, version, lease, (event,), now,
-                                  "engine", {"action_failure": data})
+        await self._commit(held, (event,), now, "engine", {"action_failure": data})
 
     async def _release(self, lease: Lease, wake_at: datetime | None, *,
                        reset_attempts: bool = True) -> None:
