@@ -63,7 +63,8 @@ async def test_drain_views_count_children_outcomes_and_failure_reasons(
     await decide(node(True), 1)  # three ChildStarted
     await step((Event("ActionFailed", {
         "at": clock.now().isoformat(), "action": ActionType.SUBMIT_OPERATION,
-        "key": submit_key(DRAIN, ids[2]), "error_class": "Refused", "message": "pod gone",
+        "key": submit_key(DRAIN, ids[2]), "params": {}, "error_class": "Refused",
+        "message": "pod gone",
         "retryable": False, "attempts": 1}),), 1)
     await decide(node(True, {ids[0]: MachineView(ids[0], "migration", "Succeeded", True),
                              ids[1]: MachineView(ids[1], "migration", "RolledBack", True,

@@ -23,6 +23,13 @@ def given(spec: dict[str, object], *events: Event) -> StepsState:
 
 GATE = {"steps": 2, "gate_pod": "ns/p", "gate_pod_uid": "u1", "deadline_seconds": 60}
 ARMED = Event("GateArmed", {"deadline": (NOW + timedelta(seconds=60)).isoformat()})
+STEP_1 = Event("StepCompleted", {"step": 1, "payload": ""})
+
+
+def action_failed(key: str, message: str = "m") -> Event:
+    return Event(ACTION_FAILED, {"at": NOW.isoformat(), "action": "steps.work", "key": key,
+                                 "params": {}, "error_class": "Forbidden", "message": message,
+                                 "retryable": False, "attempts": 1})
 
 
 def test_running_machine_completes_the_next_step_with_its_action() -> None:
@@ -33,10 +40,10 @@ def test_running_machine_completes_the_next_step_with_its_action() -> None:
 
 
 def test_the_last_step_makes_the_machine_succeed_and_terminal_is_absorbing() -> None:
-    state = given({"steps": 1}, Event("StepCompleted", {"step": 1}))
+    state = given({"steps": 1}, STEP_1)
     assert (state.status, state.terminal) == (StepsPhase.SUCCEEDED, True)
     assert D.decide(state, Observation(), NOW).idle
-    assert D.evolve(state, Event(ACTION_FAILED, {"key": "k"})) == state
+    assert D.evolve(state, action_failed("k")) == state
 
 
 def test_a_gated_machine_arms_its_deadline_before_waiting() -> None:
@@ -74,7 +81,7 @@ def test_wake_keys_are_the_gate_pod_uid_only_while_waiting() -> None:
 def test_cancel_is_accepted_while_live_and_refused_when_terminal() -> None:
     assert [e.type for e in D.accept(given({"steps": 2}), Command("Cancel"), NOW)] == \
         ["Cancelled"]
-    done = given({"steps": 1}, Event("StepCompleted", {"step": 1}))
+    done = given({"steps": 1}, STEP_1)
     with pytest.raises(CommandRejected, match="already Succeeded"):
         D.accept(done, Command("Cancel"), NOW)
     with pytest.raises(CommandRejected, match="only Cancel"):
@@ -82,15 +89,14 @@ def test_cancel_is_accepted_while_live_and_refused_when_terminal() -> None:
 
 
 def test_an_action_failure_fails_the_machine_with_the_reason() -> None:
-    state = D.evolve(given({"steps": 3}), Event(ACTION_FAILED, {"key": "m:step:1",
-                                                               "message": "403"}))
+    state = D.evolve(given({"steps": 3}), action_failed("m:step:1", "403"))
     assert state.status is StepsPhase.FAILED
     assert "403" in state.reason
 
 
 def test_state_round_trips_through_json() -> None:
     for state in (given(GATE), given(GATE, ARMED), given({"steps": 4},
-                                                         Event("StepCompleted"))):
+                                                         STEP_1)):
         assert D.load_state(state.to_json()) == state
 
 

@@ -6,6 +6,7 @@ never uncordon."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from controlplane.engine.decider import Event, InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import MachineView, NodeView, Observation
+from controlplane.machines.base.events import ActionFailed, UnknownEvent
 from controlplane.machines.contract.actions import ActionType
 from controlplane.machines.drain.machine import (
     DrainDecider,
@@ -51,6 +53,12 @@ def child(i: int) -> str:
 def view(i: int, phase: str = "Restoring", terminal: bool = False,
          reason: str = "") -> MachineView:
     return MachineView(child(i), "migration", phase, terminal, reason)
+
+
+def failed_for_good(action: ActionType, key: str, error_class: str, message: str,
+                    when: datetime) -> Event:
+    return ActionFailed(at=when, action=action, key=key, params={}, error_class=error_class,
+                        message=message, retryable=False, attempts=1).recorded()
 
 
 def draining(pods: int = 5, max_parallel: int = 2) -> Given:
@@ -124,10 +132,8 @@ def test_all_children_succeeding_leaves_the_node_cordoned() -> None:
 
 def test_a_refused_child_submission_counts_as_failed_and_others_go_on() -> None:
     g = draining(pods=3).decided(seen(True), at(2))
-    refusal = Event("ActionFailed", {"at": at(3).isoformat(),
-                                     "action": ActionType.SUBMIT_OPERATION,
-                                     "key": submit_key(DRAIN, child(0)), "error_class": "Refused",
-                                     "message": "pod gone", "retryable": False, "attempts": 1})
+    refusal = failed_for_good(ActionType.SUBMIT_OPERATION, submit_key(DRAIN, child(0)),
+                              "Refused", "pod gone", at(3))
     then = g.event(refusal).when(seen(True, {child(1): view(1)}), at(3))
     then.then_events("ChildStarted")
     assert then.state.counts()["failed"] == 1
@@ -159,10 +165,8 @@ def test_cancel_never_uncordons_a_node_that_was_cordoned_before_the_drain() -> N
 
 def test_a_cordon_forbidden_for_good_fails_the_drain() -> None:
     g = given().decided(seen(False), at(0))
-    g = g.event(Event("ActionFailed", {"at": at(1).isoformat(),
-                                       "action": ActionType.SET_NODE_UNSCHEDULABLE,
-                                       "key": f"{DRAIN}:cordon", "error_class": "Forbidden",
-                                       "message": "403", "retryable": False, "attempts": 1}))
+    g = g.event(failed_for_good(ActionType.SET_NODE_UNSCHEDULABLE, f"{DRAIN}:cordon",
+                                "Forbidden", "403", at(1)))
     g.when(seen(False), at(1)).then_events("DrainFinished").then_phase("Failed")
 
 
@@ -188,10 +192,8 @@ def test_a_started_child_whose_submission_never_ran_is_submitted_again() -> None
     so the second's SubmitOperation never ran. The store shows no such machine: the drain
     submits it again (same id and key) instead of waiting for it forever."""
     g = draining(pods=3).decided(seen(True), at(2))
-    refusal = Event("ActionFailed", {"at": at(3).isoformat(),
-                                     "action": ActionType.SUBMIT_OPERATION,
-                                     "key": submit_key(DRAIN, child(0)), "error_class": "Refused",
-                                     "message": "pod gone", "retryable": False, "attempts": 1})
+    refusal = failed_for_good(ActionType.SUBMIT_OPERATION, submit_key(DRAIN, child(0)),
+                              "Refused", "pod gone", at(3))
     g = g.event(refusal)
     then = g.when(seen(True, {child(1): None}), at(3))
     assert then.decision.events == ()  # nothing new happened: the same child, again
@@ -200,3 +202,16 @@ def test_a_started_child_whose_submission_never_ran_is_submitted_again() -> None
     # Once the store has it, it is not submitted again; the freed slot goes to child 2.
     nxt = g.when(seen(True, {child(1): view(1)}), at(4)).then_events("ChildStarted")
     assert [a.params["machine_id"] for a in nxt.actions] == [child(2)]
+
+
+def test_an_event_type_the_drain_does_not_record_is_refused_not_ignored() -> None:
+    """A renamed or misspelt event is an error when folded, even into a finished drain,
+    instead of an ``evolve`` that silently returns the state unchanged."""
+    live = draining().state
+    with pytest.raises(UnknownEvent, match="'ChildStartd' is not one this kind records"):
+        DrainDecider().evolve(live, Event("ChildStartd", {"at": at(2).isoformat(),
+                                                          "child": child(0)}))
+    g = draining(pods=0)
+    finished = g.when(seen(True), at(2)).then_phase("Succeeded").state
+    with pytest.raises(UnknownEvent, match="'StepCompleted' is not one this kind records"):
+        DrainDecider().evolve(finished, Event("StepCompleted", {"step": 1}))

@@ -53,14 +53,13 @@ from controlplane.engine.observation import (
 from controlplane.machines.base.codec import decode
 from controlplane.machines.base.common import (
     REISSUE_AFTER,
-    STARTED,
     Step,
     emit,
     node_facts,
-    stamped,
     wait,
     with_facts,
 )
+from controlplane.machines.base.events import DomainEvent, Started
 from controlplane.machines.base.specs import (
     class_json,
     node_name,
@@ -70,17 +69,20 @@ from controlplane.machines.base.specs import (
     require,
 )
 from controlplane.machines.contract.actions import ActionType
+from controlplane.machines.drain.events import (
+    ChildFinished,
+    ChildOutcome,
+    ChildrenSkipped,
+    ChildStarted,
+    CordonRequested,
+    DrainCancelRequested,
+    DrainFinished,
+    NodeCordoned,
+    NodeUncordoned,
+    UncordonRequested,
+)
 from controlplane.machines.drain.state import (
-    CANCEL_REQUESTED,
-    CHILD_FINISHED,
-    CHILD_STARTED,
-    CHILDREN_SKIPPED,
-    CORDON_REQUESTED,
-    FINISHED,
     KIND,
-    NODE_CORDONED,
-    NODE_UNCORDONED,
-    UNCORDON_REQUESTED,
     Child,
     DrainPhase,
     DrainSpec,
@@ -178,7 +180,7 @@ class DrainDecider:
         if state.terminal:
             return Decision()
         if state.started_at is None:
-            started = stamped(STARTED, now, {"kind": KIND, "node": state.spec.node})
+            started = Started(at=now, kind=KIND, node=state.spec.node).recorded()
             rest = self.decide(self.evolve(state, started), observation, now)
             return with_facts(Decision((started, *rest.events), rest.actions, rest.wake_at),
                               observation)
@@ -195,10 +197,10 @@ class DrainDecider:
             return self._cordon(state, fact, facts, now)
         if state.status is DrainPhase.UNCORDONING:
             return self._uncordon(state, fact, facts, now)
-        finished = [stamped(CHILD_FINISHED, now, {
-            "child": c.id, "pod": c.pod_key, "target": c.target, "phase": seen.phase,
-            "reason": seen.reason, "succeeded": seen.phase == "Succeeded"},
-            {"child": c.id, "phase": seen.phase})
+        finished = [ChildFinished(
+            at=now, child=c.id, pod=c.pod_key, target=c.target, phase=seen.phase,
+            reason=seen.reason, succeeded=seen.phase == "Succeeded",
+        ).recorded({"child": c.id, "phase": seen.phase})
             for c in state.in_flight
             if isinstance(seen := obs.machines.get(c.id), MachineView) and seen.terminal]
         if finished:
@@ -211,8 +213,8 @@ class DrainDecider:
         if lost:
             return emit(actions=[self._submit(state, c) for c in lost])
         if state.cancelled and state.pending:
-            return emit(stamped(CHILDREN_SKIPPED, now, {
-                "children": [c.id for c in state.pending], "reason": "cancelled"}))
+            return emit(ChildrenSkipped(at=now, children=tuple(c.id for c in state.pending),
+                                        reason="cancelled").recorded())
         room = state.spec.max_parallel - len(state.in_flight)
         if not state.cancelled and state.pending and room > 0:
             return self._start(state, state.pending[:room], now)
@@ -243,13 +245,13 @@ class DrainDecider:
             return _finish(now, DrainPhase.FAILED, "NodeGone",
                            f"node {node} no longer exists", state, facts)
         if fact.unschedulable:
-            return emit(stamped(NODE_CORDONED, now, {
-                "node": node, "already": not state.cordoned_by_us}, facts))
+            return emit(NodeCordoned(at=now, node=node, already=not state.cordoned_by_us
+                                     ).recorded(facts))
         due = state.cordon_requested_at is None or now >= state.cordon_requested_at + \
             REISSUE_AFTER
         if not due:
             return wait(now + CHILD_POLL)
-        return emit(stamped(CORDON_REQUESTED, now, {"node": node}, facts), actions=[
+        return emit(CordonRequested(at=now, node=node).recorded(facts), actions=[
             set_node_unschedulable(f"{state.machine_id}:cordon", node=node,
                                    unschedulable=True)])
 
@@ -259,7 +261,7 @@ class DrainDecider:
         if isinstance(fact, ProbeError):
             return wait(now + CHILD_POLL)
         if fact is None or not fact.unschedulable:
-            done = stamped(NODE_UNCORDONED, now, {"node": node}, facts)
+            done = NodeUncordoned(at=now, node=node).recorded(facts)
             end = _finish(now, DrainPhase.CANCELLED, "Cancelled",
                           f"cancelled; running children finished, node {node} uncordoned",
                           evolve_drain(state, done))
@@ -268,7 +270,7 @@ class DrainDecider:
         if state.status is DrainPhase.UNCORDONING and requested is not None and \
                 now < requested + REISSUE_AFTER:
             return wait(now + CHILD_POLL)
-        return emit(stamped(UNCORDON_REQUESTED, now, {"node": node}, facts), actions=[
+        return emit(UncordonRequested(at=now, node=node).recorded(facts), actions=[
             set_node_unschedulable(f"{state.machine_id}:uncordon", node=node,
                                    unschedulable=False)])
 
@@ -284,14 +286,14 @@ class DrainDecider:
         events: list[Event] = []
         actions: list[Action] = []
         for c in children:
-            events.append(stamped(CHILD_STARTED, now, {
-                "child": c.id, "pod": c.pod_key, "uid": c.uid, "target": c.target,
-                "in_flight": len(state.in_flight) + len(events) + 1},
-                {"max_parallel": state.spec.max_parallel}))
+            events.append(ChildStarted(
+                at=now, child=c.id, pod=c.pod_key, uid=c.uid, target=c.target,
+                in_flight=len(state.in_flight) + len(events) + 1,
+            ).recorded({"max_parallel": state.spec.max_parallel}))
             actions.append(self._submit(state, c))
         return emit(*events, actions=actions)
 
-    def evolve(self, state: DrainState, event: EventLike) -> DrainState:
+    def evolve(self, state: DrainState, event: EventLike | DomainEvent) -> DrainState:
         return evolve_drain(state, event)
 
     def accept(self, state: DrainState, command: Command, now: datetime) -> Sequence[Event]:
@@ -301,9 +303,8 @@ class DrainDecider:
             raise CommandRejected(f"drain {state.machine_id} is already {state.phase}")
         if state.cancelled:
             return ()
-        return (stamped(CANCEL_REQUESTED, now, {"in_flight": len(state.in_flight),
-                                                "pending": len(state.pending)},
-                        {"command": "Cancel"}),)
+        return (DrainCancelRequested(at=now, in_flight=len(state.in_flight),
+                                     pending=len(state.pending)).recorded({"command": "Cancel"}),)
 
     def load_state(self, data: JsonObject) -> DrainState:
         return decode(DrainState, data)
@@ -316,13 +317,16 @@ def _list(spec: JsonObject, key: str) -> list[JsonValue]:
 
 def _finish(now: datetime, phase: DrainPhase, reason: str, message: str, state: DrainState,
             facts: JsonObject | None = None) -> Step:
-    counts: dict[str, JsonValue] = dict(state.counts())
-    children: list[JsonValue] = [
-        {"child": c.id, "pod": c.pod_key, "target": c.target, "status": c.status.value,
-         "phase": c.phase, "reason": c.reason} for c in state.children]
-    return emit(stamped(FINISHED, now, {"phase": phase.value, "reason": reason,
-                                        "message": message, **counts,
-                                        "children_outcomes": children}, facts))
+    counts = state.counts()
+    outcomes = tuple(ChildOutcome(child=c.id, pod=c.pod_key, target=c.target,
+                                  status=c.status.value, phase=c.phase, reason=c.reason)
+                     for c in state.children)
+    return emit(DrainFinished(
+        at=now, phase=phase.value, reason=reason, message=message,
+        children=counts["children"], succeeded=counts["succeeded"], failed=counts["failed"],
+        skipped=counts["skipped"], in_flight=counts["in_flight"],
+        children_outcomes=outcomes,
+    ).recorded(facts))
 
 
 __all__ = ["KIND", "DrainDecider", "DrainPhase", "DrainState", "child_id"]

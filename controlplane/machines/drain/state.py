@@ -16,23 +16,33 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from controlplane.engine.decider import ACTION_FAILED, EventLike
+from controlplane.engine.decider import EventLike
 from controlplane.machines.base.codec import RawJson
-from controlplane.machines.base.common import STARTED, event_time
+from controlplane.machines.base.events import (
+    ActionFailed,
+    Admitted,
+    DomainEvent,
+    Queued,
+    Started,
+    UnknownEvent,
+)
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.states import PhasedState
 from controlplane.machines.contract.actions import ActionType
+from controlplane.machines.drain.events import (
+    DRAIN_EVENTS,
+    ChildFinished,
+    ChildrenSkipped,
+    ChildStarted,
+    CordonRequested,
+    DrainCancelRequested,
+    DrainFinished,
+    NodeCordoned,
+    NodeUncordoned,
+    UncordonRequested,
+)
 
 KIND = "drain"
-CORDON_REQUESTED = "CordonRequested"
-NODE_CORDONED = "NodeCordoned"
-CHILD_STARTED = "ChildStarted"
-CHILD_FINISHED = "ChildFinished"
-CHILDREN_SKIPPED = "ChildrenSkipped"
-CANCEL_REQUESTED = "CancelRequested"
-UNCORDON_REQUESTED = "UncordonRequested"
-NODE_UNCORDONED = "NodeUncordoned"
-FINISHED = "DrainFinished"
 
 
 class DrainPhase(StrEnum):
@@ -148,51 +158,51 @@ def _child(state: DrainState, cid: str, **changes: Any) -> DrainState:
                                          for c in state.children))
 
 
-def evolve_drain(state: DrainState, event: EventLike) -> DrainState:
-    t, d = event.type, event.data
+def evolve_drain(state: DrainState, recorded: EventLike | DomainEvent) -> DrainState:
+    """Fold one event; an event the drain does not record raises ``UnknownEvent``."""
+    event = DRAIN_EVENTS.decode(recorded)
     if state.terminal:
         return state
-    if t == STARTED:
-        return replace(state, started_at=event_time(event))
-    if t == CORDON_REQUESTED:
-        return replace(state, cordon_requested_at=event_time(event), cordoned_by_us=True)
-    if t == NODE_CORDONED:
-        return replace(state, status=DrainPhase.DRAINING,
-                       cordoned_by_us=not bool(d.get("already")))
-    if t == CHILD_STARTED:
-        return _child(state, str(d["child"]), status=ChildStatus.STARTED,
-                      started_at=event_time(event))
-    if t == CHILD_FINISHED:
-        return _child(state, str(d["child"]), status=ChildStatus.FINISHED,
-                      phase=str(d["phase"]), reason=str(d.get("reason") or ""),
-                      finished_at=event_time(event))
-    if t == CHILDREN_SKIPPED:
-        skipped = set(map(str, d.get("children") or []))  # type: ignore[arg-type]
-        return replace(state, children=tuple(
-            replace(c, status=ChildStatus.SKIPPED, reason="drain cancelled before it started")
-            if c.id in skipped else c for c in state.children))
-    if t == CANCEL_REQUESTED:
-        return replace(state, cancelled=True)
-    if t == UNCORDON_REQUESTED:
-        return replace(state, status=DrainPhase.UNCORDONING,
-                       uncordon_requested_at=event_time(event))
-    if t == NODE_UNCORDONED:
-        return replace(state, cordoned_by_us=False)
-    if t == FINISHED:
-        return replace(state, status=DrainPhase(str(d["phase"])), reason=str(d["reason"]),
-                       message=str(d["message"]))
-    if t == ACTION_FAILED:
-        return _action_failed(state, event)
-    return state
+    match event:
+        case Started(at=at):
+            return replace(state, started_at=at)
+        case CordonRequested(at=at):
+            return replace(state, cordon_requested_at=at, cordoned_by_us=True)
+        case NodeCordoned(already=already):
+            return replace(state, status=DrainPhase.DRAINING, cordoned_by_us=not already)
+        case ChildStarted(at=at, child=child):
+            return _child(state, child, status=ChildStatus.STARTED, started_at=at)
+        case ChildFinished(at=at, child=child, phase=phase, reason=reason):
+            return _child(state, child, status=ChildStatus.FINISHED, phase=phase,
+                          reason=reason, finished_at=at)
+        case ChildrenSkipped(children=children):
+            skipped = set(children)
+            return replace(state, children=tuple(
+                replace(c, status=ChildStatus.SKIPPED,
+                        reason="drain cancelled before it started")
+                if c.id in skipped else c for c in state.children))
+        case DrainCancelRequested():
+            return replace(state, cancelled=True)
+        case UncordonRequested(at=at):
+            return replace(state, status=DrainPhase.UNCORDONING, uncordon_requested_at=at)
+        case NodeUncordoned():
+            return replace(state, cordoned_by_us=False)
+        case DrainFinished(phase=phase, reason=reason, message=message):
+            return replace(state, status=DrainPhase(phase), reason=reason, message=message)
+        case ActionFailed():
+            return _action_failed(state, event)
+        case Queued() | Admitted():
+            return state
+    raise UnknownEvent(f"event {event.NAME!r} is in DRAIN_EVENTS but the drain does not "
+                       "fold it")
 
 
-def _action_failed(state: DrainState, event: EventLike) -> DrainState:
-    d = event.data
-    key, message = str(d.get("key")), f"{d.get('error_class')}: {d.get('message')}"
+def _action_failed(state: DrainState, failed: ActionFailed) -> DrainState:
+    key, message = failed.key, f"{failed.error_class}: {failed.message}"
     for c in state.children:
         if key == submit_key(state.machine_id, c.id) and c.in_flight:
             return _child(state, c.id, status=ChildStatus.REFUSED, reason=message)
-    if d.get("action") == ActionType.SET_NODE_UNSCHEDULABLE and not d.get("retryable"):
+    if failed.action == ActionType.SET_NODE_UNSCHEDULABLE and not failed.retryable:
         return replace(state, node_error=message)
     # A retryable cordon failure: decide re-issues the action after the re-issue delay.
     return replace(state, cordon_requested_at=None if state.status is DrainPhase.CORDONING

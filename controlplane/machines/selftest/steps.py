@@ -22,7 +22,6 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from controlplane.engine.decider import (
-    ACTION_FAILED,
     Action,
     Command,
     CommandRejected,
@@ -33,19 +32,28 @@ from controlplane.engine.decider import (
 )
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation, PodView, ProbeError
+from controlplane.machines.base.events import (
+    ActionFailed,
+    Admitted,
+    DomainEvent,
+    Queued,
+    UnknownEvent,
+)
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.states import PhasedState
+from controlplane.machines.selftest.events import (
+    STEPS_EVENTS,
+    Cancelled,
+    GateArmed,
+    GateOpened,
+    GateTimedOut,
+    StepCompleted,
+)
 
 KIND = "steps"
 MAX_STEPS = 1000
 MAX_PAYLOAD = 64 * 1024
 
-STEP_COMPLETED = "StepCompleted"
-GATE_ARMED = "GateArmed"
-GATE_OPENED = "GateOpened"
-GATE_TIMED_OUT = "GateTimedOut"
-CANCELLED = "Cancelled"
-STEP_FAILED = "StepFailed"
 WORK_ACTION = "steps.work"
 
 
@@ -162,7 +170,7 @@ class StepsDecider:
         if state.status is StepsPhase.WAITING:
             return self._decide_gate(state, observation, now)
         step = state.done + 1
-        event = Event(STEP_COMPLETED, {"step": step, "payload": "x" * state.payload_bytes})
+        event = StepCompleted(step=step, payload="x" * state.payload_bytes).recorded()
         action = Action(WORK_ACTION, f"{state.machine_id}:step:{step}", {"step": step})
         return Decision(events=(event,), actions=(action,))
 
@@ -171,46 +179,52 @@ class StepsDecider:
         if state.deadline is None:
             # Arm the hang guard first, so the deadline is part of the history.
             deadline = now + timedelta(seconds=state.deadline_seconds)
-            return Decision(events=(Event(GATE_ARMED, {"deadline": deadline.isoformat()}),))
+            return Decision(events=(GateArmed(deadline=deadline).recorded(),))
         pod = observation.pods.get(state.gate_pod)
         deadline = datetime.fromisoformat(state.deadline)
         if isinstance(pod, PodView) and pod.uid == state.gate_pod_uid and pod.phase == "Running":
-            return Decision(events=(Event(GATE_OPENED, {}, {"pod_uid": pod.uid,
-                                                             "pod_phase": pod.phase}),))
+            return Decision(events=(GateOpened().recorded({"pod_uid": pod.uid,
+                                                            "pod_phase": pod.phase}),))
         if now >= deadline:
             facts: JsonObject = {"deadline": state.deadline}
             if isinstance(pod, ProbeError):
                 facts["error_class"] = pod.error_class
-            return Decision(events=(Event(GATE_TIMED_OUT, {"reason": "gate pod never ran"},
-                                          facts),))
+            return Decision(events=(GateTimedOut(reason="gate pod never ran").recorded(facts),))
         return Decision(wake_at=deadline)
 
-    def evolve(self, state: StepsState, event: EventLike) -> StepsState:
-        t = event.type
-        if t == STEP_COMPLETED:
-            done = state.done + 1
-            status = StepsPhase.SUCCEEDED if done >= state.steps else StepsPhase.RUNNING
-            return replace(state, done=done, status=status)
-        if t == GATE_ARMED:
-            return replace(state, deadline=str(event.data["deadline"]))
-        if t == GATE_OPENED:
-            return replace(state, status=StepsPhase.RUNNING)
-        if t == GATE_TIMED_OUT:
-            return replace(state, status=StepsPhase.FAILED, reason=str(event.data["reason"]))
-        if t == CANCELLED:
-            return replace(state, status=StepsPhase.CANCELLED, reason="cancelled by operator")
-        if t == ACTION_FAILED and state.fail_on_action_error and not state.terminal:
-            return replace(state, status=StepsPhase.FAILED,
-                           reason=f"action {event.data.get('key')} failed: "
-                                  f"{event.data.get('message')}")
-        return state
+    def evolve(self, state: StepsState, recorded: EventLike | DomainEvent) -> StepsState:
+        """Fold one event; an event this kind does not record raises ``UnknownEvent``."""
+        event = STEPS_EVENTS.decode(recorded)
+        match event:
+            case StepCompleted():
+                done = state.done + 1
+                status = StepsPhase.SUCCEEDED if done >= state.steps else StepsPhase.RUNNING
+                return replace(state, done=done, status=status)
+            case GateArmed(deadline=deadline):
+                return replace(state, deadline=deadline.isoformat())
+            case GateOpened():
+                return replace(state, status=StepsPhase.RUNNING)
+            case GateTimedOut(reason=reason):
+                return replace(state, status=StepsPhase.FAILED, reason=reason)
+            case Cancelled():
+                return replace(state, status=StepsPhase.CANCELLED,
+                               reason="cancelled by operator")
+            case ActionFailed(key=key, message=message):
+                if state.fail_on_action_error and not state.terminal:
+                    return replace(state, status=StepsPhase.FAILED,
+                                   reason=f"action {key} failed: {message}")
+                return state
+            case Queued() | Admitted():
+                return state
+        raise UnknownEvent(f"event {event.NAME!r} is in STEPS_EVENTS but the steps kind does "
+                           "not fold it")
 
     def accept(self, state: StepsState, command: Command, now: datetime) -> Sequence[Event]:
         if command.type != "Cancel":
             raise CommandRejected(f"steps machines accept only Cancel, not {command.type!r}")
         if state.terminal:
             raise CommandRejected(f"machine {state.machine_id} is already {state.phase}")
-        return (Event(CANCELLED, {"at_step": state.done}),)
+        return (Cancelled(at_step=state.done).recorded(),)
 
     def load_state(self, data: JsonObject) -> StepsState:
         def opt(key: str) -> str | None:
