@@ -180,8 +180,9 @@ class DrainDecider:
         if state.terminal:
             return Decision()
         if state.started_at is None:
-            started = Started(at=now, kind=KIND, node=state.spec.node).recorded()
-            rest = self.decide(self.evolve(state, started), observation, now)
+            opening = Started(at=now, kind=KIND, node=state.spec.node)
+            started = opening.recorded()
+            rest = self.decide(self.evolve(state, opening), observation, now)
             return with_facts(Decision((started, *rest.events), rest.actions, rest.wake_at),
                               observation)
         return with_facts(self._step(state, observation, now).decision(), observation)
@@ -261,11 +262,11 @@ class DrainDecider:
         if isinstance(fact, ProbeError):
             return wait(now + CHILD_POLL)
         if fact is None or not fact.unschedulable:
-            done = NodeUncordoned(at=now, node=node).recorded(facts)
+            uncordoned = NodeUncordoned(at=now, node=node)
             end = _finish(now, DrainPhase.CANCELLED, "Cancelled",
                           f"cancelled; running children finished, node {node} uncordoned",
-                          evolve_drain(state, done))
-            return emit(done, *end.events)
+                          evolve_drain(state, uncordoned))
+            return emit(uncordoned.recorded(facts), *end.events)
         requested = state.uncordon_requested_at
         if state.status is DrainPhase.UNCORDONING and requested is not None and \
                 now < requested + REISSUE_AFTER:
