@@ -93,7 +93,9 @@ def observe(pods: Mapping[str, PodFact] | None = None, tags: Mapping[str, TagFac
 
 def action_failed(key: str, action: str, *, error_class: str = "Forbidden",
                   message: str = "403 Forbidden", retryable: bool = False) -> Event:
-    return Event(ACTION_FAILED, {"action": action, "key": key, "error_class": error_class,
+    """An ``ActionFailed`` as the worker records it (every key; ``at`` is ``T0``)."""
+    return Event(ACTION_FAILED, {"at": T0.isoformat(), "action": action, "key": key,
+                                 "params": {}, "error_class": error_class,
                                  "message": message, "retryable": retryable, "attempts": 3})
 
 

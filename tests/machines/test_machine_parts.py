@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +14,8 @@ from controlplane.engine.decider import Event
 from controlplane.engine.kinds import KindRegistry
 from controlplane.engine.observation import Interests
 from controlplane.machines.base.codec import RawJson, decode, encode
-from controlplane.machines.base.common import backoff, event_time, next_poll, stamped
+from controlplane.machines.base.common import backoff, next_poll
+from controlplane.machines.base.events import ENGINE_EVENTS, EventSet, Started, UnknownEvent
 from controlplane.machines.catalog import product_kinds
 from controlplane.machines.contract import protocol
 from controlplane.machines.contract.actions import (
@@ -166,13 +167,21 @@ def test_backoff_is_capped(attempt: int) -> None:
 
 
 def test_events_carry_their_decision_time() -> None:
-    """evolve reads time from the event, never from a clock."""
-    assert event_time(stamped("X", T0)) == T0
-    with pytest.raises(ValueError, match="no 'at'"):
-        event_time(Event("X", {}))
-    with pytest.raises(ValueError, match="timezone"):
-        event_time(Event("X", {"at": "2026-01-01T00:00:00"}))
-    assert event_time(stamped("X", datetime(2026, 1, 1, tzinfo=UTC))).tzinfo is not None
+    """evolve reads time from the event, never from a clock: an event's ``at`` is written
+    as timezone-aware ISO text and read back as that moment."""
+    events = EventSet(ENGINE_EVENTS, [Started])
+    recorded = Started(at=T0, kind="checkpoint").recorded()
+    assert recorded.data["at"] == T0.isoformat()
+    opening = events.decode(recorded)
+    assert isinstance(opening, Started)
+    assert opening.at == T0
+    assert opening.at.tzinfo is not None
+    with pytest.raises(UnknownEvent, match="missing"):
+        events.decode(Event("Started", {"kind": "checkpoint"}))
+    with pytest.raises(UnknownEvent, match="timezone"):
+        events.decode(Event("Started", {"at": "2026-01-01T00:00:00", "kind": "checkpoint"}))
+    with pytest.raises(ValueError, match="naive"):
+        Started(at=datetime(2026, 1, 1), kind="checkpoint").recorded()
 
 
 @given(base=st.from_regex(r"[a-z0-9]([-a-z0-9]{0,70}[a-z0-9])?", fullmatch=True),

@@ -17,8 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any, Protocol
 
-from controlplane.engine.decider import ACTION_FAILED, Action, Decision, Event, EventLike
+from controlplane.engine.decider import Action, Decision, Event
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import (
     NodeFact,
@@ -30,6 +31,8 @@ from controlplane.engine.observation import (
     TagFact,
     TagView,
 )
+from controlplane.machines.base.events import ActionFailed, Started
+from controlplane.machines.contract.actions import EventType, emit_event
 
 #: An action whose effect is not observed this long after it was issued is issued again
 #: (with a new key): this heals a crash between the commit and the action.
@@ -47,25 +50,10 @@ REQUEST_ATTEMPTS = 4
 
 #: Every product machine's first decision records when it started (its hang guards
 #: count from there), with the observation it started on.
-STARTED = "Started"
 
 
-def iso(moment: datetime) -> str:
-    """Serialise a timezone-aware datetime for an event or a state."""
-    if moment.tzinfo is None:
-        raise ValueError("naive datetime; the machines only take timezone-aware UTC")
-    return moment.isoformat()
 
 
-def event_time(event: EventLike) -> datetime:
-    """The decision time stamped on an event by ``decide`` (``data["at"]``)."""
-    raw = event.data.get("at")
-    if not isinstance(raw, str):
-        raise ValueError(f"event {event.type} carries no 'at' time")
-    moment = datetime.fromisoformat(raw)
-    if moment.tzinfo is None:
-        raise ValueError(f"event {event.type} time {raw!r} has no timezone")
-    return moment
 
 
 def seconds(n: int) -> timedelta:
@@ -153,14 +141,9 @@ class ActionError:
     retryable: bool
 
     @staticmethod
-    def from_event(event: EventLike) -> ActionError:
-        assert event.type == ACTION_FAILED
-        d = event.data
-        return ActionError(
-            key=str(d.get("key", "")), action=str(d.get("action", "")),
-            error_class=str(d.get("error_class", "")), message=str(d.get("message", "")),
-            retryable=bool(d.get("retryable", False)),
-        )
+    def from_event(event: ActionFailed) -> ActionError:
+        return ActionError(key=event.key, action=event.action, error_class=event.error_class,
+                           message=event.message, retryable=bool(event.retryable))
 
     def facts(self) -> JsonObject:
         return {"action": self.action, "action_key": self.key, "error_class": self.error_class,
@@ -275,10 +258,30 @@ def emit(*events: Event, actions: Iterable[Action] = ()) -> Step:
     return Step(events=tuple(events), actions=tuple(actions))
 
 
-def stamped(type_: str, now: datetime, data: JsonObject | None = None,
-            facts: JsonObject | None = None) -> Event:
-    """An event with the decision time ``now`` stamped as ``data["at"]``."""
-    body: JsonObject = {"at": iso(now)}
-    if data:
-        body.update(data)
-    return Event(type_, body, dict(facts or {}))
+
+
+class _Deciding(Protocol):
+    def decide(self, state: Any, observation: Observation, now: datetime) -> Decision: ...
+
+    def evolve(self, state: Any, event: Any) -> Any: ...
+
+
+def started(decider: _Deciding, state: Any, opening: Started, observation: Observation,
+            now: datetime, *, facts: JsonObject | None = None,
+            actions: Iterable[Action] = ()) -> Decision:
+    """A product kind's first decision: ``Started`` (with ``actions`` before the rest),
+    folded, then what the kind decides right after it on the same observation."""
+    rest = decider.decide(decider.evolve(state, opening), observation, now)
+    both = Decision((opening.recorded(facts), *rest.events), (*actions, *rest.actions),
+                    rest.wake_at)
+    return with_facts(both, observation)
+
+
+def finish(ending: Event, *, machine_id: str, namespace: str, pod_name: str,
+           pod_uid: str | None, reason: str, message: str, warning: bool) -> Step:
+    """A kind's terminal event, and a Kubernetes Event on the pod saying how it ended."""
+    notice = emit_event(action_key(machine_id, "event", "finished"), namespace=namespace,
+                        pod_name=pod_name, pod_uid=pod_uid,
+                        type_=EventType.WARNING if warning else EventType.NORMAL,
+                        reason=reason, message=message)
+    return emit(ending, actions=[notice])

@@ -152,11 +152,30 @@ def typed(events: EventSet) -> Callable[[Callable[[Any, Any], Any]], Callable[[A
 @dataclass(frozen=True)
 class Started(DomainEvent):
     """The machine's first decision: it is running (``kind`` as submitted; a drain adds
-    its ``node``)."""
+    its ``node``, a migration its ``target``)."""
 
     at: datetime
     kind: str
     node: str | None = None
+    target: str | None = None
+
+
+@dataclass(frozen=True)
+class Finished(DomainEvent):
+    """How a checkpoint, restore, suspend or resume ended (each kind records its own
+    subclass: ``CheckpointFinished``, ...)."""
+
+    at: datetime
+    phase: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class CancelRequested(DomainEvent):
+    """The operator's ``Cancel``, for the kinds whose cancel carries no data."""
+
+    at: datetime
 
 
 # --- the engine's own events ------------------------------------------------------------
@@ -178,16 +197,18 @@ class Admitted(DomainEvent, name=ADMITTED):
 
 @dataclass(frozen=True)
 class ActionFailed(DomainEvent, name=ACTION_FAILED):
-    """The worker gave up on an action (a terminal error, or retries ran out)."""
+    """The worker gave up on an action (a terminal error, or retries ran out). Rows
+    recorded before the worker stamped ``at`` and ``params`` lack them: they stay
+    optional so old histories still read."""
 
-    at: datetime
     action: str
     key: str
-    params: RawJson
     error_class: str
     message: str
-    retryable: bool
-    attempts: int
+    at: datetime | None = None
+    params: RawJson | None = None
+    retryable: bool | None = None
+    attempts: int | None = None
 
 
 ENGINE_EVENTS: tuple[type[DomainEvent], ...] = (Queued, Admitted, ActionFailed)

@@ -30,17 +30,22 @@ from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
 from controlplane.machines.base.codec import decode
 from controlplane.machines.base.common import (
-    STARTED,
     Condition,
     Failure,
     Step,
-    action_key,
-    emit,
-    event_time,
+    finish,
     pod_facts,
     set_condition,
-    stamped,
+    started,
     with_facts,
+)
+from controlplane.machines.base.events import (
+    ENGINE_EVENTS,
+    CancelRequested,
+    DomainEvent,
+    EventSet,
+    Finished,
+    Started,
 )
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.refs import parse_tag_ref
@@ -55,15 +60,35 @@ from controlplane.machines.base.specs import (
 )
 from controlplane.machines.base.states import CapturingState
 from controlplane.machines.config.classes import CheckpointClass, OnFailure, artifact_for
-from controlplane.machines.contract.actions import EventType, emit_event
 from controlplane.machines.steps import capture as cap_
 from controlplane.machines.steps import source as src_
-from controlplane.machines.steps.capture import Capture, CaptureSpec, CaptureStatus
-from controlplane.machines.steps.source import SourceOp, SourceOpKind, SourceOpStatus
+from controlplane.machines.steps.capture import (
+    CAPTURE_EVENTS,
+    ArtifactVerified,
+    Capture,
+    CaptureFailed,
+    CaptureReported,
+    CaptureSpec,
+    CaptureStatus,
+)
+from controlplane.machines.steps.source import (
+    SOURCE_EVENTS,
+    SourceOp,
+    SourceOpFailed,
+    SourceOpKind,
+    SourceOpStatus,
+)
 
 KIND = "checkpoint"
-FINISHED = "CheckpointFinished"
-CANCEL_REQUESTED = "CancelRequested"
+
+
+@dataclass(frozen=True)
+class CheckpointFinished(Finished):
+    pass
+
+
+CHECKPOINT_EVENTS = EventSet(ENGINE_EVENTS, (Started, CheckpointFinished, CancelRequested),
+                             CAPTURE_EVENTS, SOURCE_EVENTS)
 
 
 class CheckpointPhase(StrEnum):
@@ -156,11 +181,9 @@ class CheckpointDecider:
         if state.terminal:
             return Decision()
         if state.started_at is None:
-            started = stamped(STARTED, now, {"kind": KIND}, pod_facts(
-                state.spec.pod_key, observation.pods.get(state.spec.pod_key)))
-            rest = self.decide(self.evolve(state, started), observation, now)
-            both = Decision((started, *rest.events), rest.actions, rest.wake_at)
-            return with_facts(both, observation)
+            return started(self, state, Started(at=now, kind=KIND), observation, now,
+                           facts=pod_facts(state.spec.pod_key,
+                                           observation.pods.get(state.spec.pod_key)))
         return with_facts(self._step(state, observation, now).decision(), observation)
 
     def _step(self, state: CheckpointState, obs: Observation, now: datetime) -> Step:
@@ -212,34 +235,35 @@ class CheckpointDecider:
             message += f"; source NOT unstuck: {result.note}"
         return _finish(state, now, end, state.failure.reason, message)
 
-    def evolve(self, state: CheckpointState, event: EventLike) -> CheckpointState:
-        t, d = event.type, event.data
+    def evolve(self, state: CheckpointState,
+               event: EventLike | DomainEvent) -> CheckpointState:
+        e = CHECKPOINT_EVENTS.decode(event)
         if state.terminal:
             return state
-        if t == STARTED:
-            return replace(state, started_at=event_time(event))
-        if t == FINISHED:
-            return replace(state, status=CheckpointPhase(str(d["phase"])))
-        if t == CANCEL_REQUESTED:
-            return replace(state, cancelled=True, status=CheckpointPhase.UNSTICKING,
-                           failed_at=event_time(event),
-                           failure=Failure("Cancelled", "cancelled by the operator"))
-        capture = cap_.evolve_capture(state.capture, event, machine_id=state.machine_id)
-        op = src_.evolve_source_op(state.source_op, event, machine_id=state.machine_id)
+        match e:
+            case Started():
+                return replace(state, started_at=e.at)
+            case CheckpointFinished():
+                return replace(state, status=CheckpointPhase(e.phase))
+            case CancelRequested():
+                return replace(state, cancelled=True, status=CheckpointPhase.UNSTICKING,
+                               failed_at=e.at,
+                               failure=Failure("Cancelled", "cancelled by the operator"))
+        capture = cap_.evolve_capture(state.capture, e, machine_id=state.machine_id)
+        op = src_.evolve_source_op(state.source_op, e, machine_id=state.machine_id)
         if capture is not state.capture or op is not state.source_op:
             state = replace(state, capture=capture, source_op=op)
-        if t == cap_.CAPTURE_REPORTED and state.status is CheckpointPhase.REQUESTED:
-            return replace(state, status=CheckpointPhase.CAPTURED)
-        if t == cap_.ARTIFACT_VERIFIED and capture.status is CaptureStatus.VERIFIED:
-            return replace(state, status=CheckpointPhase.VERIFIED,
-                           artifact=str(d.get("pinned")))
-        if t == cap_.CAPTURE_FAILED and state.status is not CheckpointPhase.UNSTICKING:
-            return replace(state, status=CheckpointPhase.UNSTICKING, failure=capture.failure,
-                           failed_at=event_time(event))
-        if t in src_.FAILED_EVENTS and op is not None and op.failure is not None:
-            return replace(state, conditions=set_condition(state.conditions, Condition(
-                f"{op.kind.value}Failed", op.failure.reason, op.failure.message,
-                event_time(event))))
+        match e:
+            case CaptureReported() if state.status is CheckpointPhase.REQUESTED:
+                return replace(state, status=CheckpointPhase.CAPTURED)
+            case ArtifactVerified() if capture.status is CaptureStatus.VERIFIED:
+                return replace(state, status=CheckpointPhase.VERIFIED, artifact=e.pinned)
+            case CaptureFailed() if state.status is not CheckpointPhase.UNSTICKING:
+                return replace(state, status=CheckpointPhase.UNSTICKING,
+                               failure=capture.failure, failed_at=e.at)
+            case SourceOpFailed() if op is not None and op.failure is not None:
+                return replace(state, conditions=set_condition(state.conditions, Condition(
+                    f"{op.kind.value}Failed", op.failure.reason, op.failure.message, e.at)))
         return state
 
     def accept(self, state: CheckpointState, command: Command,
@@ -251,7 +275,7 @@ class CheckpointDecider:
         if state.status not in (CheckpointPhase.REQUESTED, CheckpointPhase.CAPTURED):
             raise CommandRejected(f"checkpoint {state.machine_id} is {state.phase}; it is "
                                   "finishing and cannot be cancelled now")
-        return (stamped(CANCEL_REQUESTED, now, {}, {"command": "Cancel"}),)
+        return (CancelRequested(at=now).recorded({"command": "Cancel"}),)
 
     def load_state(self, data: JsonObject) -> CheckpointState:
         return decode(CheckpointState, data)
@@ -261,10 +285,9 @@ def _finish(state: CheckpointState, now: datetime, phase: CheckpointPhase, reaso
             message: str) -> Step:
     """The terminal event, and a Kubernetes Event on the pod saying how it ended."""
     spec = state.spec
-    notice = emit_event(action_key(state.machine_id, "event", "finished"),
-                        namespace=spec.namespace, pod_name=spec.name, pod_uid=spec.uid,
-                        type_=EventType.WARNING if phase is CheckpointPhase.FAILED
-                        else EventType.NORMAL, reason=f"Checkpoint{phase.value}",
-                        message=f"{reason}: {message} (operation {state.machine_id})")
-    return emit(stamped(FINISHED, now, {"phase": phase.value, "reason": reason,
-                                        "message": message}), actions=[notice])
+    return finish(CheckpointFinished(at=now, phase=phase.value, reason=reason,
+                                     message=message).recorded(),
+                  machine_id=state.machine_id, namespace=spec.namespace, pod_name=spec.name,
+                  pod_uid=spec.uid, warning=phase is CheckpointPhase.FAILED,
+                  reason=f"Checkpoint{phase.value}",
+                  message=f"{reason}: {message} (operation {state.machine_id})")

@@ -42,7 +42,8 @@ from controlplane.engine.decider import (
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
 from controlplane.machines.base.codec import decode
-from controlplane.machines.base.common import STARTED, action_key, stamped, with_facts
+from controlplane.machines.base.common import action_key, with_facts
+from controlplane.machines.base.events import DomainEvent, Started
 from controlplane.machines.base.specs import (
     checkpoint_class,
     node_name,
@@ -53,11 +54,10 @@ from controlplane.machines.base.specs import (
 )
 from controlplane.machines.checkpoint.machine import capture_spec, validate_capture_fields
 from controlplane.machines.contract.actions import EventType, emit_event
+from controlplane.machines.migration.events import MigrationCancelRequested, Retargeted
 from controlplane.machines.migration.phases import decide_migration
 from controlplane.machines.migration.state import (
-    CANCEL_REQUESTED,
     KIND,
-    RETARGETED,
     MigrationPhase,
     MigrationSpec,
     MigrationState,
@@ -124,8 +124,9 @@ class MigrationDecider:
         if state.terminal:
             return Decision()
         if state.started_at is None:
-            started = stamped(STARTED, now, {"kind": KIND, "target": state.target})
-            rest = self.decide(self.evolve(state, started), observation, now)
+            opening = Started(at=now, kind=KIND, target=state.target)
+            started = opening.recorded()
+            rest = self.decide(self.evolve(state, opening), observation, now)
             c = state.spec.capture
             notice = emit_event(action_key(state.machine_id, "event", "started"),
                                 namespace=c.namespace, pod_name=c.name, pod_uid=c.uid,
@@ -136,7 +137,7 @@ class MigrationDecider:
             return with_facts(both, observation)
         return with_facts(decide_migration(state, observation, now).decision(), observation)
 
-    def evolve(self, state: MigrationState, event: EventLike) -> MigrationState:
+    def evolve(self, state: MigrationState, event: EventLike | DomainEvent) -> MigrationState:
         return evolve_migration(state, event)
 
     def accept(self, state: MigrationState, command: Command,
@@ -151,8 +152,8 @@ class MigrationDecider:
         if command.type == "Cancel":
             if ending or state.cancelled:
                 return ()
-            return (stamped(CANCEL_REQUESTED, now, {"before_deletion": not
-                                                    state.deletion_requested}, facts),)
+            return (MigrationCancelRequested(
+                at=now, before_deletion=not state.deletion_requested).recorded(facts),)
         if command.type != "Retarget":
             raise CommandRejected(f"migration machines accept Retarget and Cancel, not "
                                   f"{command.type!r}")
@@ -166,8 +167,8 @@ class MigrationDecider:
         if node == state.target:
             return ()
         wake = node == state.spec.source_node and not state.deletion_requested
-        return (stamped(RETARGETED, now, {"node": node, "previous": state.target,
-                                          "wake_in_place": wake}, facts),)
+        return (Retargeted(at=now, node=node, previous=state.target,
+                           wake_in_place=wake).recorded(facts),)
 
     def load_state(self, data: JsonObject) -> MigrationState:
         return decode(MigrationState, data)

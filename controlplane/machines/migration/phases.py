@@ -20,13 +20,11 @@ from controlplane.machines.base.common import (
     action_key,
     emit,
     pod_facts,
-    stamped,
 )
 from controlplane.machines.config.classes import OnFailure
 from controlplane.machines.contract.actions import EventType, emit_event
+from controlplane.machines.migration.events import MigrationFinished, RollbackStarted
 from controlplane.machines.migration.state import (
-    FINISHED,
-    ROLLBACK_STARTED,
     MigrationPhase,
     MigrationState,
 )
@@ -36,7 +34,7 @@ from controlplane.machines.steps import restore as rs_
 from controlplane.machines.steps import source as src_
 from controlplane.machines.steps.capture import CaptureStatus
 from controlplane.machines.steps.restore import RestorePlan, RestoreStatus
-from controlplane.machines.steps.source import SOURCE_VANISHED
+from controlplane.machines.steps.source import SourceVanished
 
 _NOT_OBSERVED = ProbeError("NotObserved", "not observed")
 
@@ -64,8 +62,8 @@ def _finish(state: MigrationState, now: datetime, phase: MigrationPhase, reason:
             message: str, *, final_node: str | None = None) -> Step:
     c = state.spec.capture
     warning = phase not in (MigrationPhase.SUCCEEDED, MigrationPhase.CANCELLED)
-    event = stamped(FINISHED, now, {"phase": phase.value, "reason": reason, "message": message,
-                                    "final_node": final_node})
+    event = MigrationFinished(at=now, phase=phase.value, reason=reason, message=message,
+                              final_node=final_node).recorded()
     notice = emit_event(action_key(state.machine_id, "event", "finished"),
                         namespace=c.namespace, pod_name=c.name, pod_uid=c.uid,
                         type_=EventType.WARNING if warning else EventType.NORMAL,
@@ -104,8 +102,8 @@ def _wake(state: MigrationState, obs: Observation, now: datetime) -> Step:
             # where it was (gate 6) instead of ending with nothing running.
             facts = pod_facts(state.spec.capture.pod_key,
                               obs.pods.get(state.spec.capture.pod_key, _NOT_OBSERVED))
-            return emit(stamped(SOURCE_VANISHED, now, {"target": state.spec.source_node,
-                                                       "during": "wake"}, facts))
+            return emit(SourceVanished(at=now, target=state.spec.source_node,
+                                       during="wake").recorded(facts))
         return _finish(state, now, MigrationPhase.FAILED, "SourceGone",
                        "the source pod went away before its state was captured")
     if result.note:
@@ -155,9 +153,9 @@ def _restore(state: MigrationState, obs: Observation, now: datetime) -> Step:
                            f"{r.plan.node}: {r.failure.reason}: {r.failure.message}; the "
                            f"artifact {state.pinned} is preserved for a manual restore")
         if state.target != state.spec.source_node:
-            rollback = stamped(ROLLBACK_STARTED, now, {
-                "failed_node": r.plan.node, "reason": r.failure.reason,
-                "message": r.failure.message, "node": state.spec.source_node})
+            rollback = RollbackStarted(
+                at=now, failed_node=r.plan.node, reason=r.failure.reason,
+                message=r.failure.message, node=state.spec.source_node).recorded()
             start = rs_.start_restore(_plan(state, state.spec.source_node), ctx, now,
                                       machine_id=mid)
             return emit(rollback, *start.events, actions=start.actions)

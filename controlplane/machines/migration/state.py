@@ -15,33 +15,53 @@ from typing import Any, ClassVar
 from controlplane.engine.decider import EventLike
 from controlplane.machines.base.codec import RawJson
 from controlplane.machines.base.common import (
-    STARTED,
     Condition,
     Failure,
     clear_condition,
-    event_time,
     seconds,
     set_condition,
 )
+from controlplane.machines.base.events import DomainEvent, Started
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.states import PhasedState
 from controlplane.machines.config.classes import CheckpointClass
+from controlplane.machines.migration.events import (
+    MIGRATION_EVENTS,
+    MigrationCancelRequested,
+    MigrationFinished,
+    Retargeted,
+    RollbackStarted,
+)
 from controlplane.machines.steps import capture as cap_
 from controlplane.machines.steps import collect as gc_
 from controlplane.machines.steps import restore as rs_
 from controlplane.machines.steps import source as src_
-from controlplane.machines.steps.capture import Capture, CaptureSpec
-from controlplane.machines.steps.collect import Collection
-from controlplane.machines.steps.restore import Restore, RestoreContext
-from controlplane.machines.steps.source import SourceOp, SourcePod
+from controlplane.machines.steps.capture import (
+    ArtifactVerified,
+    Capture,
+    CaptureFailed,
+    CaptureSpec,
+)
+from controlplane.machines.steps.collect import ArtifactDeleted, ArtifactDeletionFailed, Collection
+from controlplane.machines.steps.restore import (
+    Restore,
+    RestoreContext,
+    RestoreFailed,
+    RestorePlan,
+    RestorePodRequested,
+    RestoreVerified,
+)
+from controlplane.machines.steps.source import (
+    SourceDeleted,
+    SourceDeletionAborted,
+    SourceDeletionFailed,
+    SourceDeletionRequested,
+    SourceOp,
+    SourcePod,
+    SourceVanished,
+)
 
 KIND = "migration"
-FINISHED = "MigrationFinished"
-RETARGETED = "Retargeted"
-CANCEL_REQUESTED = "CancelRequested"
-ABORTED = src_.DELETION_ABORTED
-SOURCE_VANISHED = src_.SOURCE_VANISHED
-ROLLBACK_STARTED = "RollbackStarted"
 GC_CONDITION = "GarbageCollectionFailed"
 
 
@@ -131,93 +151,91 @@ class MigrationState(PhasedState):
 
 
 
-def evolve_migration(state: MigrationState, event: EventLike) -> MigrationState:
-    """Fold one event into a migration's state; terminal states absorb everything."""
-    t, d = event.type, event.data
+def evolve_migration(state: MigrationState, event: EventLike | DomainEvent) -> MigrationState:
+    """Fold one event into a migration's state; terminal states absorb everything.
+    An event type a migration does not record raises ``UnknownEvent``."""
+    e = MIGRATION_EVENTS.decode(event)
     if state.terminal:
         return state
-    if t == STARTED:
-        return replace(state, started_at=event_time(event))
-    if t == FINISHED:
-        phase = MigrationPhase(str(d["phase"]))
-        failure = state.failure
-        if phase in (MigrationPhase.FAILED, MigrationPhase.GC_FAILED):
-            failure = Failure(str(d["reason"]), str(d["message"]))
-        node = d.get("final_node")
-        return replace(state, status=phase, failure=failure,
-                       final_node=None if node is None else str(node))
-    if t in (RETARGETED, CANCEL_REQUESTED, ABORTED, SOURCE_VANISHED, ROLLBACK_STARTED):
-        return _evolve_own(state, event)
+    match e:
+        case Started():
+            return replace(state, started_at=e.at)
+        case MigrationFinished():
+            phase = MigrationPhase(e.phase)
+            failure = state.failure
+            if phase in (MigrationPhase.FAILED, MigrationPhase.GC_FAILED):
+                failure = Failure(e.reason, e.message)
+            return replace(state, status=phase, failure=failure, final_node=e.final_node)
+        case Retargeted() | MigrationCancelRequested() | SourceDeletionAborted() | \
+                SourceVanished() | RollbackStarted():
+            return _evolve_own(state, e)
     mid = state.machine_id
-    capture = cap_.evolve_capture(state.capture, event, machine_id=mid)
-    source_op = src_.evolve_source_op(state.source_op, event, machine_id=mid)
-    restore = rs_.evolve_restore(state.restore, event, machine_id=mid)
+    capture = cap_.evolve_capture(state.capture, e, machine_id=mid)
+    source_op = src_.evolve_source_op(state.source_op, e, machine_id=mid)
+    restore = rs_.evolve_restore(state.restore, e, machine_id=mid)
     collection = None if state.collection is None else gc_.evolve_collection(
-        state.collection, event, machine_id=mid)
+        state.collection, e, machine_id=mid)
     # An event moves at most one step; copy the 21-field state only when one did.
     if (capture is not state.capture or source_op is not state.source_op
             or restore is not state.restore or collection is not state.collection):
         state = replace(state, capture=capture, source_op=source_op, restore=restore,
                         collection=collection)
-    return _evolve_steps(state, event)
+    return _evolve_steps(state, e)
 
 
-def _evolve_own(state: MigrationState, event: EventLike) -> MigrationState:
-    t, d = event.type, event.data
-    if t == RETARGETED:
-        node = str(d["node"])
-        if d.get("wake_in_place"):
-            return replace(state, target=node, status=MigrationPhase.WAKING_IN_PLACE)
-        if state.status is MigrationPhase.ROLLING_BACK:
-            return replace(state, target=node, status=MigrationPhase.RESTORING)
-        return replace(state, target=node)
-    if t == CANCEL_REQUESTED:
-        if d.get("before_deletion"):
+def _evolve_own(state: MigrationState, e: DomainEvent) -> MigrationState:
+    match e:
+        case Retargeted(wake_in_place=True):
+            return replace(state, target=e.node, status=MigrationPhase.WAKING_IN_PLACE)
+        case Retargeted() if state.status is MigrationPhase.ROLLING_BACK:
+            return replace(state, target=e.node, status=MigrationPhase.RESTORING)
+        case Retargeted():
+            return replace(state, target=e.node)
+        case MigrationCancelRequested(before_deletion=True):
             return replace(state, cancelled=True, status=MigrationPhase.WAKING_IN_PLACE)
-        return replace(state, cancelled=True, target=state.spec.source_node)
-    if t == ABORTED:
-        return replace(state, status=MigrationPhase.WAKING_IN_PLACE,
-                       abort=Failure(str(d["reason"]), str(d["message"])))
-    if t == SOURCE_VANISHED:
-        return replace(state, source_gone=True, status=MigrationPhase.RESTORING,
-                       target=str(d.get("target", state.target)))
-    # ROLLBACK_STARTED
-    return replace(state, rollback=True, target=state.spec.source_node,
-                   status=MigrationPhase.ROLLING_BACK)
-
-
-def _evolve_steps(state: MigrationState, event: EventLike) -> MigrationState:
-    t = event.type
-    if t == cap_.ARTIFACT_VERIFIED and state.status is MigrationPhase.CHECKPOINTING:
-        return replace(state, status=MigrationPhase.DELETING_SOURCE,
-                       verified_at=event_time(event))
-    if t == cap_.CAPTURE_FAILED and state.status is MigrationPhase.CHECKPOINTING:
-        return replace(state, status=MigrationPhase.UNSTICKING, failure=state.capture.failure)
-    if t == "SourceDeletionRequested":
-        return replace(state, deletion_requested=True)
-    if t == "SourceDeleted" and state.status is MigrationPhase.DELETING_SOURCE:
-        return replace(state, source_gone=True, status=MigrationPhase.RESTORING)
-    if t == "SourceDeletionFailed" and state.source_op is not None and \
-            state.status is MigrationPhase.DELETING_SOURCE:
-        return replace(state, status=MigrationPhase.WAKING_IN_PLACE,
-                       abort=state.source_op.failure)
-    if t == rs_.RESTORE_POD_REQUESTED and "plan" in event.data:
-        return replace(state, attempts=state.attempts + 1)
-    if t == rs_.RESTORE_FAILED and state.restore is not None and not state.restore.superseded:
-        return replace(state, failures=state.failures + 1)
-    if t == rs_.RESTORE_VERIFIED and state.restore is not None:
-        pinned = state.pinned  # parses the artifact reference: once
-        assert pinned is not None
-        deadline = event_time(event) + seconds(state.klass.timeouts.gc)
-        return replace(state, status=MigrationPhase.COLLECTING_GARBAGE,
-                       final_node=state.restore.node or state.restore.plan.node,
-                       collection=Collection(pinned=pinned, deadline=deadline))
-    if t == gc_.ARTIFACT_DELETION_FAILED and state.collection is not None:
-        return replace(state, conditions=set_condition(state.conditions, Condition(
-            GC_CONDITION, str(event.data.get("error_class", "")),
-            str(event.data.get("message", "")), event_time(event))))
-    if t == gc_.ARTIFACT_DELETED:
-        return replace(state, conditions=clear_condition(state.conditions, GC_CONDITION))
+        case MigrationCancelRequested():
+            return replace(state, cancelled=True, target=state.spec.source_node)
+        case SourceDeletionAborted():
+            return replace(state, status=MigrationPhase.WAKING_IN_PLACE,
+                           abort=Failure(e.reason, e.message))
+        case SourceVanished():
+            return replace(state, source_gone=True, status=MigrationPhase.RESTORING,
+                           target=e.target or state.target)
+        case RollbackStarted():
+            return replace(state, rollback=True, target=state.spec.source_node,
+                           status=MigrationPhase.ROLLING_BACK)
     return state
 
 
+def _evolve_steps(state: MigrationState, e: DomainEvent) -> MigrationState:
+    match e:
+        case ArtifactVerified() if state.status is MigrationPhase.CHECKPOINTING:
+            return replace(state, status=MigrationPhase.DELETING_SOURCE, verified_at=e.at)
+        case CaptureFailed() if state.status is MigrationPhase.CHECKPOINTING:
+            return replace(state, status=MigrationPhase.UNSTICKING,
+                           failure=state.capture.failure)
+        case SourceDeletionRequested():
+            return replace(state, deletion_requested=True)
+        case SourceDeleted() if state.status is MigrationPhase.DELETING_SOURCE:
+            return replace(state, source_gone=True, status=MigrationPhase.RESTORING)
+        case SourceDeletionFailed() if state.source_op is not None and \
+                state.status is MigrationPhase.DELETING_SOURCE:
+            return replace(state, status=MigrationPhase.WAKING_IN_PLACE,
+                           abort=state.source_op.failure)
+        case RestorePodRequested(plan=RestorePlan()):
+            return replace(state, attempts=state.attempts + 1)
+        case RestoreFailed() if state.restore is not None and not state.restore.superseded:
+            return replace(state, failures=state.failures + 1)
+        case RestoreVerified() if state.restore is not None:
+            pinned = state.pinned  # parses the artifact reference: once
+            assert pinned is not None
+            deadline = e.at + seconds(state.klass.timeouts.gc)
+            return replace(state, status=MigrationPhase.COLLECTING_GARBAGE,
+                           final_node=state.restore.node or state.restore.plan.node,
+                           collection=Collection(pinned=pinned, deadline=deadline))
+        case ArtifactDeletionFailed() if state.collection is not None:
+            return replace(state, conditions=set_condition(state.conditions, Condition(
+                GC_CONDITION, e.error_class, e.message, e.at)))
+        case ArtifactDeleted():
+            return replace(state, conditions=clear_condition(state.conditions, GC_CONDITION))
+    return state

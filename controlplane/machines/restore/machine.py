@@ -39,18 +39,24 @@ from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation, ProbeError, TagView
 from controlplane.machines.base.codec import RawJson, decode
 from controlplane.machines.base.common import (
-    STARTED,
     Failure,
     Step,
-    action_key,
     emit,
-    event_time,
+    finish,
     next_poll,
     seconds,
-    stamped,
+    started,
     tag_facts,
     wait,
     with_facts,
+)
+from controlplane.machines.base.events import (
+    ENGINE_EVENTS,
+    CancelRequested,
+    DomainEvent,
+    EventSet,
+    Finished,
+    Started,
 )
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.refs import parse_digest_ref
@@ -67,14 +73,36 @@ from controlplane.machines.base.specs import (
 from controlplane.machines.base.states import PhasedState
 from controlplane.machines.config.classes import CheckpointClass
 from controlplane.machines.contract import protocol
-from controlplane.machines.contract.actions import EventType, emit_event
 from controlplane.machines.steps import restore as rs_
-from controlplane.machines.steps.restore import Restore, RestoreContext, RestorePlan, RestoreStatus
+from controlplane.machines.steps.restore import (
+    RESTORE_EVENTS,
+    Restore,
+    RestoreContext,
+    RestoreFailed,
+    RestorePlan,
+    RestoreStatus,
+    RestoreVerified,
+)
 
 KIND = "restore"
-ARTIFACT_RESOLVED = "ArtifactResolved"
-FINISHED = "RestoreFinished"
-CANCEL_REQUESTED = "CancelRequested"
+
+
+@dataclass(frozen=True)
+class ArtifactResolved(DomainEvent):
+    """The artifact's reference resolved to this digest, with the expected provenance."""
+
+    at: datetime
+    digest: str
+
+
+@dataclass(frozen=True)
+class RestoreFinished(Finished):
+    pass
+
+
+RESTORE_KIND_EVENTS = EventSet(
+    ENGINE_EVENTS, (Started, ArtifactResolved, RestoreFinished, CancelRequested),
+    RESTORE_EVENTS)
 _NOT_OBSERVED = ProbeError("NotObserved", "the artifact was not observed")
 
 
@@ -190,10 +218,7 @@ class RestoreDecider:
         if state.terminal:
             return Decision()
         if state.started_at is None:
-            started = stamped(STARTED, now, {"kind": KIND})
-            rest = self.decide(self.evolve(state, started), observation, now)
-            both = Decision((started, *rest.events), rest.actions, rest.wake_at)
-            return with_facts(both, observation)
+            return started(self, state, Started(at=now, kind=KIND), observation, now)
         return with_facts(self._step(state, observation, now).decision(), observation)
 
     def _step(self, state: RestoreState, obs: Observation, now: datetime) -> Step:
@@ -239,30 +264,31 @@ class RestoreDecider:
                            node=spec.node, artifact=spec.artifact,
                            checkpoint_id=spec.checkpoint_id,
                            not_fresh=(spec.source_instance,) if spec.source_instance else ())
-        resolved = stamped(ARTIFACT_RESOLVED, now, {"digest": tag.digest}, facts)
+        resolved = ArtifactResolved(at=now, digest=tag.digest).recorded(facts)
         start = rs_.start_restore(plan, state.context(), now, machine_id=state.machine_id)
         return emit(resolved, *start.events, actions=start.actions)
 
-    def evolve(self, state: RestoreState, event: EventLike) -> RestoreState:
-        t, d = event.type, event.data
+    def evolve(self, state: RestoreState, event: EventLike | DomainEvent) -> RestoreState:
+        e = RESTORE_KIND_EVENTS.decode(event)
         if state.terminal:
             return state
-        if t == STARTED:
-            return replace(state, started_at=event_time(event))
-        if t == FINISHED:
-            failure = None if d["phase"] == RestorePhase.SUCCEEDED.value else Failure(
-                str(d["reason"]), str(d["message"]))
-            return replace(state, status=RestorePhase(str(d["phase"])), failure=failure)
-        if t == CANCEL_REQUESTED:
-            return replace(state, cancelled=True)
-        if t == ARTIFACT_RESOLVED:
-            return replace(state, status=RestorePhase.RESTORING)
-        restore = rs_.evolve_restore(state.restore, event, machine_id=state.machine_id)
+        match e:
+            case Started():
+                return replace(state, started_at=e.at)
+            case RestoreFinished():
+                failure = None if e.phase == RestorePhase.SUCCEEDED.value else Failure(
+                    e.reason, e.message)
+                return replace(state, status=RestorePhase(e.phase), failure=failure)
+            case CancelRequested():
+                return replace(state, cancelled=True)
+            case ArtifactResolved():
+                return replace(state, status=RestorePhase.RESTORING)
+        restore = rs_.evolve_restore(state.restore, e, machine_id=state.machine_id)
         if restore is not state.restore:
             state = replace(state, restore=restore)
-        if t == rs_.RESTORE_VERIFIED and restore is not None:
+        if isinstance(e, RestoreVerified) and restore is not None:
             return replace(state, instance_id=restore.instance_id)
-        if t == rs_.RESTORE_FAILED and restore is not None:
+        if isinstance(e, RestoreFailed) and restore is not None:
             return replace(state, status=RestorePhase.CLEANING_UP, failure=restore.failure)
         return state
 
@@ -273,7 +299,7 @@ class RestoreDecider:
             raise CommandRejected(f"restore {state.machine_id} is already {state.phase}")
         if state.cancelled:
             return ()
-        return (stamped(CANCEL_REQUESTED, now, {}, {"command": "Cancel"}),)
+        return (CancelRequested(at=now).recorded({"command": "Cancel"}),)
 
     def load_state(self, data: JsonObject) -> RestoreState:
         return decode(RestoreState, data)
@@ -297,10 +323,9 @@ def _finish(state: RestoreState, now: datetime, phase: RestorePhase, reason: str
             message: str, facts: JsonObject | None = None) -> Step:
     """The terminal event, and a Kubernetes Event on the restored pod's name."""
     spec = state.spec
-    notice = emit_event(action_key(state.machine_id, "event", "finished"),
-                        namespace=spec.namespace, pod_name=spec.name, pod_uid=None,
-                        type_=EventType.WARNING if phase is RestorePhase.FAILED
-                        else EventType.NORMAL, reason=f"Restore{phase.value}",
-                        message=f"{reason}: {message} (operation {state.machine_id})")
-    return emit(stamped(FINISHED, now, {"phase": phase.value, "reason": reason,
-                                        "message": message}, facts), actions=[notice])
+    return finish(RestoreFinished(at=now, phase=phase.value, reason=reason,
+                                  message=message).recorded(facts),
+                  machine_id=state.machine_id, namespace=spec.namespace, pod_name=spec.name,
+                  pod_uid=None, warning=phase is RestorePhase.FAILED,
+                  reason=f"Restore{phase.value}",
+                  message=f"{reason}: {message} (operation {state.machine_id})")

@@ -43,18 +43,24 @@ from controlplane.engine.jsonvalue import JsonObject, JsonValue
 from controlplane.engine.observation import Interests, Observation, ProbeError, TagView
 from controlplane.machines.base.codec import RawJson, decode
 from controlplane.machines.base.common import (
-    STARTED,
     Failure,
     Step,
-    action_key,
     emit,
-    event_time,
+    finish,
     next_poll,
     seconds,
-    stamped,
+    started,
     tag_facts,
     wait,
     with_facts,
+)
+from controlplane.machines.base.events import (
+    ENGINE_EVENTS,
+    CancelRequested,
+    DomainEvent,
+    EventSet,
+    Finished,
+    Started,
 )
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.refs import parse_digest_ref
@@ -71,16 +77,55 @@ from controlplane.machines.base.specs import (
 from controlplane.machines.base.states import PhasedState
 from controlplane.machines.config.classes import CheckpointClass
 from controlplane.machines.contract import protocol
-from controlplane.machines.contract.actions import EventType, emit_event
 from controlplane.machines.steps import restore as rs_
-from controlplane.machines.steps.restore import Restore, RestoreContext, RestorePlan, RestoreStatus
+from controlplane.machines.steps.restore import (
+    RESTORE_EVENTS,
+    Restore,
+    RestoreContext,
+    RestoreFailed,
+    RestorePlan,
+    RestorePodRequested,
+    RestoreStatus,
+    RestoreVerified,
+)
 
 KIND = "resume"
-CHECKPOINT_SELECTED = "CheckpointSelected"
-CANDIDATE_SKIPPED = "CandidateSkipped"
-COLD_BOOT_CHOSEN = "ColdBootChosen"
-FINISHED = "ResumeFinished"
-CANCEL_REQUESTED = "CancelRequested"
+
+
+@dataclass(frozen=True)
+class CandidateSkipped(DomainEvent):
+    """Candidate ``index`` is absent or foreign, and why."""
+
+    at: datetime
+    index: int
+    artifact: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckpointSelected(DomainEvent):
+    at: datetime
+    index: int
+    artifact: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ColdBootChosen(DomainEvent):
+    """No candidate can be restored: the workload boots from its template."""
+
+    at: datetime
+    reason: str
+
+
+@dataclass(frozen=True)
+class ResumeFinished(Finished):
+    pass
+
+
+RESUME_EVENTS = EventSet(
+    ENGINE_EVENTS, (Started, CandidateSkipped, CheckpointSelected, ColdBootChosen,
+                    ResumeFinished, CancelRequested), RESTORE_EVENTS)
 _NOT_OBSERVED = ProbeError("NotObserved", "not observed")
 
 
@@ -216,10 +261,7 @@ class ResumeDecider:
         if state.terminal:
             return Decision()
         if state.started_at is None:
-            started = stamped(STARTED, now, {"kind": KIND})
-            rest = self.decide(self.evolve(state, started), observation, now)
-            both = Decision((started, *rest.events), rest.actions, rest.wake_at)
-            return with_facts(both, observation)
+            return started(self, state, Started(at=now, kind=KIND), observation, now)
         if state.status is ResumePhase.SELECTING:
             step = self._select(state, observation, now)
         else:
@@ -247,17 +289,17 @@ class ResumeDecider:
                 return wait(deadline, next_poll(state.started_at, now))
             problem = "absent" if tag is None else _problem(cand, tag)
             if problem is not None:
-                return emit(stamped(CANDIDATE_SKIPPED, now, {
-                    "index": i, "artifact": cand.artifact, "reason": problem}, facts))
-            selected = stamped(CHECKPOINT_SELECTED, now, {
-                "index": i, "artifact": cand.artifact,
-                "reason": "newest candidate present with matching provenance"}, facts)
+                return emit(CandidateSkipped(at=now, index=i, artifact=cand.artifact,
+                                             reason=problem).recorded(facts))
+            selected = CheckpointSelected(
+                at=now, index=i, artifact=cand.artifact,
+                reason="newest candidate present with matching provenance").recorded(facts)
             start = self._start(state, now, cand)
             return emit(selected, *start.events, actions=start.actions)
         reason = ("no checkpoint was recorded for this workload" if not state.spec.candidates
                   else f"all {len(state.spec.candidates)} recorded checkpoint(s) are absent or "
                        "foreign (see CandidateSkipped)")
-        chosen = stamped(COLD_BOOT_CHOSEN, now, {"reason": reason})
+        chosen = ColdBootChosen(at=now, reason=reason).recorded()
         start = self._start(state, now, None)
         return emit(chosen, *start.events, actions=start.actions)
 
@@ -296,34 +338,36 @@ class ResumeDecider:
         chosen = None if state.chosen is None else state.spec.candidates[state.chosen]
         return self._start(state, now, chosen)
 
-    def evolve(self, state: ResumeState, event: EventLike) -> ResumeState:
-        t, d = event.type, event.data
+    def evolve(self, state: ResumeState, event: EventLike | DomainEvent) -> ResumeState:
+        e = RESUME_EVENTS.decode(event)
         if state.terminal:
             return state
-        if t == STARTED:
-            return replace(state, started_at=event_time(event))
-        if t == FINISHED:
-            phase = ResumePhase(str(d["phase"]))
-            failure = Failure(str(d["reason"]), str(d["message"])) \
-                if phase is ResumePhase.FAILED else state.failure
-            return replace(state, status=phase, failure=failure)
-        if t == CANCEL_REQUESTED:
-            return replace(state, cancelled=True)
-        if t == CANDIDATE_SKIPPED:
-            return replace(state, skipped=(*state.skipped, int(str(d["index"]))))
-        if t == CHECKPOINT_SELECTED:
-            return replace(state, chosen=int(str(d["index"])), status=ResumePhase.RESTORING)
-        if t == COLD_BOOT_CHOSEN:
-            return replace(state, status=ResumePhase.COLD_BOOTING)
-        restore = rs_.evolve_restore(state.restore, event, machine_id=state.machine_id)
+        match e:
+            case Started():
+                return replace(state, started_at=e.at)
+            case ResumeFinished():
+                phase = ResumePhase(e.phase)
+                failure = Failure(e.reason, e.message) \
+                    if phase is ResumePhase.FAILED else state.failure
+                return replace(state, status=phase, failure=failure)
+            case CancelRequested():
+                return replace(state, cancelled=True)
+            case CandidateSkipped():
+                return replace(state, skipped=(*state.skipped, e.index))
+            case CheckpointSelected():
+                return replace(state, chosen=e.index, status=ResumePhase.RESTORING)
+            case ColdBootChosen():
+                return replace(state, status=ResumePhase.COLD_BOOTING)
+        restore = rs_.evolve_restore(state.restore, e, machine_id=state.machine_id)
         if restore is not state.restore:
             state = replace(state, restore=restore)
-        if t == rs_.RESTORE_POD_REQUESTED and "plan" in d:
-            return replace(state, attempts=state.attempts + 1)
-        if t == rs_.RESTORE_FAILED and restore is not None and not restore.superseded:
-            return replace(state, failures=state.failures + 1, failure=restore.failure)
-        if t == rs_.RESTORE_VERIFIED and restore is not None:
-            return replace(state, instance_id=restore.instance_id)
+        match e:
+            case RestorePodRequested(plan=RestorePlan()):
+                return replace(state, attempts=state.attempts + 1)
+            case RestoreFailed() if restore is not None and not restore.superseded:
+                return replace(state, failures=state.failures + 1, failure=restore.failure)
+            case RestoreVerified() if restore is not None:
+                return replace(state, instance_id=restore.instance_id)
         return state
 
     def accept(self, state: ResumeState, command: Command, now: datetime) -> Sequence[Event]:
@@ -333,7 +377,7 @@ class ResumeDecider:
             raise CommandRejected(f"resume {state.machine_id} is already {state.phase}")
         if state.cancelled:
             return ()
-        return (stamped(CANCEL_REQUESTED, now, {}, {"command": "Cancel"}),)
+        return (CancelRequested(at=now).recorded({"command": "Cancel"}),)
 
     def load_state(self, data: JsonObject) -> ResumeState:
         return decode(ResumeState, data)
@@ -353,12 +397,10 @@ def _problem(cand: Candidate, tag: TagView) -> str | None:
 
 def _finish(state: ResumeState, now: datetime, phase: ResumePhase, reason: str, message: str,
             facts: JsonObject | None = None) -> Step:
-    event = stamped(FINISHED, now, {"phase": phase.value, "reason": reason, "message": message},
-                    facts)
-    notice = emit_event(action_key(state.machine_id, "event", "finished"),
-                        namespace=state.spec.namespace, pod_name=state.spec.name,
-                        pod_uid=None if state.restore is None else state.restore.uid,
-                        type_=EventType.WARNING if phase is ResumePhase.FAILED
-                        else EventType.NORMAL, reason=f"Resume{phase.value}",
-                        message=f"{reason}: {message}")
-    return emit(event, actions=[notice])
+    return finish(ResumeFinished(at=now, phase=phase.value, reason=reason,
+                                 message=message).recorded(facts),
+                  machine_id=state.machine_id, namespace=state.spec.namespace,
+                  pod_name=state.spec.name,
+                  pod_uid=None if state.restore is None else state.restore.uid,
+                  warning=phase is ResumePhase.FAILED, reason=f"Resume{phase.value}",
+                  message=f"{reason}: {message}")

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from controlplane.engine.decider import ACTION_FAILED, EventLike
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Observation, PodFact, PodView, ProbeError, TagView
 from controlplane.machines.base.common import (
@@ -37,29 +36,77 @@ from controlplane.machines.base.common import (
     Step,
     action_key,
     emit,
-    event_time,
     may_reissue,
     merge_facts,
     next_poll,
     pod_facts,
     reissue_backoff,
     seconds,
-    stamped,
     tag_facts,
     wait,
 )
+from controlplane.machines.base.events import ActionFailed, DomainEvent
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.refs import parse_tag_ref
 from controlplane.machines.contract import protocol
 from controlplane.machines.contract.actions import EventType, annotate_pod, emit_event
 
-CAPTURE_REQUESTED = "CaptureRequested"
-CAPTURE_REPORTED = "CaptureReported"
-STALE_ARTIFACT_SEEN = "StaleArtifactSeen"
-ARTIFACT_VERIFIED = "ArtifactVerified"
-CAPTURE_FAILED = "CaptureFailed"
-EVENTS = frozenset({CAPTURE_REQUESTED, CAPTURE_REPORTED, STALE_ARTIFACT_SEEN,
-                    ARTIFACT_VERIFIED, CAPTURE_FAILED})
+
+@dataclass(frozen=True)
+class CaptureRequested(DomainEvent):
+    """The source pod was annotated with the capture request. The first request carries
+    what was asked; a reissue (``reissue``) only its ``attempt``."""
+
+    at: datetime
+    attempt: int
+    checkpoint_id: str | None = None
+    artifact: str | None = None
+    containers: tuple[str, ...] | None = None
+    quiesce: bool | None = None
+    deadline: datetime | None = None
+    source_node: str | None = None
+    source_instance: str | None = None
+    reissue: bool | None = None
+
+
+@dataclass(frozen=True)
+class CaptureReported(DomainEvent):
+    """The node agent reported the push (a hint: only the registry proves it)."""
+
+    at: datetime
+    digest: str
+
+
+@dataclass(frozen=True)
+class StaleArtifactSeen(DomainEvent):
+    """The tag resolved to a manifest whose provenance is not this checkpoint's."""
+
+    at: datetime
+    digest: str
+    problem: str
+
+
+@dataclass(frozen=True)
+class ArtifactVerified(DomainEvent):
+    """The registry holds a manifest with this checkpoint's provenance (gate 1)."""
+
+    at: datetime
+    digest: str
+    artifact: str
+    pinned: str
+    size_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class CaptureFailed(DomainEvent):
+    at: datetime
+    reason: str
+    message: str
+
+
+#: The capture step's events, for the sets of the kinds that compose it.
+CAPTURE_EVENTS: tuple[type[DomainEvent], ...] = (
+    CaptureRequested, CaptureReported, StaleArtifactSeen, ArtifactVerified, CaptureFailed)
 _NOT_OBSERVED = ProbeError("NotObserved", "the pod was not observed")
 
 
@@ -147,12 +194,11 @@ def _request(spec: CaptureSpec, cap: Capture, pod: PodFact, now: datetime, *,
     annotations = protocol.capture_request(
         checkpoint_id=spec.checkpoint_id, artifact=spec.artifact, source_uid=spec.uid,
         containers=spec.containers, quiesce=spec.quiesce, saver=spec.saver)
-    event = stamped(CAPTURE_REQUESTED, now, {
-        "attempt": attempt, "checkpoint_id": spec.checkpoint_id, "artifact": spec.artifact,
-        "containers": list(spec.containers), "quiesce": spec.quiesce,
-        "deadline": (now + seconds(spec.timeout)).isoformat(),
-        "source_node": pod.node, "source_instance": protocol.instance_id(pod),
-    }, facts)
+    event = CaptureRequested(
+        at=now, attempt=attempt, checkpoint_id=spec.checkpoint_id, artifact=spec.artifact,
+        containers=spec.containers, quiesce=spec.quiesce,
+        deadline=now + seconds(spec.timeout), source_node=pod.node,
+        source_instance=protocol.instance_id(pod)).recorded(facts)
     action = annotate_pod(request_key(machine_id, attempt), namespace=spec.namespace,
                           name=spec.name, uid=spec.uid, annotations=annotations)
     return emit(event, actions=[action])
@@ -168,15 +214,13 @@ def _watch(spec: CaptureSpec, cap: Capture, pod: PodFact, obs: Observation, now:
         problem = protocol.provenance_problem(tag, checkpoint_id=spec.checkpoint_id,
                                               source_uid=spec.uid)
         if problem is None:
-            verified: JsonObject = {"digest": tag.digest, "artifact": spec.artifact,
-                                    "pinned": spec.pinned(tag.digest)}
-            size = protocol.archive_bytes(tag)
-            if size is not None:
-                verified["size_bytes"] = size
-            return emit(stamped(ARTIFACT_VERIFIED, now, verified, facts))
+            return emit(ArtifactVerified(
+                at=now, digest=tag.digest, artifact=spec.artifact,
+                pinned=spec.pinned(tag.digest), size_bytes=protocol.archive_bytes(tag),
+            ).recorded(facts))
         if tag.digest not in cap.stale_digests:
-            return emit(stamped(STALE_ARTIFACT_SEEN, now, {"digest": tag.digest,
-                                                           "problem": problem}, facts))
+            return emit(StaleArtifactSeen(at=now, digest=tag.digest,
+                                          problem=problem).recorded(facts))
     error = cap.action_error
     if error is not None and not may_reissue(error, cap.attempt):
         return _fail(spec, now, "RequestRejected",
@@ -191,7 +235,7 @@ def _watch(spec: CaptureSpec, cap: Capture, pod: PodFact, obs: Observation, now:
                          facts, machine_id)
         if (report is not None and report.state is protocol.ReportState.PUSHED
                 and cap.status is CaptureStatus.REQUESTED):
-            return emit(stamped(CAPTURE_REPORTED, now, {"digest": report.digest}, facts))
+            return emit(CaptureReported(at=now, digest=report.digest).recorded(facts))
         annotation_missing = not protocol.has_capture_request(pod, spec.checkpoint_id)
     gone = pod is None or (isinstance(pod, PodView) and (
         pod.uid != spec.uid or pod.deleting or pod.phase in ("Succeeded", "Failed")))
@@ -220,7 +264,7 @@ def _reissue(spec: CaptureSpec, cap: Capture, now: datetime, facts: JsonObject,
     annotations = protocol.capture_request(
         checkpoint_id=spec.checkpoint_id, artifact=spec.artifact, source_uid=spec.uid,
         containers=spec.containers, quiesce=spec.quiesce, saver=spec.saver)
-    event = stamped(CAPTURE_REQUESTED, now, {"attempt": attempt, "reissue": True}, facts)
+    event = CaptureRequested(at=now, attempt=attempt, reissue=True).recorded(facts)
     action = annotate_pod(request_key(machine_id, attempt), namespace=spec.namespace,
                           name=spec.name, uid=spec.uid, annotations=annotations)
     return emit(event, actions=[action])
@@ -228,7 +272,7 @@ def _reissue(spec: CaptureSpec, cap: Capture, now: datetime, facts: JsonObject,
 
 def _fail(spec: CaptureSpec, now: datetime, reason: str, message: str, facts: JsonObject,
           machine_id: str) -> Step:
-    event = stamped(CAPTURE_FAILED, now, {"reason": reason, "message": message}, facts)
+    event = CaptureFailed(at=now, reason=reason, message=message).recorded(facts)
     warning = emit_event(action_key(machine_id, "event", "capture-failed"),
                          namespace=spec.namespace, pod_name=spec.name, pod_uid=spec.uid,
                          type_=EventType.WARNING, reason="CaptureFailed",
@@ -236,32 +280,28 @@ def _fail(spec: CaptureSpec, now: datetime, reason: str, message: str, facts: Js
     return emit(event, actions=[warning])
 
 
-def evolve_capture(cap: Capture, event: EventLike, *, machine_id: str) -> Capture:
+def evolve_capture(cap: Capture, event: DomainEvent, *, machine_id: str) -> Capture:
     """Fold one event into the capture (other events leave it unchanged)."""
-    d, t = event.data, event.type
-    if t == CAPTURE_REQUESTED:
-        attempt = int(str(d["attempt"]))
-        if attempt == 1:
-            node = d.get("source_node")
+    match event:
+        case CaptureRequested(attempt=1, deadline=deadline) if deadline is not None:
             return replace(cap, status=CaptureStatus.REQUESTED, attempt=1,
-                           issued_at=event_time(event),
-                           deadline=datetime.fromisoformat(str(d["deadline"])),
-                           source_node=None if node is None else str(node),
-                           source_instance=str(d.get("source_instance", "")))
-        return replace(cap, attempt=attempt, issued_at=event_time(event), action_error=None)
-    if t == CAPTURE_REPORTED:
-        return replace(cap, status=CaptureStatus.REPORTED, reported_digest=str(d["digest"]))
-    if t == STALE_ARTIFACT_SEEN:
-        return replace(cap, stale_digests=(*cap.stale_digests, str(d["digest"])))
-    if t == ARTIFACT_VERIFIED:
-        return replace(cap, status=CaptureStatus.VERIFIED, digest=str(d["digest"]),
-                       action_error=None)
-    if t == CAPTURE_FAILED:
-        return replace(cap, status=CaptureStatus.FAILED, action_error=None,
-                       failure=Failure(str(d["reason"]), str(d["message"])),
-                       failed_at=event_time(event))
-    if t == ACTION_FAILED and not cap.finished:
-        error = ActionError.from_event(event)
-        if cap.attempt and error.key == request_key(machine_id, cap.attempt):
-            return replace(cap, action_error=error)
+                           issued_at=event.at, deadline=deadline,
+                           source_node=event.source_node,
+                           source_instance=event.source_instance or "")
+        case CaptureRequested():
+            return replace(cap, attempt=event.attempt, issued_at=event.at, action_error=None)
+        case CaptureReported():
+            return replace(cap, status=CaptureStatus.REPORTED, reported_digest=event.digest)
+        case StaleArtifactSeen():
+            return replace(cap, stale_digests=(*cap.stale_digests, event.digest))
+        case ArtifactVerified():
+            return replace(cap, status=CaptureStatus.VERIFIED, digest=event.digest,
+                           action_error=None)
+        case CaptureFailed():
+            return replace(cap, status=CaptureStatus.FAILED, action_error=None,
+                           failure=Failure(event.reason, event.message), failed_at=event.at)
+        case ActionFailed() if not cap.finished:
+            error = ActionError.from_event(event)
+            if cap.attempt and error.key == request_key(machine_id, cap.attempt):
+                return replace(cap, action_error=error)
     return cap

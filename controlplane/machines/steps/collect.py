@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from controlplane.engine.decider import ACTION_FAILED, Action, EventLike
+from controlplane.engine.decider import Action
 from controlplane.engine.observation import Observation, ProbeError
 from controlplane.machines.base.common import (
     REISSUE_AFTER,
@@ -28,24 +28,59 @@ from controlplane.machines.base.common import (
     action_key,
     backoff,
     emit,
-    event_time,
     merge_facts,
     next_poll,
-    stamped,
     tag_facts,
     wait,
 )
+from controlplane.machines.base.events import ActionFailed, DomainEvent
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.contract.actions import EventType, delete_manifest, emit_event
 
-ARTIFACT_KEPT = "ArtifactKept"
-ARTIFACT_DELETION_REQUESTED = "ArtifactDeletionRequested"
-ARTIFACT_DELETED = "ArtifactDeleted"
-ARTIFACT_DELETION_FAILED = "ArtifactDeletionFailed"
-GC_ABANDONED = "GarbageCollectionAbandoned"
-EVENTS = frozenset({ARTIFACT_KEPT, ARTIFACT_DELETION_REQUESTED, ARTIFACT_DELETED,
-                    ARTIFACT_DELETION_FAILED, GC_ABANDONED})
-FINAL_EVENTS = frozenset({ARTIFACT_KEPT, ARTIFACT_DELETED, GC_ABANDONED})
+
+@dataclass(frozen=True)
+class ArtifactKept(DomainEvent):
+    at: datetime
+    artifact: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ArtifactDeletionRequested(DomainEvent):
+    at: datetime
+    artifact: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class ArtifactDeleted(DomainEvent):
+    """The registry answered 404 for the pinned artifact: it is gone."""
+
+    at: datetime
+    artifact: str
+
+
+@dataclass(frozen=True)
+class ArtifactDeletionFailed(DomainEvent):
+    at: datetime
+    artifact: str
+    failures: int
+    retry_at: datetime
+    error_class: str
+    message: str
+
+
+@dataclass(frozen=True)
+class GarbageCollectionAbandoned(DomainEvent):
+    at: datetime
+    artifact: str
+    message: str
+
+
+#: The collection step's events, for the sets of the kinds that compose it.
+COLLECT_EVENTS: tuple[type[DomainEvent], ...] = (
+    ArtifactKept, ArtifactDeletionRequested, ArtifactDeleted, ArtifactDeletionFailed,
+    GarbageCollectionAbandoned)
 RETRY_BASE = timedelta(seconds=10)
 RETRY_CAP = timedelta(minutes=10)
 _NOT_OBSERVED = ProbeError("NotObserved", "the artifact was not observed")
@@ -91,19 +126,19 @@ def decide_collection(c: Collection, obs: Observation, now: datetime, *, machine
     if c.outcome:
         return Step()
     if keep:
-        return emit(stamped(ARTIFACT_KEPT, now, {"artifact": c.pinned,
-                                                 "reason": "retention keeps the artifact"}))
+        return emit(ArtifactKept(at=now, artifact=c.pinned,
+                                 reason="retention keeps the artifact").recorded())
     tag = obs.tags.get(c.pinned, _NOT_OBSERVED)
     facts = tag_facts(c.pinned, tag)
     if tag is None:
-        return emit(stamped(ARTIFACT_DELETED, now, {"artifact": c.pinned}, facts))
+        return emit(ArtifactDeleted(at=now, artifact=c.pinned).recorded(facts))
     if c.action_error is not None:
         failures = c.failures + 1
         retry_at = now + backoff(failures, base=RETRY_BASE, cap=RETRY_CAP)
-        event = stamped(ARTIFACT_DELETION_FAILED, now, {
-            "artifact": c.pinned, "failures": failures, "retry_at": retry_at.isoformat(),
-            "error_class": c.action_error.error_class, "message": c.action_error.message},
-            merge_facts(facts, c.action_error.facts()))
+        event = ArtifactDeletionFailed(
+            at=now, artifact=c.pinned, failures=failures, retry_at=retry_at,
+            error_class=c.action_error.error_class, message=c.action_error.message,
+        ).recorded(merge_facts(facts, c.action_error.facts()))
         return emit(event, actions=[_warning(machine_id, notify, f"failed-{failures}",
                                              "GarbageCollectionFailed",
                                              f"cannot delete {c.pinned} "
@@ -113,8 +148,8 @@ def decide_collection(c: Collection, obs: Observation, now: datetime, *, machine
     if now >= c.deadline:
         message = (f"artifact {c.pinned} still exists at the GC deadline"
                    + (f"; last error: {c.last_error}" if c.last_error else ""))
-        return emit(stamped(GC_ABANDONED, now, {"artifact": c.pinned, "message": message},
-                            facts),
+        return emit(GarbageCollectionAbandoned(at=now, artifact=c.pinned,
+                                               message=message).recorded(facts),
                     actions=[_warning(machine_id, notify, "abandoned",
                                       "GarbageCollectionAbandoned", message)])
     if isinstance(tag, ProbeError):
@@ -123,8 +158,8 @@ def decide_collection(c: Collection, obs: Observation, now: datetime, *, machine
         c.retry_at is None and c.issued_at is not None and now >= c.issued_at + REISSUE_AFTER)
     if due:
         attempt = c.attempt + 1
-        event = stamped(ARTIFACT_DELETION_REQUESTED, now, {"artifact": c.pinned,
-                                                           "attempt": attempt}, facts)
+        event = ArtifactDeletionRequested(at=now, artifact=c.pinned,
+                                          attempt=attempt).recorded(facts)
         return emit(event, actions=[delete_manifest(delete_key(machine_id, attempt),
                                                     repository=c.repository, digest=c.digest)])
     assert c.issued_at is not None
@@ -140,23 +175,22 @@ def _warning(machine_id: str, notify: Notify, suffix: str, reason: str,
                       type_=EventType.WARNING, reason=reason, message=message)
 
 
-def evolve_collection(c: Collection, event: EventLike, *, machine_id: str) -> Collection:
-    t, d = event.type, event.data
-    if t == ARTIFACT_KEPT:
-        return replace(c, outcome="kept")
-    if t == ARTIFACT_DELETED:
-        return replace(c, outcome="deleted", action_error=None)
-    if t == GC_ABANDONED:
-        return replace(c, outcome="abandoned", action_error=None)
-    if t == ARTIFACT_DELETION_REQUESTED:
-        return replace(c, attempt=int(str(d["attempt"])), issued_at=event_time(event),
-                       retry_at=None)
-    if t == ARTIFACT_DELETION_FAILED:
-        return replace(c, failures=int(str(d["failures"])), action_error=None,
-                       retry_at=datetime.fromisoformat(str(d["retry_at"])),
-                       last_error=f"{d.get('error_class')}: {d.get('message')}")
-    if t == ACTION_FAILED and not c.outcome and c.attempt:
-        error = ActionError.from_event(event)
-        if error.key == delete_key(machine_id, c.attempt):
-            return replace(c, action_error=error)
+def evolve_collection(c: Collection, event: DomainEvent, *, machine_id: str) -> Collection:
+    match event:
+        case ArtifactKept():
+            return replace(c, outcome="kept")
+        case ArtifactDeleted():
+            return replace(c, outcome="deleted", action_error=None)
+        case GarbageCollectionAbandoned():
+            return replace(c, outcome="abandoned", action_error=None)
+        case ArtifactDeletionRequested():
+            return replace(c, attempt=event.attempt, issued_at=event.at, retry_at=None)
+        case ArtifactDeletionFailed():
+            return replace(c, failures=event.failures, action_error=None,
+                           retry_at=event.retry_at,
+                           last_error=f"{event.error_class}: {event.message}")
+        case ActionFailed() if not c.outcome and c.attempt:
+            error = ActionError.from_event(event)
+            if error.key == delete_key(machine_id, c.attempt):
+                return replace(c, action_error=error)
     return c

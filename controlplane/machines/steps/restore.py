@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from controlplane.engine.decider import ACTION_FAILED, Action, EventLike
+from controlplane.engine.decider import Action
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Observation, PodFact, PodView, ProbeError
-from controlplane.machines.base.codec import RawJson, decode, encode_object
+from controlplane.machines.base.codec import RawJson
 from controlplane.machines.base.common import (
     REISSUE_AFTER,
     ActionError,
@@ -41,30 +41,19 @@ from controlplane.machines.base.common import (
     Step,
     action_key,
     emit,
-    event_time,
     merge_facts,
     next_poll,
     node_facts,
     node_problem,
     pod_facts,
     seconds,
-    stamped,
     wait,
 )
+from controlplane.machines.base.events import ActionFailed, DomainEvent
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.contract import protocol
 from controlplane.machines.contract.actions import EventType, create_pod, delete_pod, emit_event
 
-RESTORE_POD_REQUESTED = "RestorePodRequested"
-RESTORE_POD_OBSERVED = "RestorePodObserved"
-TARGET_UNSCHEDULABLE = "TargetUnschedulable"
-RESTORE_VERIFIED = "RestoreVerified"
-RESTORE_FAILED = "RestoreFailed"
-RESTORED_POD_DELETION_REQUESTED = "RestoredPodDeletionRequested"
-RESTORE_CLEANED_UP = "RestoreCleanedUp"
-EVENTS = frozenset({RESTORE_POD_REQUESTED, RESTORE_POD_OBSERVED, TARGET_UNSCHEDULABLE,
-                    RESTORE_VERIFIED, RESTORE_FAILED, RESTORED_POD_DELETION_REQUESTED,
-                    RESTORE_CLEANED_UP})
 SUPERSEDED = "Superseded"  # failure reason of an attempt abandoned by retarget/cancel
 _NOT_OBSERVED = ProbeError("NotObserved", "the pod was not observed")
 _SUFFIX = re.compile(r"-r[0-9a-f]{6}-[0-9]+$")
@@ -139,6 +128,83 @@ class Restore:
         return self.failure is not None and self.failure.reason == SUPERSEDED
 
 
+@dataclass(frozen=True)
+class RestorePodRequested(DomainEvent):
+    """The attempt's pod was created. The first create of an attempt carries its ``plan``,
+    ``mode`` and deadlines; a re-create only ``create_attempt``."""
+
+    at: datetime
+    attempt: int
+    create_attempt: int
+    plan: RestorePlan | None = None
+    mode: str | None = None
+    schedule_deadline: datetime | None = None
+    deadline: datetime | None = None
+
+
+@dataclass(frozen=True)
+class RestorePodObserved(DomainEvent):
+    at: datetime
+    attempt: int
+    uid: str
+    node: str | None
+
+
+@dataclass(frozen=True)
+class TargetUnschedulable(DomainEvent):
+    at: datetime
+    attempt: int
+    problem: str
+
+
+@dataclass(frozen=True)
+class RestoreVerified(DomainEvent):
+    """The agent restored a fresh instance from the planned digest (or cold-booted)."""
+
+    at: datetime
+    attempt: int
+    uid: str
+    node: str | None
+    digest: str | None
+    instance_id: str
+
+
+@dataclass(frozen=True)
+class RestoreFailed(DomainEvent):
+    at: datetime
+    attempt: int
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class RestoredPodDeletionRequested(DomainEvent):
+    """A failed attempt's pod is deleted. The first request carries the pod's ``uid`` and
+    the ``deadline``; a reissue only ``cleanup_attempt``."""
+
+    at: datetime
+    attempt: int
+    cleanup_attempt: int
+    uid: str | None = None
+    deadline: datetime | None = None
+
+
+@dataclass(frozen=True)
+class RestoreCleanedUp(DomainEvent):
+    at: datetime
+    attempt: int
+    how: str
+
+
+RestoreAttemptEvent = (RestorePodRequested | RestorePodObserved | TargetUnschedulable
+                       | RestoreVerified | RestoreFailed | RestoredPodDeletionRequested
+                       | RestoreCleanedUp)
+#: The restore step's events, for the sets of the kinds that compose it.
+RESTORE_EVENTS: tuple[type[DomainEvent], ...] = (
+    RestorePodRequested, RestorePodObserved, TargetUnschedulable, RestoreVerified,
+    RestoreFailed, RestoredPodDeletionRequested, RestoreCleanedUp)
+
+
 def restore_pod_name(base: str, machine_id: str, attempt: int) -> str:
     """A deterministic, DNS-safe name: ``<base>-r<hash of machine id>-<attempt>``.
 
@@ -166,20 +232,18 @@ def restore_key(machine_id: str, attempt: int) -> str:
 def start_restore(plan: RestorePlan, ctx: RestoreContext, now: datetime, *,
                   machine_id: str, facts: JsonObject | None = None) -> Step:
     """Create the attempt's pod."""
-    data: JsonObject = {
-        "attempt": plan.attempt, "create_attempt": 1, "plan": encode_object(plan),
-        "mode": "cold-boot" if plan.artifact is None else "restore",
-        "schedule_deadline": (now + seconds(ctx.schedule_timeout)).isoformat(),
-        "deadline": (now + seconds(ctx.restore_timeout)).isoformat(),
-    }
-    event = stamped(RESTORE_POD_REQUESTED, now, data, facts)
+    event = RestorePodRequested(
+        at=now, attempt=plan.attempt, create_attempt=1, plan=plan,
+        mode="cold-boot" if plan.artifact is None else "restore",
+        schedule_deadline=now + seconds(ctx.schedule_timeout),
+        deadline=now + seconds(ctx.restore_timeout)).recorded(facts)
     return emit(event, actions=[_create(plan, ctx, machine_id, 1)])
 
 
 def abandon_restore(restore: Restore, now: datetime, why: str) -> Step:
     """Give up an attempt in flight (retarget, cancel); its pod is then cleaned up."""
-    return emit(stamped(RESTORE_FAILED, now, {"attempt": restore.plan.attempt,
-                                              "reason": SUPERSEDED, "message": why}))
+    return emit(RestoreFailed(at=now, attempt=restore.plan.attempt, reason=SUPERSEDED,
+                              message=why).recorded())
 
 
 def decide_restore(r: Restore, ctx: RestoreContext, obs: Observation, now: datetime, *,
@@ -216,8 +280,8 @@ def _watch(r: Restore, ctx: RestoreContext, pod: PodFact, obs: Observation, now:
         return _fail(r, now, "RestoredPodVanished", f"restored pod {plan.key} disappeared", facts)
     elif pod is None and now >= r.issued_at + REISSUE_AFTER and now < r.deadline:
         attempt = r.create_attempt + 1
-        event = stamped(RESTORE_POD_REQUESTED, now, {"attempt": plan.attempt,
-                                                     "create_attempt": attempt}, facts)
+        event = RestorePodRequested(at=now, attempt=plan.attempt,
+                                    create_attempt=attempt).recorded(facts)
         return emit(event, actions=[_create(plan, ctx, machine_id, attempt)])
     scheduled = isinstance(pod, PodView) and pod.node is not None
     problem = node_problem(node_fact) if plan.node else None
@@ -226,8 +290,8 @@ def _watch(r: Restore, ctx: RestoreContext, pod: PodFact, obs: Observation, now:
                              namespace=plan.namespace, pod_name=plan.pod_name, pod_uid=r.uid,
                              type_=EventType.WARNING, reason="TargetUnschedulable",
                              message=f"restore target {plan.node}: {problem}")
-        return emit(stamped(TARGET_UNSCHEDULABLE, now, {"attempt": plan.attempt,
-                                                        "problem": problem}, facts),
+        return emit(TargetUnschedulable(at=now, attempt=plan.attempt,
+                                        problem=problem).recorded(facts),
                     actions=[warning])
     if not scheduled and now >= r.schedule_deadline:
         why = r.unschedulable or problem or "no node took the pod"
@@ -251,8 +315,8 @@ def _judge(r: Restore, pod: PodView, now: datetime, facts: JsonObject,
         return _fail(r, now, "RestoredPodReplaced",
                      f"restored pod {plan.key} was replaced (uid {pod.uid}, ours {r.uid})", facts)
     if r.uid is None:
-        return emit(stamped(RESTORE_POD_OBSERVED, now, {"attempt": plan.attempt,
-                                                        "uid": pod.uid, "node": pod.node}, facts))
+        return emit(RestorePodObserved(at=now, attempt=plan.attempt, uid=pod.uid,
+                                       node=pod.node).recorded(facts))
     report = protocol.restore_report(pod)
     if report.failure:
         return _fail(r, now, "AgentRestoreFailed", f"the node agent reported: {report.failure}",
@@ -271,15 +335,15 @@ def _judge(r: Restore, pod: PodView, now: datetime, facts: JsonObject,
         return None
     fresh = bool(report.instance_id) and report.instance_id not in plan.not_fresh
     if plan.artifact is None or (report.restored_from == plan.digest and fresh):
-        return emit(stamped(RESTORE_VERIFIED, now, {
-            "attempt": plan.attempt, "uid": pod.uid, "node": pod.node,
-            "digest": plan.digest, "instance_id": report.instance_id}, facts))
+        return emit(RestoreVerified(
+            at=now, attempt=plan.attempt, uid=pod.uid, node=pod.node, digest=plan.digest,
+            instance_id=report.instance_id).recorded(facts))
     return None
 
 
 def _fail(r: Restore, now: datetime, reason: str, message: str, facts: JsonObject) -> Step:
-    return emit(stamped(RESTORE_FAILED, now, {"attempt": r.plan.attempt, "reason": reason,
-                                              "message": message}, facts))
+    return emit(RestoreFailed(at=now, attempt=r.plan.attempt, reason=reason,
+                              message=message).recorded(facts))
 
 
 def _start_cleanup(r: Restore, ctx: RestoreContext, pod: PodFact, now: datetime,
@@ -293,9 +357,9 @@ def _start_cleanup(r: Restore, ctx: RestoreContext, pod: PodFact, now: datetime,
     replaced = r.uid is not None and pod is not None and pod.uid != r.uid
     if pod is None or not _ours(r, pod, machine_id) or replaced or pod.deleting:
         return _cleaned(r, now, "nothing-to-delete", facts)
-    event = stamped(RESTORED_POD_DELETION_REQUESTED, now, {
-        "attempt": plan.attempt, "cleanup_attempt": 1, "uid": pod.uid,
-        "deadline": (now + seconds(ctx.cleanup_timeout)).isoformat()}, facts)
+    event = RestoredPodDeletionRequested(
+        at=now, attempt=plan.attempt, cleanup_attempt=1, uid=pod.uid,
+        deadline=now + seconds(ctx.cleanup_timeout)).recorded(facts)
     return emit(event, actions=[_delete(r, pod.uid, machine_id, 1)])
 
 
@@ -313,15 +377,14 @@ def _cleanup(r: Restore, pod: PodFact, now: datetime, machine_id: str) -> Step:
     reissue_at = r.cleanup_issued_at + REISSUE_AFTER
     if isinstance(pod, PodView) and now >= reissue_at:
         attempt = r.cleanup_attempt + 1
-        event = stamped(RESTORED_POD_DELETION_REQUESTED, now, {
-            "attempt": r.plan.attempt, "cleanup_attempt": attempt}, facts)
+        event = RestoredPodDeletionRequested(at=now, attempt=r.plan.attempt,
+                                             cleanup_attempt=attempt).recorded(facts)
         return emit(event, actions=[_delete(r, pod.uid, machine_id, attempt)])
     return wait(r.cleanup_deadline, reissue_at)
 
 
 def _cleaned(r: Restore, now: datetime, how: str, facts: JsonObject) -> Step:
-    return emit(stamped(RESTORE_CLEANED_UP, now, {"attempt": r.plan.attempt, "how": how},
-                        facts))
+    return emit(RestoreCleanedUp(at=now, attempt=r.plan.attempt, how=how).recorded(facts))
 
 
 def _create(plan: RestorePlan, ctx: RestoreContext, machine_id: str,
@@ -341,40 +404,21 @@ def _delete(r: Restore, uid: str, machine_id: str, attempt: int) -> Action:
                       reason=f"clean up failed restore attempt {r.plan.attempt}")
 
 
-def evolve_restore(r: Restore | None, event: EventLike, *, machine_id: str) -> Restore | None:
-    """Fold one event; the first ``RestorePodRequested`` of an attempt starts a new one."""
-    t, d = event.type, event.data
-    if t == RESTORE_POD_REQUESTED and "plan" in d:
-        return Restore(plan=decode(RestorePlan, d["plan"]), issued_at=event_time(event),
-                       schedule_deadline=datetime.fromisoformat(str(d["schedule_deadline"])),
-                       deadline=datetime.fromisoformat(str(d["deadline"])))
-    if r is None or (t in EVENTS and d.get("attempt") != r.plan.attempt):
+def evolve_restore(r: Restore | None, event: DomainEvent, *,
+                   machine_id: str) -> Restore | None:
+    """Fold one event; the first ``RestorePodRequested`` of an attempt starts a new one.
+    An event of another attempt leaves this one unchanged."""
+    match event:
+        case RestorePodRequested(plan=RestorePlan() as plan,
+                                 schedule_deadline=datetime() as schedule_deadline,
+                                 deadline=datetime() as deadline):
+            return Restore(plan=plan, issued_at=event.at, schedule_deadline=schedule_deadline,
+                           deadline=deadline)
+    if r is None:
         return r
-    if t == RESTORE_POD_REQUESTED:
-        return replace(r, create_attempt=int(str(d["create_attempt"])),
-                       issued_at=event_time(event))
-    if t == RESTORE_POD_OBSERVED:
-        node = d.get("node")
-        return replace(r, status=RestoreStatus.STARTING, uid=str(d["uid"]),
-                       node=None if node is None else str(node))
-    if t == TARGET_UNSCHEDULABLE:
-        return replace(r, unschedulable=str(d["problem"]))
-    if t == RESTORE_VERIFIED:
-        return replace(r, status=RestoreStatus.VERIFIED, instance_id=str(d["instance_id"]),
-                       action_error=None)
-    if t == RESTORE_FAILED:
-        return replace(r, status=RestoreStatus.FAILED, action_error=None,
-                       failure=Failure(str(d["reason"]), str(d["message"])))
-    if t == RESTORED_POD_DELETION_REQUESTED:
-        n = int(str(d["cleanup_attempt"]))
-        if n == 1:
-            return replace(r, status=RestoreStatus.CLEANING, cleanup_attempt=1,
-                           cleanup_uid=str(d["uid"]), cleanup_issued_at=event_time(event),
-                           cleanup_deadline=datetime.fromisoformat(str(d["deadline"])))
-        return replace(r, cleanup_attempt=n, cleanup_issued_at=event_time(event))
-    if t == RESTORE_CLEANED_UP:
-        return replace(r, status=RestoreStatus.CLEANED, action_error=None)
-    if t == ACTION_FAILED:
+    if isinstance(event, RestoreAttemptEvent):
+        return r if event.attempt != r.plan.attempt else _evolve_attempt(r, event)
+    if isinstance(event, ActionFailed):
         error = ActionError.from_event(event)
         if r.in_flight:
             current = create_key(machine_id, r.plan.attempt, r.create_attempt)
@@ -384,4 +428,30 @@ def evolve_restore(r: Restore | None, event: EventLike, *, machine_id: str) -> R
             return r
         if error.key == current:
             return replace(r, action_error=error)
+    return r
+
+
+def _evolve_attempt(r: Restore, event: RestoreAttemptEvent) -> Restore:
+    match event:
+        case RestorePodRequested():
+            return replace(r, create_attempt=event.create_attempt, issued_at=event.at)
+        case RestorePodObserved():
+            return replace(r, status=RestoreStatus.STARTING, uid=event.uid, node=event.node)
+        case TargetUnschedulable():
+            return replace(r, unschedulable=event.problem)
+        case RestoreVerified():
+            return replace(r, status=RestoreStatus.VERIFIED, instance_id=event.instance_id,
+                           action_error=None)
+        case RestoreFailed():
+            return replace(r, status=RestoreStatus.FAILED, action_error=None,
+                           failure=Failure(event.reason, event.message))
+        case RestoredPodDeletionRequested(cleanup_attempt=1, uid=str(uid),
+                                          deadline=datetime() as deadline):
+            return replace(r, status=RestoreStatus.CLEANING, cleanup_attempt=1,
+                           cleanup_uid=uid, cleanup_issued_at=event.at,
+                           cleanup_deadline=deadline)
+        case RestoredPodDeletionRequested():
+            return replace(r, cleanup_attempt=event.cleanup_attempt, cleanup_issued_at=event.at)
+        case RestoreCleanedUp():
+            return replace(r, status=RestoreStatus.CLEANED, action_error=None)
     return r

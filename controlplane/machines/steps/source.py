@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from controlplane.engine.decider import ACTION_FAILED, Action, EventLike
+from controlplane.engine.decider import Action
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Observation, PodFact, PodView, ProbeError, TagView
 from controlplane.machines.base.common import (
@@ -34,17 +34,16 @@ from controlplane.machines.base.common import (
     Step,
     action_key,
     emit,
-    event_time,
     may_reissue,
     merge_facts,
     next_poll,
     pod_facts,
     reissue_backoff,
     seconds,
-    stamped,
     tag_facts,
     wait,
 )
+from controlplane.machines.base.events import ActionFailed, DomainEvent
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.contract import protocol
 from controlplane.machines.contract.actions import delete_pod, remove_pod_annotations
@@ -64,18 +63,116 @@ class SourceOpStatus(StrEnum):
     FAILED = "Failed"
 
 
-_REQUESTED = {SourceOpKind.RELEASE: "ReleaseRequested", SourceOpKind.KILL: "KillRequested",
-              SourceOpKind.DELETE: "SourceDeletionRequested"}
-_DONE = {SourceOpKind.RELEASE: "SourceReleased", SourceOpKind.KILL: "SourceKilled",
-         SourceOpKind.DELETE: "SourceDeleted"}
-_FAILED = {SourceOpKind.RELEASE: "ReleaseFailed", SourceOpKind.KILL: "KillFailed",
-           SourceOpKind.DELETE: "SourceDeletionFailed"}
-REQUESTED_EVENTS = frozenset(_REQUESTED.values())
-DONE_EVENTS = frozenset(_DONE.values())
-FAILED_EVENTS = frozenset(_FAILED.values())
-SOURCE_VANISHED = "SourceVanished"
-DELETION_ABORTED = "SourceDeletionAborted"
-EVENTS = REQUESTED_EVENTS | DONE_EVENTS | FAILED_EVENTS
+
+
+@dataclass(frozen=True)
+class SourceOpRequested(DomainEvent):
+    """An operation on the source was issued. The first carries its ``reason`` and
+    ``deadline``; a reissue (``reissue``) only its ``attempt``. Recorded as one of the
+    three subclasses below, never as itself."""
+
+    at: datetime
+    op: SourceOpKind
+    attempt: int
+    reason: str | None = None
+    deadline: datetime | None = None
+    reissue: bool | None = None
+
+
+@dataclass(frozen=True)
+class SourceOpDone(DomainEvent):
+    """The operation was observed done, and ``how`` (see :func:`effect`)."""
+
+    at: datetime
+    op: SourceOpKind
+    how: str
+
+
+@dataclass(frozen=True)
+class SourceOpFailed(DomainEvent):
+    at: datetime
+    op: SourceOpKind
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ReleaseRequested(SourceOpRequested):
+    pass
+
+
+@dataclass(frozen=True)
+class KillRequested(SourceOpRequested):
+    pass
+
+
+@dataclass(frozen=True)
+class SourceDeletionRequested(SourceOpRequested):
+    pass
+
+
+@dataclass(frozen=True)
+class SourceReleased(SourceOpDone):
+    pass
+
+
+@dataclass(frozen=True)
+class SourceKilled(SourceOpDone):
+    pass
+
+
+@dataclass(frozen=True)
+class SourceDeleted(SourceOpDone):
+    pass
+
+
+@dataclass(frozen=True)
+class ReleaseFailed(SourceOpFailed):
+    pass
+
+
+@dataclass(frozen=True)
+class KillFailed(SourceOpFailed):
+    pass
+
+
+@dataclass(frozen=True)
+class SourceDeletionFailed(SourceOpFailed):
+    pass
+
+
+@dataclass(frozen=True)
+class SourceVanished(DomainEvent):
+    """The source went away on its own (``during`` a delete or a wake in place); a
+    migration then restores on ``target``."""
+
+    at: datetime
+    during: str
+    target: str | None = None
+
+
+@dataclass(frozen=True)
+class SourceDeletionAborted(DomainEvent):
+    """The delete guard did not hold (gate 1): the source was not deleted."""
+
+    at: datetime
+    reason: str
+    message: str
+
+
+_REQUESTED: dict[SourceOpKind, type[SourceOpRequested]] = {
+    SourceOpKind.RELEASE: ReleaseRequested, SourceOpKind.KILL: KillRequested,
+    SourceOpKind.DELETE: SourceDeletionRequested}
+_DONE: dict[SourceOpKind, type[SourceOpDone]] = {
+    SourceOpKind.RELEASE: SourceReleased, SourceOpKind.KILL: SourceKilled,
+    SourceOpKind.DELETE: SourceDeleted}
+_FAILED: dict[SourceOpKind, type[SourceOpFailed]] = {
+    SourceOpKind.RELEASE: ReleaseFailed, SourceOpKind.KILL: KillFailed,
+    SourceOpKind.DELETE: SourceDeletionFailed}
+#: The source step's events, for the sets of the kinds that compose it.
+SOURCE_EVENTS: tuple[type[DomainEvent], ...] = (
+    *_REQUESTED.values(), *_DONE.values(), *_FAILED.values(), SourceVanished,
+    SourceDeletionAborted)
 
 
 @dataclass(frozen=True)
@@ -117,9 +214,8 @@ def start_source_op(kind: SourceOpKind, src: SourcePod, obs: Observation, now: d
                     facts: JsonObject | None = None) -> Step:
     """Issue ``kind`` on the source (the owner has checked any guard)."""
     pod = obs.pods.get(src.key, _NOT_OBSERVED)
-    event = stamped(_REQUESTED[kind], now, {
-        "op": kind.value, "attempt": 1, "reason": reason,
-        "deadline": (now + seconds(timeout)).isoformat()},
+    event = _REQUESTED[kind](at=now, op=kind, attempt=1, reason=reason,
+                             deadline=now + seconds(timeout)).recorded(
         merge_facts(pod_facts(src.key, pod), facts or {}))
     return emit(event, actions=[_action(kind, src, machine_id, 1, reason)])
 
@@ -148,7 +244,7 @@ def decide_source_op(op: SourceOp, src: SourcePod, obs: Observation, now: dateti
     facts = pod_facts(src.key, pod)
     how = effect(op.kind, src, pod)
     if how is not None:
-        return emit(stamped(_DONE[op.kind], now, {"op": op.kind.value, "how": how}, facts))
+        return emit(_DONE[op.kind](at=now, op=op.kind, how=how).recorded(facts))
     error = op.action_error
     if error is not None and not may_reissue(error, op.attempt):
         return _failed(op, now, "ActionFailed", error.message,
@@ -162,8 +258,8 @@ def decide_source_op(op: SourceOp, src: SourcePod, obs: Observation, now: dateti
         facts = merge_facts(facts, error.facts())
     if isinstance(pod, PodView) and may_act and now >= reissue_at:
         attempt = op.attempt + 1
-        event = stamped(_REQUESTED[op.kind], now, {"op": op.kind.value, "attempt": attempt,
-                                                   "reissue": True}, facts)
+        event = _REQUESTED[op.kind](at=now, op=op.kind, attempt=attempt,
+                                    reissue=True).recorded(facts)
         return emit(event, actions=[_action(op.kind, src, machine_id, attempt, "reissue")])
     return wait(op.deadline, reissue_at if isinstance(pod, PodView) and may_act else None)
 
@@ -227,27 +323,28 @@ def decide_deletion(op: SourceOp | None, src: SourcePod, pinned: str, obs: Obser
         guard = isinstance(pod, PodView) and isinstance(tag, TagView) and problem is None
         return decide_source_op(op, src, obs, now, machine_id=machine_id, may_act=guard)
     if pod is None or (isinstance(pod, PodView) and (pod.uid != src.uid or pod.deleting)):
-        return emit(stamped(SOURCE_VANISHED, now, {"during": "delete"}, facts))
+        return emit(SourceVanished(at=now, during="delete").recorded(facts))
     deadline = verified_at + seconds(timeout)
     if isinstance(pod, ProbeError) or isinstance(tag, ProbeError):
         if now >= deadline:
-            return emit(stamped(DELETION_ABORTED, now, {
-                "reason": "Timeout", "message": "the source and its artifact could not both "
-                "be confirmed before the delete deadline; the source was not deleted"}, facts))
+            return emit(SourceDeletionAborted(
+                at=now, reason="Timeout", message="the source and its artifact could not "
+                "both be confirmed before the delete deadline; the source was not deleted",
+            ).recorded(facts))
         return wait(deadline, next_poll(verified_at, now))
     if problem is not None:
-        return emit(stamped(DELETION_ABORTED, now, {
-            "reason": "ArtifactLost",
-            "message": f"artifact {pinned} cannot be trusted before deleting the source: "
-                       f"{problem}"}, facts))
+        return emit(SourceDeletionAborted(
+            at=now, reason="ArtifactLost",
+            message=f"artifact {pinned} cannot be trusted before deleting the source: "
+                    f"{problem}").recorded(facts))
     return start_source_op(SourceOpKind.DELETE, src, obs, now, machine_id=machine_id,
                            timeout=timeout, reason=f"artifact {pinned} verified", facts=facts)
 
 
 def _failed(op: SourceOp, now: datetime, reason: str, message: str,
             facts: JsonObject) -> Step:
-    return emit(stamped(_FAILED[op.kind], now, {"op": op.kind.value, "reason": reason,
-                                                "message": message}, facts))
+    return emit(_FAILED[op.kind](at=now, op=op.kind, reason=reason,
+                                 message=message).recorded(facts))
 
 
 def _action(kind: SourceOpKind, src: SourcePod, machine_id: str, attempt: int,
@@ -260,28 +357,22 @@ def _action(kind: SourceOpKind, src: SourcePod, machine_id: str, attempt: int,
                       reason=f"{kind.value.lower()}: {reason}")
 
 
-def evolve_source_op(op: SourceOp | None, event: EventLike, *, machine_id: str) -> SourceOp | None:
+def evolve_source_op(op: SourceOp | None, event: DomainEvent, *,
+                     machine_id: str) -> SourceOp | None:
     """Fold one event; a first ``*Requested`` (attempt 1) starts a new operation."""
-    t, d = event.type, event.data
-    if t in REQUESTED_EVENTS:
-        kind = SourceOpKind(str(d["op"]))
-        attempt = int(str(d["attempt"]))
-        if attempt == 1:
-            return SourceOp(kind=kind, attempt=attempt, issued_at=event_time(event),
-                            deadline=datetime.fromisoformat(str(d["deadline"])))
-        if op is None:
-            return None
-        return replace(op, attempt=attempt, issued_at=event_time(event), action_error=None)
-    if op is None:
-        return None
-    if t in DONE_EVENTS:
-        return replace(op, status=SourceOpStatus.DONE, outcome=str(d.get("how", "")),
-                       action_error=None)
-    if t in FAILED_EVENTS:
-        return replace(op, status=SourceOpStatus.FAILED, action_error=None,
-                       failure=Failure(str(d["reason"]), str(d["message"])))
-    if t == ACTION_FAILED and not op.finished:
-        error = ActionError.from_event(event)
-        if error.key == op_key(machine_id, op.kind, op.attempt):
-            return replace(op, action_error=error)
+    match event:
+        case SourceOpRequested(attempt=1, deadline=deadline) if deadline is not None:
+            return SourceOp(kind=event.op, attempt=1, issued_at=event.at, deadline=deadline)
+        case SourceOpRequested() if op is not None:
+            return replace(op, attempt=event.attempt, issued_at=event.at, action_error=None)
+        case SourceOpDone() if op is not None:
+            return replace(op, status=SourceOpStatus.DONE, outcome=event.how,
+                           action_error=None)
+        case SourceOpFailed() if op is not None:
+            return replace(op, status=SourceOpStatus.FAILED, action_error=None,
+                           failure=Failure(event.reason, event.message))
+        case ActionFailed() if op is not None and not op.finished:
+            error = ActionError.from_event(event)
+            if error.key == op_key(machine_id, op.kind, op.attempt):
+                return replace(op, action_error=error)
     return op

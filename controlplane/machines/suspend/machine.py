@@ -31,30 +31,52 @@ from controlplane.engine.decider import Command, CommandRejected, Decision, Even
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
 from controlplane.machines.base.codec import RawJson, decode
-from controlplane.machines.base.common import (
-    STARTED,
-    Failure,
-    Step,
-    action_key,
-    emit,
-    event_time,
-    stamped,
-    with_facts,
+from controlplane.machines.base.common import Failure, Step, finish, started, with_facts
+from controlplane.machines.base.events import (
+    ENGINE_EVENTS,
+    CancelRequested,
+    DomainEvent,
+    EventSet,
+    Finished,
+    Started,
 )
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.specs import checkpoint_class, only_known, pod_template, require
 from controlplane.machines.base.states import CapturingState
 from controlplane.machines.checkpoint.machine import capture_spec, validate_capture_fields
 from controlplane.machines.config.classes import CheckpointClass, OnFailure
-from controlplane.machines.contract.actions import EventType, emit_event
 from controlplane.machines.steps import capture as cap_
 from controlplane.machines.steps import source as src_
-from controlplane.machines.steps.capture import Capture, CaptureSpec, CaptureStatus
-from controlplane.machines.steps.source import SourceOp
+from controlplane.machines.steps.capture import (
+    CAPTURE_EVENTS,
+    ArtifactVerified,
+    Capture,
+    CaptureFailed,
+    CaptureSpec,
+    CaptureStatus,
+)
+from controlplane.machines.steps.source import (
+    SOURCE_EVENTS,
+    SourceDeletionAborted,
+    SourceDeletionFailed,
+    SourceDeletionRequested,
+    SourceOp,
+    SourceVanished,
+)
 
 KIND = "suspend"
-FINISHED = "SuspendFinished"
-CANCEL_REQUESTED = "CancelRequested"
+
+
+@dataclass(frozen=True)
+class SuspendFinished(Finished):
+    """How the suspend ended; ``artifact`` is the checkpoint to resume from (``null``
+    when none was verified)."""
+
+    artifact: str | None
+
+
+SUSPEND_EVENTS = EventSet(ENGINE_EVENTS, (Started, SuspendFinished, CancelRequested),
+                          CAPTURE_EVENTS, SOURCE_EVENTS)
 
 
 class SuspendPhase(StrEnum):
@@ -125,10 +147,7 @@ class SuspendDecider:
         if state.terminal:
             return Decision()
         if state.started_at is None:
-            started = stamped(STARTED, now, {"kind": KIND})
-            rest = self.decide(self.evolve(state, started), observation, now)
-            both = Decision((started, *rest.events), rest.actions, rest.wake_at)
-            return with_facts(both, observation)
+            return started(self, state, Started(at=now, kind=KIND), observation, now)
         return with_facts(self._step(state, observation, now).decision(), observation)
 
     def _step(self, state: SuspendState, obs: Observation, now: datetime) -> Step:
@@ -181,40 +200,42 @@ class SuspendDecider:
         return _finish(state, now, SuspendPhase.SUSPENDED, "Suspended",
                        f"{how}; resume from {state.artifact}")
 
-    def evolve(self, state: SuspendState, event: EventLike) -> SuspendState:
-        t, d = event.type, event.data
+    def evolve(self, state: SuspendState, event: EventLike | DomainEvent) -> SuspendState:
+        e = SUSPEND_EVENTS.decode(event)
         if state.terminal:
             return state
-        if t == STARTED:
-            return replace(state, started_at=event_time(event))
-        if t == FINISHED:
-            phase = SuspendPhase(str(d["phase"]))
-            failure = Failure(str(d["reason"]), str(d["message"])) \
-                if phase is SuspendPhase.FAILED else state.failure
-            return replace(state, status=phase, failure=failure)
-        if t == CANCEL_REQUESTED:
-            return replace(state, cancelled=True, status=SuspendPhase.WAKING_IN_PLACE)
-        if t == src_.DELETION_ABORTED:
-            return replace(state, status=SuspendPhase.WAKING_IN_PLACE,
-                           abort=Failure(str(d["reason"]), str(d["message"])))
-        if t == src_.SOURCE_VANISHED:
-            return replace(state, source_op=src_.SourceOp(
-                src_.SourceOpKind.DELETE, src_.SourceOpStatus.DONE, outcome="pod-gone"),
-                deletion_requested=True)
+        match e:
+            case Started():
+                return replace(state, started_at=e.at)
+            case SuspendFinished():
+                phase = SuspendPhase(e.phase)
+                failure = Failure(e.reason, e.message) \
+                    if phase is SuspendPhase.FAILED else state.failure
+                return replace(state, status=phase, failure=failure)
+            case CancelRequested():
+                return replace(state, cancelled=True, status=SuspendPhase.WAKING_IN_PLACE)
+            case SourceDeletionAborted():
+                return replace(state, status=SuspendPhase.WAKING_IN_PLACE,
+                               abort=Failure(e.reason, e.message))
+            case SourceVanished():
+                return replace(state, source_op=src_.SourceOp(
+                    src_.SourceOpKind.DELETE, src_.SourceOpStatus.DONE, outcome="pod-gone"),
+                    deletion_requested=True)
         mid = state.machine_id
-        capture = cap_.evolve_capture(state.capture, event, machine_id=mid)
-        op = src_.evolve_source_op(state.source_op, event, machine_id=mid)
+        capture = cap_.evolve_capture(state.capture, e, machine_id=mid)
+        op = src_.evolve_source_op(state.source_op, e, machine_id=mid)
         if capture is not state.capture or op is not state.source_op:
             state = replace(state, capture=capture, source_op=op)
-        if t == cap_.ARTIFACT_VERIFIED and state.status is SuspendPhase.CHECKPOINTING:
-            return replace(state, status=SuspendPhase.DELETING_SOURCE,
-                           verified_at=event_time(event), artifact=str(d["pinned"]))
-        if t == cap_.CAPTURE_FAILED and state.status is SuspendPhase.CHECKPOINTING:
-            return replace(state, status=SuspendPhase.UNSTICKING, failure=capture.failure)
-        if t == "SourceDeletionRequested":
-            return replace(state, deletion_requested=True)
-        if t == "SourceDeletionFailed" and op is not None:
-            return replace(state, status=SuspendPhase.WAKING_IN_PLACE, abort=op.failure)
+        match e:
+            case ArtifactVerified() if state.status is SuspendPhase.CHECKPOINTING:
+                return replace(state, status=SuspendPhase.DELETING_SOURCE, verified_at=e.at,
+                               artifact=e.pinned)
+            case CaptureFailed() if state.status is SuspendPhase.CHECKPOINTING:
+                return replace(state, status=SuspendPhase.UNSTICKING, failure=capture.failure)
+            case SourceDeletionRequested():
+                return replace(state, deletion_requested=True)
+            case SourceDeletionFailed() if op is not None:
+                return replace(state, status=SuspendPhase.WAKING_IN_PLACE, abort=op.failure)
         return state
 
     def accept(self, state: SuspendState, command: Command, now: datetime) -> Sequence[Event]:
@@ -228,7 +249,7 @@ class SuspendDecider:
         if state.deletion_requested:
             raise CommandRejected(f"suspend {state.machine_id} already deleted the pod; its "
                                   f"state is in {state.artifact}: submit a resume instead")
-        return (stamped(CANCEL_REQUESTED, now, {}, {"command": "Cancel"}),)
+        return (CancelRequested(at=now).recorded({"command": "Cancel"}),)
 
     def load_state(self, data: JsonObject) -> SuspendState:
         return decode(SuspendState, data)
@@ -237,11 +258,8 @@ class SuspendDecider:
 def _finish(state: SuspendState, now: datetime, phase: SuspendPhase, reason: str,
             message: str) -> Step:
     s = state.spec
-    event = stamped(FINISHED, now, {"phase": phase.value, "reason": reason,
-                                    "message": message, "artifact": state.artifact})
-    notice = emit_event(action_key(state.machine_id, "event", "finished"),
-                        namespace=s.namespace, pod_name=s.name, pod_uid=s.uid,
-                        type_=EventType.WARNING if phase is SuspendPhase.FAILED
-                        else EventType.NORMAL, reason=f"Suspend{phase.value}",
-                        message=f"{reason}: {message}")
-    return emit(event, actions=[notice])
+    return finish(SuspendFinished(at=now, phase=phase.value, reason=reason, message=message,
+                                  artifact=state.artifact).recorded(),
+                  machine_id=state.machine_id, namespace=s.namespace, pod_name=s.name,
+                  pod_uid=s.uid, warning=phase is SuspendPhase.FAILED,
+                  reason=f"Suspend{phase.value}", message=f"{reason}: {message}")
