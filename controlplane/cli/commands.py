@@ -12,6 +12,7 @@ import contextlib
 import csv
 import json
 import os
+import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ from controlplane.app.replay import ReplayReport, auto_jobs, phase_after_each, r
 from controlplane.cli import render
 from controlplane.cli.meter import RebuildMeter
 from controlplane.cli.options import limits_from
+from controlplane.cli.why import facts_text
 from controlplane.clock import SystemClock, new_id
 from controlplane.engine.decider import Command
 from controlplane.engine.jsonvalue import JsonObject
@@ -208,10 +210,14 @@ async def history_cmd(args: argparse.Namespace) -> int:
     for e, phase in zip(events, phases, strict=True):
         change = f"-> {phase}" if phase != shown else ""
         shown = phase
-        rows.append((e.seq, e.recorded_at, change, e.type, _reason(e.data), e.facts,
-                     e.worker_id))
-    render.table(["seq", "time", "phase", "event", "reason", "facts (why)", "by"], rows,
-                 max_width=60)
+        rows.append((e.seq, e.recorded_at, change, e.type, _reason(e.data), e.worker_id,
+                     facts_text(e.facts)))
+    headers = ["seq", "time", "phase", "event", "reason", "by", "why (observed facts)"]
+    if args.wide:
+        render.table(headers, rows, max_width=10**9)
+    else:
+        render.table(headers, rows, max_width=32, fill=len(headers) - 1,
+                     width=shutil.get_terminal_size((160, 24)).columns)
     return 0
 
 
@@ -221,11 +227,12 @@ def _jsonable(event: Any) -> dict[str, Any]:
 
 
 def _reason(data: JsonObject) -> str:
-    """The event's own words: its reason and message, else its data."""
+    """The event's own words: its reason and message, else its data as ``key=value``
+    (its time and a submitted spec left out: the row and ``get`` show them)."""
     reason, message = data.get("reason"), data.get("message")
     if reason is not None or message is not None:
         return ": ".join(str(p) for p in (reason, message) if p is not None)
-    return json.dumps(data, sort_keys=True, separators=(",", ":")) if data else ""
+    return facts_text({k: v for k, v in data.items() if k not in ("at", "spec", "plan")})
 
 
 async def cancel_cmd(args: argparse.Namespace) -> int:

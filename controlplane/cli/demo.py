@@ -22,6 +22,7 @@ from controlplane.app.replay import phase_after_each, rebuild, verify
 from controlplane.cli import render
 from controlplane.cli.commands import clock
 from controlplane.cli.progress import follow
+from controlplane.cli.why import facts_text
 from controlplane.clock import new_id
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import ControlPlaneError
@@ -121,10 +122,10 @@ class Demo:
         shown, timeline = "", []
         for e, phase in zip(events, phases, strict=True):
             timeline.append((e.seq, e.recorded_at, f"-> {phase}" if phase != shown else "",
-                         e.type, e.facts))
+                             e.type, facts_text(e.facts)))
             shown = phase
-        render.table(["seq", "time", "phase", "event", "facts (why)"], timeline,
-                     max_width=60)
+        render.table(["seq", "time", "phase", "event", "why (observed facts)"], timeline,
+                     fill=4, width=shutil.get_terminal_size((160, 24)).columns)
         say("report: every operation")
         rows = []
         for r in reversed(await queries.list_machines(self.db, queries.MachineFilter())):

@@ -66,7 +66,8 @@ exit: 0 when it succeeded (with --wait), 1 when it ended otherwise, 2 on bad inp
   cpctl list --namespace payments -o json
 """,
     "history": """examples:
-  cpctl history ID             # time, phase change, event, reason, observed facts, worker
+  cpctl history ID             # time, phase change, event, reason, worker, facts (why)
+  cpctl history ID --wide      # the same, nothing cut to fit the terminal
   cpctl history ID -o json     # the same, one object per event, with "phase"
 """,
     "report": """examples:
@@ -141,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
         g = verb(name, handler, text)
         g.add_argument("id", help="machine id")
         g.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+        if name == "history":
+            g.add_argument("--wide", action="store_true",
+                           help="print every column in full; by default the reason is cut "
+                           "at 32 characters and the facts at the terminal's width")
 
     ls = verb("list", commands.list_cmd, "list machines, newest first")
     ls.add_argument("--kind")

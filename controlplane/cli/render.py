@@ -49,11 +49,24 @@ def _cell(value: Any) -> str:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO | None = None,
-          max_width: int = 80) -> None:
+          max_width: int = 80, fill: int | None = None, width: int | None = None) -> None:
+    """Print ``rows`` under ``headers``, each cell cut to ``max_width``. With ``fill``
+    (a column index) and ``width`` (the terminal's), that column gets the room the others
+    leave, at least 20 characters, and its cells are cut to it instead."""
     out = out or sys.stdout
     cells = [[_cell(v) for v in row] for row in rows]
-    cells = [[c if len(c) <= max_width else c[: max_width - 1] + "…" for c in row]
+    limits = [max_width] * len(headers)
+    if fill is not None and width is not None:
+        limits[fill] = 10**9
+    cells = [[c if len(c) <= limits[i] else c[: limits[i] - 1] + "…" for i, c in enumerate(row)]
              for row in cells]
+    if fill is not None and width is not None:
+        others = sum(max([len(h)] + [len(r[i]) for r in cells])
+                     for i, h in enumerate(headers) if i != fill)
+        room = max(20, width - others - 2 * (len(headers) - 1))
+        for row in cells:
+            if len(row[fill]) > room:
+                row[fill] = row[fill][: room - 1] + "…"
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     out.write("  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True))
               .rstrip() + "\n")
