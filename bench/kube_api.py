@@ -12,7 +12,7 @@ local PostgreSQL (a fresh ``cp_bench_kube_api_<backend>`` database per backend):
   same agents process;
 - on each: N pods Running; the **anchor**, a raw write loop (``--anchor`` pod annotation
   merge patches at concurrency 16 through :class:`~drivers.kube.client.KubeClient`, i.e.
-  kubernetes_asyncio); then the product in this process (``cli.assembly.product()``) and
+  kubernetes_asyncio); then the product in this process (``wiring.product.product()``) and
   N migrations to the next node, submitted as ``cpctl migrate`` does, run by one worker.
 
 Reports per backend: API requests per migration by verb for the worker and for the
@@ -46,12 +46,12 @@ from bench import common
 from bench.cluster import SimWorld
 from bench.common import CpuMeter, fresh_database, write_results
 from bench.scale import clock, per, phases, submit_all, until_done
-from controlplane.cli.assembly import product
 from controlplane.gc_tuning import tune_for_service
 from controlplane.logs import configure as configure_logs
 from controlplane.machines.submission import Limits
 from controlplane.store import migrate
 from controlplane.store.database import Database, open_database
+from controlplane.wiring.product import product
 from controlplane.worker.runtime import WorkerConfig
 from drivers.kube import KubeDriver, KubeSettings
 from drivers.kube.metrics import RequestCounter

@@ -6,7 +6,7 @@ local PostgreSQL (a fresh ``cp_bench_scale`` database each run):
 - the world runs as separate processes (:mod:`bench.cluster`): ``python -m drivers.sim
   up`` with its data plane instant (pods start and stop at once), every node's agent
   (``sim`` dumper) in ``python -m bench.sim_agents``, an OCI layout on disk;
-- this process is the control plane: ``cli.assembly.product()`` (KubeDriver with its
+- this process is the control plane: ``wiring.product.product()`` (KubeDriver with its
   watch caches + registry + one worker). Its RSS and its API and registry request counts
   are the control plane's own;
 - N pods ``app-i`` on node ``i mod nodes``; every one is submitted for migration to the
@@ -48,7 +48,6 @@ from bench.common import (
     write_results,
 )
 from controlplane.app.operations import submit_operation
-from controlplane.cli.assembly import product
 from controlplane.clock import SystemClock, new_id
 from controlplane.gc_tuning import tune_for_service
 from controlplane.logs import configure as configure_logs
@@ -56,6 +55,7 @@ from controlplane.machines.catalog import default_kinds
 from controlplane.machines.submission import Limits
 from controlplane.store import leases, migrate, queries
 from controlplane.store.database import Database, open_database
+from controlplane.wiring.product import product
 from controlplane.worker.runtime import WorkerConfig
 from drivers.kube import KubeSettings
 from drivers.registry import OciLayout

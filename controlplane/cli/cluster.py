@@ -15,14 +15,13 @@ restore. A composition root: it imports the drivers (import-linter names the edg
 from __future__ import annotations
 
 import argparse
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from controlplane.app.operations import submit_operation
+from controlplane.app.ports import ClusterAccess
 from controlplane.cli import dryrun
-from controlplane.cli.assembly import Product, product
 from controlplane.cli.classes import class_for
-from controlplane.cli.commands import clock, opened
+from controlplane.cli.context import clock, opened
 from controlplane.cli.options import limits_from
 from controlplane.cli.progress import SUCCESS_PHASES, follow
 from controlplane.clock import new_id
@@ -32,24 +31,7 @@ from controlplane.machines.catalog import default_kinds
 from controlplane.store import migrate, queries
 from controlplane.store.database import Database
 from controlplane.store.errors import MachineNotFound
-from controlplane.worker.runtime import Worker, WorkerConfig
-from drivers.kube import KubeDriver, KubeSettings
-from drivers.kube.errors import ApiNotFound
-from drivers.kube.resources import NODES, PODS
-from drivers.registry.options import registry_from_options
-from drivers.registry.port import Registry
-
-
-def registry_from_args(args: argparse.Namespace) -> Registry:
-    return registry_from_options(layout=args.registry_layout,
-                                 plain_http=args.registry_plain_http,
-                                 credentials=args.registry_credentials)
-
-
-def connect_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``product()``'s cluster arguments from the command line (checked when parsed)."""
-    return {"kubeconfig": args.kubeconfig, "in_cluster": True if args.in_cluster else None,
-            "kube": KubeSettings(qps=args.kube_qps, burst=args.kube_burst)}
+from controlplane.wiring.cluster import access_from_args
 
 
 def _workload(text: str) -> tuple[str, str]:
@@ -59,20 +41,11 @@ def _workload(text: str) -> tuple[str, str]:
     return ns, name
 
 
-async def run_product_worker(db: Database, args: argparse.Namespace, config: WorkerConfig,
-                             drive: Callable[[Worker], Awaitable[None]]) -> None:
-    """``cpctl worker --kubeconfig ...``: drive every kind against the cluster."""
-    async with product(db, clock, registry=registry_from_args(args), config=config,
-                       run_worker=False, **connect_options(args)) as running:
-        await drive(running.worker)
-
-
-async def _pod(kube: KubeDriver, ns: str, name: str) -> dict[str, Any]:
-    try:
-        pod = await kube.api.get(PODS, name, namespace=ns)
-    except ApiNotFound:
+async def _pod(access: ClusterAccess, ns: str, name: str) -> dict[str, Any]:
+    pod = await access.get_pod(ns, name)
+    if pod is None:
         raise UsageError(f"pod {ns}/{name} not found",
-                         hint=f"check it with kubectl get pod -n {ns} {name}") from None
+                         hint=f"check it with kubectl get pod -n {ns} {name}")
     return dict(pod)
 
 
@@ -120,14 +93,13 @@ async def operation_cmd(args: argparse.Namespace) -> int:
         spec = await _resume_spec(args, ns, name, klass)
     async with opened(args) as db:
         await migrate.require_current(db)
-        async with product(db, clock, registry=registry_from_args(args), config=WorkerConfig(),
-                           run_worker=False, **connect_options(args)) as running:
+        async with access_from_args(db, args) as access:
             if kind != "resume":
-                spec = await _spec(kind, args, running, ns, name, klass)
+                spec = await _spec(kind, args, access, ns, name, klass)
             if getattr(args, "dry_run", False):
-                return await dryrun.dry_run(db, running.fresh, kind=kind, spec=spec,
+                return await dryrun.dry_run(db, access.observer, kind=kind, spec=spec,
                                             limits=limits_from(args), output=args.output)
-            outcome = await submit_operation(db, default_kinds(), running.fresh, kind=kind,
+            outcome = await submit_operation(db, default_kinds(), access.observer, kind=kind,
                                              spec=spec, machine_id=new_id(), now=clock.now(),
                                              limits=limits_from(args))
         print(outcome.machine_id)
@@ -141,9 +113,9 @@ async def operation_cmd(args: argparse.Namespace) -> int:
     return 0 if record.phase in SUCCESS_PHASES else 1
 
 
-async def _spec(kind: str, args: argparse.Namespace, running: Product, ns: str, name: str,
-                klass: JsonObject) -> JsonObject:
-    pod = await _pod(running.kube, ns, name)
+async def _spec(kind: str, args: argparse.Namespace, access: ClusterAccess, ns: str,
+                name: str, klass: JsonObject) -> JsonObject:
+    pod = await _pod(access, ns, name)
     if kind == "checkpoint":
         return {"pod": _ref(pod), "class": klass, "quiesce": args.quiesce}
     if kind == "suspend":
@@ -152,14 +124,14 @@ async def _spec(kind: str, args: argparse.Namespace, running: Product, ns: str, 
             "target_node": args.to, "template": template_of(pod), "class": klass}
 
 
-async def cluster_objects(running: Product) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+async def cluster_objects(access: ClusterAccess
+                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every node and every pod, as the API server lists them now (LISTs only)."""
-    nodes, _ = await running.kube.api.list_all(NODES)
-    pods, _ = await running.kube.api.list_all(PODS)
-    return nodes, pods
+    return ([dict(n) for n in await access.list_nodes()],
+            [dict(p) for p in await access.list_pods()])
 
 
-async def _restore_spec(db: Database, running: Product, args: argparse.Namespace
+async def _restore_spec(db: Database, access: ClusterAccess, args: argparse.Namespace
                         ) -> JsonObject:
     """The ``restore`` spec for the artifact of checkpoint (or suspend) ``args.checkpoint``."""
     try:
@@ -182,7 +154,7 @@ async def _restore_spec(db: Database, running: Product, args: argparse.Namespace
     template = record.spec.get("template")
     if not isinstance(template, dict):  # a checkpoint keeps no template: read the pod
         try:
-            template = template_of(await _pod(running.kube, ns, name))
+            template = template_of(await _pod(access, ns, name))
         except UsageError:
             raise UsageError(f"the pod {ns}/{name} that checkpoint {record.id} captured is "
                              "gone and the checkpoint kept no pod spec",
@@ -197,13 +169,12 @@ async def restore_cmd(args: argparse.Namespace) -> int:
     """``cpctl restore CHECKPOINT --node N``."""
     async with opened(args) as db:
         await migrate.require_current(db)
-        async with product(db, clock, registry=registry_from_args(args), config=WorkerConfig(),
-                           run_worker=False, **connect_options(args)) as running:
-            spec = await _restore_spec(db, running, args)
+        async with access_from_args(db, args) as access:
+            spec = await _restore_spec(db, access, args)
             if args.dry_run:
-                return await dryrun.dry_run(db, running.fresh, kind="restore", spec=spec,
+                return await dryrun.dry_run(db, access.observer, kind="restore", spec=spec,
                                             limits=limits_from(args), output=args.output)
-            outcome = await submit_operation(db, default_kinds(), running.fresh,
+            outcome = await submit_operation(db, default_kinds(), access.observer,
                                              kind="restore", spec=spec, machine_id=new_id(),
                                              now=clock.now(), limits=limits_from(args))
         print(outcome.machine_id)

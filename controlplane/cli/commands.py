@@ -15,8 +15,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, closing
+from contextlib import closing
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -24,10 +23,11 @@ from typing import Any
 from controlplane.app.operations import send_command, submit
 from controlplane.app.replay import ReplayReport, auto_jobs, phase_after_each, rebuild, verify
 from controlplane.cli import render
+from controlplane.cli.context import clock, opened
 from controlplane.cli.meter import RebuildMeter
 from controlplane.cli.options import limits_from
 from controlplane.cli.why import facts_text
-from controlplane.clock import SystemClock, new_id
+from controlplane.clock import new_id
 from controlplane.engine.decider import Command
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
@@ -35,26 +35,12 @@ from controlplane.gc_tuning import tune_for_service
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.drain.state import KIND as DRAIN
 from controlplane.machines.drain.state import ChildStatus
-from controlplane.machines.selftest.steps import WORK_ACTION
 from controlplane.store import leases, migrate, queries, replay_reads, reports
 from controlplane.store.database import Database, open_database
 from controlplane.store.errors import MachineNotFound
 from controlplane.store.records import MachineRecord
-from controlplane.worker.actions import ActionRunner, RetryPolicy
-from controlplane.worker.ports import NullObserver
+from controlplane.wiring.engine import build_worker
 from controlplane.worker.runtime import Worker, WorkerConfig
-
-clock = SystemClock()
-
-
-@asynccontextmanager
-async def opened(args: argparse.Namespace) -> AsyncIterator[Database]:
-    """The database named by ``--db``, disposed of on the way out."""
-    db = open_database(args.db)
-    try:
-        yield db
-    finally:
-        await db.dispose()
 
 
 async def db_upgrade(args: argparse.Namespace) -> int:
@@ -330,14 +316,14 @@ async def worker_cmd(args: argparse.Namespace) -> int:
         else:
             await migrate.require_current(db)
         if args.kubeconfig or args.in_cluster:  # the product against a cluster + registry
-            from controlplane.cli.cluster import run_product_worker
+            from controlplane.wiring.cluster import run_product_worker
 
             # This worker also admits queued operations, under the verbs' limits.
             config = replace(config, limits=limits_from(args))
             await run_product_worker(db, args, config, lambda w: _drive(
-                w, args.until_done, args.metrics_listen))
+                w, args.until_done, args.metrics_listen), clock)
         else:  # the engine's own kinds only
-            await _drive(build_worker(db, config), args.until_done, args.metrics_listen)
+            await _drive(build_worker(db, config, clock), args.until_done, args.metrics_listen)
     finally:
         await db.dispose()
     return 0
@@ -359,16 +345,6 @@ async def _drive(worker: Worker, until_done: bool,
             await run_until_done(worker)
         else:
             await worker.run()
-
-
-async def _noop(_action: Any) -> None:
-    return None
-
-
-def build_worker(db: Database, config: WorkerConfig) -> Worker:
-    """The worker the CLI runs: this build's kinds, observer and action handlers."""
-    actions = ActionRunner({WORK_ACTION: _noop}, RetryPolicy())
-    return Worker(db, default_kinds(), NullObserver(), actions, clock, config)
 
 
 async def run_until_done(worker: Worker) -> None:

@@ -1,7 +1,7 @@
 """``cpctl demo``: the product end to end on the embedded default, in under a minute.
 
 SQLite file + simulated 3-node cluster + node agents + OCI layout on disk, all in this
-process (``cli.embedded``). It checkpoints a pod, migrates a pod carrying a workload
+process (``wiring.embedded``). It checkpoints a pod, migrates a pod carrying a workload
 marker and proves the marker arrived on the target node, suspends a third pod and
 resumes it from its checkpoint (marker again), showing each operation's progress; then
 prints the migration's history, a report of every operation, and replays the whole
@@ -20,7 +20,7 @@ from typing import Any
 from controlplane.app.operations import submit_operation
 from controlplane.app.replay import phase_after_each, rebuild, verify
 from controlplane.cli import render
-from controlplane.cli.commands import clock
+from controlplane.cli.context import clock
 from controlplane.cli.progress import follow
 from controlplane.cli.why import facts_text
 from controlplane.clock import new_id
@@ -45,7 +45,7 @@ def say(text: str) -> None:
 
 
 async def demo_cmd(args: argparse.Namespace) -> int:
-    from controlplane.cli.embedded import embedded  # loads the drivers only for the demo
+    from controlplane.wiring.embedded import embedded  # loads the drivers only for the demo
 
     started = time.monotonic()
     root = Path(args.workdir)

@@ -6,7 +6,7 @@ Reads the cluster (GET/LIST only: nodes and pods), plans with the pure planner
 submits a ``drain`` machine carrying that plan, prints its id and, with ``--wait``,
 follows it and prints each child and its outcome. Bad input (unknown node, the only
 node, ``--to`` the node itself, a selector that matches nothing) exits 2, nothing changed.
-A composition root: it reaches the cluster through ``cli.assembly``.
+A composition root: it reaches the cluster through ``wiring.product``.
 """
 
 from __future__ import annotations
@@ -16,15 +16,9 @@ from typing import Any
 
 from controlplane.app.operations import submit_operation
 from controlplane.cli import render
-from controlplane.cli.assembly import product
 from controlplane.cli.classes import class_for
-from controlplane.cli.cluster import (
-    cluster_objects,
-    connect_options,
-    registry_from_args,
-    template_of,
-)
-from controlplane.cli.commands import clock, opened
+from controlplane.cli.cluster import cluster_objects, template_of
+from controlplane.cli.context import clock, opened
 from controlplane.cli.options import limits_from
 from controlplane.cli.progress import follow
 from controlplane.clock import new_id
@@ -41,7 +35,7 @@ from controlplane.machines.drain.planning import (
 )
 from controlplane.store import migrate, queries
 from controlplane.store.database import Database
-from controlplane.worker.runtime import WorkerConfig
+from controlplane.wiring.cluster import access_from_args
 
 ID_PLACEHOLDER = "<child-id>"
 
@@ -107,15 +101,14 @@ async def drain_cmd(args: argparse.Namespace) -> int:
     klass = class_for(args)
     async with opened(args) as db:
         await migrate.require_current(db)
-        async with product(db, clock, registry=registry_from_args(args), config=WorkerConfig(),
-                           run_worker=False, **connect_options(args)) as running:
-            nodes, pods = await cluster_objects(running)
+        async with access_from_args(db, args) as access:
+            nodes, pods = await cluster_objects(access)
             plan = build_plan(nodes, pods, args)
             if args.dry_run:
                 print_plan(plan, plan_document(plan, klass, args.max_parallel), args.output)
                 return 0
             spec = drain_spec(plan, pods, klass, args.max_parallel)
-            outcome = await submit_operation(db, default_kinds(), running.fresh, kind="drain",
+            outcome = await submit_operation(db, default_kinds(), access.observer, kind="drain",
                                              spec=spec, machine_id=new_id(), now=clock.now(),
                                              limits=limits_from(args))
         print(outcome.machine_id)

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from controlplane.cli.commands import clock
+from controlplane.cli.context import clock
 from controlplane.errors import UsageError
 from controlplane.exposition import CONTENT_TYPE
 from controlplane.gc_tuning import tune_for_service

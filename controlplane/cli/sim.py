@@ -1,8 +1,7 @@
 """``cpctl sim up`` (the simulated API server) and ``cpctl sim nodes`` (the kubelet role).
 
-The CLI is the composition root, the one place in ``controlplane`` allowed to reach into
-``drivers`` (import-linter names these edges explicitly); the imports are deferred so the
-other verbs never load the simulator or the role.
+The servers themselves are built by the composition root (``wiring.sim``), imported
+only when these verbs run, so the other verbs never load the simulator or the role.
 """
 
 from __future__ import annotations
@@ -41,11 +40,10 @@ exit: 0 after SIGTERM/SIGINT, 1 when the nodes cannot be registered in time, 2 o
 
 
 async def sim_cmd(args: argparse.Namespace) -> int:
-    from drivers.sim.__main__ import parse_args, serve
+    from controlplane.wiring.sim import run_simulator
 
-    flags = ["up", "--nodes", str(args.nodes), "--port", str(args.port),
-             "--kubeconfig", args.kubeconfig]
-    await serve(parse_args(flags if args.kubelets else [*flags, "--no-kubelets"]))
+    await run_simulator(nodes=args.nodes, port=args.port, kubeconfig=args.kubeconfig,
+                        kubelets=args.kubelets)
     return 0
 
 
@@ -77,14 +75,8 @@ def add_nodes_parser(verbs: argparse._SubParsersAction[Any]) -> None:
 
 
 async def nodes_cmd(args: argparse.Namespace) -> int:
-    from drivers.kubelet.options import RoleOptions
-    from drivers.kubelet.serve import serve
+    from controlplane.wiring.sim import run_kubelet_role
 
-    options = RoleOptions(
-        nodes=tuple(n.strip() for n in args.nodes.split(",") if n.strip()),
-        cpu=args.node_cpu, memory=args.node_memory, pods=args.node_pods,
-        start_seconds=args.start_seconds, stop_seconds=args.stop_seconds,
-        ready_timeout=args.ready_timeout).check()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -94,6 +86,10 @@ async def nodes_cmd(args: argparse.Namespace) -> int:
         sys.stdout.write(f"kubelets ready: {','.join(nodes)} on {server}\n")
         sys.stdout.flush()
 
-    await serve(options, kubeconfig=args.kubeconfig, context=args.context, on_ready=ready,
-                stop=stop)
+    await run_kubelet_role(
+        nodes=tuple(n.strip() for n in args.nodes.split(",") if n.strip()),
+        cpu=args.node_cpu, memory=args.node_memory, pods=args.node_pods,
+        start_seconds=args.start_seconds, stop_seconds=args.stop_seconds,
+        ready_timeout=args.ready_timeout, kubeconfig=args.kubeconfig, context=args.context,
+        on_ready=ready, stop=stop)
     return 0

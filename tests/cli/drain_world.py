@@ -15,7 +15,6 @@ from typing import Any
 
 from controlplane.app.operations import submit_operation
 from controlplane.cli.drain import drain_spec
-from controlplane.cli.embedded import Embedded, embedded
 from controlplane.clock import SystemClock, new_id
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.machines.catalog import default_kinds
@@ -24,6 +23,7 @@ from controlplane.machines.submission import Limits
 from controlplane.store import migrate, queries
 from controlplane.store.database import Database, open_database
 from controlplane.store.records import MachineRecord
+from controlplane.wiring.embedded import Embedded, embedded
 from drivers.sim import MARKER
 from tests.support.waiting import eventually
 

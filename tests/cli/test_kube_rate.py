@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.cli.cluster import connect_options
+from controlplane.wiring.cluster import connect_options
 from controlplane.cli.main import build_parser
 
 

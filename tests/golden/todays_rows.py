@@ -24,13 +24,13 @@ from pathlib import Path
 from controlplane.app.operations import send_command
 from controlplane.cli.demo import NS, Demo
 from controlplane.cli.drain import drain_spec
-from controlplane.cli.embedded import embedded
 from controlplane.clock import SystemClock
 from controlplane.engine.decider import Command
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.drain.planning import node_info, plan_drain, pod_info
 from controlplane.store import migrate, queries
 from controlplane.store.database import open_database
+from controlplane.wiring.embedded import embedded
 
 HERE = Path(__file__).parent
 ROWS = HERE / "todays_rows.sqlite"

@@ -9,7 +9,7 @@ or (for pods they are about to create) its ``namespace/name``, and nudge the wor
 polling of the API server per machine. Submissions validate against ``fresh`` (the API
 server itself, never a cache that may lag).
 
-Used by ``cpctl worker --kubeconfig``, the operator verbs and ``cli.embedded``; the one
+Used by ``cpctl worker --kubeconfig``, the operator verbs and ``wiring.embedded``; the one
 module family in ``controlplane`` allowed to import ``drivers`` (import-linter).
 """
 

@@ -1,5 +1,5 @@
 """The embedded default: a simulated cluster, a node agent per node, an OCI layout on
-disk, and the product (``cli.assembly``) running against them, all in this process.
+disk, and the product (``wiring.product``) running against them, all in this process.
 
 Used by ``cpctl demo``; a composition root (import-linter names its edges into drivers).
 """
@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from controlplane.cli.assembly import Product, product
 from controlplane.clock import Clock
 from controlplane.machines.submission import Limits
 from controlplane.store.database import Database
+from controlplane.wiring.product import Product, product
 from controlplane.worker.composite import CompositeObserver
 from controlplane.worker.runtime import Worker, WorkerConfig
 from drivers.agent import AgentSettings, node_agent

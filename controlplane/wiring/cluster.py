@@ -1,0 +1,46 @@
+"""The product and the cluster access from the command line's cluster and registry
+options (``--kubeconfig``/``--in-cluster``, ``--kube-qps``/``--kube-burst``,
+``--registry-*``; checked when parsed): what ``cpctl worker --kubeconfig``, the operator
+verbs and ``cpctl serve`` run."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from controlplane.clock import Clock
+from controlplane.store.database import Database
+from controlplane.wiring.access import KubeClusterAccess, cluster_access
+from controlplane.wiring.product import product
+from controlplane.worker.runtime import Worker, WorkerConfig
+from drivers.kube import KubeSettings
+from drivers.registry.options import registry_from_options
+from drivers.registry.port import Registry
+
+
+def registry_from_args(args: argparse.Namespace) -> Registry:
+    return registry_from_options(layout=args.registry_layout,
+                                 plain_http=args.registry_plain_http,
+                                 credentials=args.registry_credentials)
+
+
+def connect_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``product()``'s cluster arguments from the command line (checked when parsed)."""
+    return {"kubeconfig": args.kubeconfig, "in_cluster": True if args.in_cluster else None,
+            "kube": KubeSettings(qps=args.kube_qps, burst=args.kube_burst)}
+
+
+def access_from_args(db: Database, args: argparse.Namespace
+                     ) -> contextlib.AbstractAsyncContextManager[KubeClusterAccess]:
+    """``cluster_access`` for the cluster and registry the command line names."""
+    return cluster_access(db, registry=registry_from_args(args), **connect_options(args))
+
+
+async def run_product_worker(db: Database, args: argparse.Namespace, config: WorkerConfig,
+                             drive: Callable[[Worker], Awaitable[None]], clock: Clock) -> None:
+    """``cpctl worker --kubeconfig ...``: drive every kind against the cluster."""
+    async with product(db, clock, registry=registry_from_args(args), config=config,
+                       run_worker=False, **connect_options(args)) as running:
+        await drive(running.worker)
