@@ -39,12 +39,12 @@ from sqlalchemy import text
 from bench.cluster import MARKER, CountingRegistry, sim_world
 from bench.common import ROOT, db_name, floors, fresh_database, until_all_terminal, write_results
 from bench.scale import phases, submit_all
-from controlplane.cli.assembly import product
 from controlplane.clock import SystemClock
 from controlplane.logs import configure as configure_logs
 from controlplane.machines.submission import Limits
 from controlplane.store import leases, migrate
 from controlplane.store.database import Database, open_database
+from controlplane.wiring.product import product
 from controlplane.worker import runtime
 from controlplane.worker.runtime import WorkerConfig
 from drivers.kube import KubeSettings

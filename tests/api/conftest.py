@@ -19,10 +19,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from controlplane.api.app import make_app
 from controlplane.api.serving import RedactingAccessLogger
 from controlplane.cli.demo import Demo
-from controlplane.cli.embedded import embedded
 from controlplane.clock import SystemClock
 from controlplane.store import queries
 from controlplane.store.database import Database
+from controlplane.wiring.embedded import embedded
 
 TOKEN = "test-token-5f1c9a"
 

@@ -33,13 +33,13 @@ from controlplane.api.app import make_app
 from controlplane.api.serving import make_runner
 from controlplane.app.operations import submit_operation
 from controlplane.cli.drain import drain_spec
-from controlplane.cli.embedded import embedded
 from controlplane.clock import SystemClock, new_id
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.drain.planning import node_info, plan_drain, pod_info
 from controlplane.machines.submission import Limits
 from controlplane.store import queries
 from controlplane.store.database import Database
+from controlplane.wiring.embedded import embedded
 from tests.api.conftest import TOKEN, auth, run_demo
 from tests.api.test_dashboard_browser import CHROMIUM, png_pixels
 from tests.support.waiting import eventually

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from controlplane.cli.demo import Demo
-from controlplane.cli.embedded import embedded
 from controlplane.clock import SystemClock
 from controlplane.store import reports
 from controlplane.store.database import Database
+from controlplane.wiring.embedded import embedded
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reporting.md"
 
