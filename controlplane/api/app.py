@@ -12,6 +12,7 @@ import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -20,9 +21,11 @@ from aiohttp import web
 
 from controlplane.api import dashboard, metrics, params
 from controlplane.api.openapi import document
+from controlplane.app.drains import drain_children
 from controlplane.app.operations import send_command
+from controlplane.app.replay import phase_after_each
 from controlplane.clock import Clock, SystemClock
-from controlplane.engine.decider import Command, Event
+from controlplane.engine.decider import Command
 from controlplane.engine.kinds import KindRegistry
 from controlplane.errors import ControlPlaneError, UsageError
 from controlplane.machines.catalog import default_kinds
@@ -183,45 +186,19 @@ def _drain_summary(record: MachineRecord) -> dict[str, Any]:
 
 
 async def _drain_children(db: Database, record: MachineRecord) -> list[dict[str, Any]]:
-    """Each child of a drain: the drain's view of it (status, outcome, reason) and, for
-    one in flight, its migration's current phase (one read per in-flight child, at most
-    the drain's ``max_parallel``)."""
-    out = []
-    for c in _children(record):
-        phase = c.get("phase") or None
-        if c.get("status") == ChildStatus.STARTED:
-            try:
-                phase = (await queries.get_machine(db, str(c.get("id")))).phase
-            except MachineNotFound:  # started, the SubmitOperation not performed yet
-                phase = None
-        out.append({"id": c.get("id"), "pod": f"{c.get('namespace')}/{c.get('name')}",
-                    "target": c.get("target"), "status": c.get("status"), "phase": phase,
-                    "reason": c.get("reason") or None, "started_at": c.get("started_at"),
-                    "finished_at": c.get("finished_at")})
-    return out
+    return [asdict(c) for c in await drain_children(db, record)]
 
 
 def _phases(kinds: KindRegistry, record: MachineRecord,
             events: list[RecordedEvent]) -> list[str | None]:
-    """The machine's phase after each event, by folding the decider (for timelines).
-
-    History is immutable but deciders evolve; an event this build cannot fold yields
-    ``None`` phases from there on rather than failing the request."""
-    out: list[str | None] = []
+    """The machine's phase after each event (for timelines). History is immutable but
+    deciders evolve; an event this build cannot fold gives ``None`` phases rather than
+    failing the request."""
     try:
-        decider = kinds.get(record.kind)
-        state: Any = None
-        for event in events:
-            if state is None:
-                spec = event.data.get("spec", record.spec)
-                state = decider.initial_state(record.id, spec if isinstance(spec, dict)
-                                              else record.spec)
-            else:
-                state = decider.evolve(state, Event(event.type, event.data, event.facts))
-            out.append(str(state.phase))
+        return list(phase_after_each(kinds, record, events))
     except Exception:  # a display aid must not break the history view
         log.info("cannot fold phases of %s", record.id, exc_info=True)
-    return out + [None] * (len(events) - len(out))
+        return [None] * len(events)
 
 
 async def _command(request: web.Request, command: Command) -> web.Response:

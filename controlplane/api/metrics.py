@@ -13,11 +13,12 @@ from collections import defaultdict
 from datetime import datetime
 
 from controlplane.exposition import CONTENT_TYPE, Exposition, histogram
+from controlplane.machines.steps.collect import ArtifactDeletionFailed
 from controlplane.store import queries, reports
 from controlplane.store.database import Database
 
 __all__ = ["CONTENT_TYPE", "render"]
-GC_FAILED = "ArtifactDeletionFailed"
+GC_FAILED = ArtifactDeletionFailed.NAME
 
 
 async def render(db: Database, now: datetime) -> str:
@@ -28,23 +29,18 @@ async def render(db: Database, now: datetime) -> str:
         out.sample("controlplane_operations", count, kind=kind, phase=phase)
 
     durations: dict[str, list[float]] = defaultdict(list)
-    for row in await reports.rows(
-            db, "SELECT kind, terminal, duration_seconds FROM report_operations"):
-        if row["terminal"] and row["duration_seconds"] is not None:
-            durations[str(row["kind"])].append(float(row["duration_seconds"]))
+    for kind, seconds in await reports.finished_durations(db):
+        durations[kind].append(seconds)
     out.family("controlplane_operation_duration_seconds", "histogram",
                "Submission to finish of finished operations, by kind.")
     histogram(out, "controlplane_operation_duration_seconds", "kind", durations)
 
-    counts = (await reports.rows(
-        db, "SELECT count(*) AS events, "
-            "sum(CASE WHEN type = :gc THEN 1 ELSE 0 END) AS gc_failures FROM events",
-        {"gc": GC_FAILED}))[0]
+    events, gc_failures = await reports.event_counts(db, of_type=GC_FAILED)
     out.family("controlplane_gc_failures_total", "counter",
                f"Artifact deletions that failed ({GC_FAILED} events).")
-    out.sample("controlplane_gc_failures_total", int(counts["gc_failures"] or 0))
+    out.sample("controlplane_gc_failures_total", gc_failures)
     out.family("controlplane_events_total", "counter", "Events appended to the event log.")
-    out.sample("controlplane_events_total", int(counts["events"] or 0))
+    out.sample("controlplane_events_total", events)
 
     out.family("controlplane_transitions_total", "counter",
                "Events recorded, by machine kind (rate() of it is transitions per second).")
@@ -66,7 +62,7 @@ async def render(db: Database, now: datetime) -> str:
                    error_class=error_class)
 
     phases: dict[str, list[float]] = defaultdict(list)
-    for row in await reports.rows(db, "SELECT * FROM report_migrations WHERE terminal"):
+    for row in await reports.migration_phases(db, finished_only=True):
         for column in reports.MIGRATION_PHASES:
             if row[column] is not None:
                 phases[column.removesuffix("_seconds")].append(float(row[column]))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from controlplane.app.checkpoints import checkpoint_of, latest_suspension
 from controlplane.app.operations import submit_operation
 from controlplane.app.ports import ClusterAccess
 from controlplane.cli import dryrun
@@ -28,9 +29,8 @@ from controlplane.clock import new_id
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
 from controlplane.machines.catalog import default_kinds
-from controlplane.store import migrate, queries
+from controlplane.store import migrate
 from controlplane.store.database import Database
-from controlplane.store.errors import MachineNotFound
 from controlplane.wiring.cluster import access_from_args
 
 
@@ -65,22 +65,9 @@ async def _resume_spec(args: argparse.Namespace, ns: str, name: str,
                        klass: JsonObject) -> JsonObject:
     """Resume from the newest suspension of this workload that kept a checkpoint."""
     async with opened(args) as db:
-        suspended = [r for r in await queries.list_machines(
-            db, queries.MachineFilter(kind="suspend", phase="Suspended", limit=1000))
-            if r.workload == f"{ns}/{name}"]
-        if not suspended:
-            raise UsageError(f"no suspension of {ns}/{name} is recorded",
-                             hint="suspend it first with `cpctl suspend`")
-        latest = suspended[0]
-        history = await queries.history(db, latest.id)
-    verified = next(e for e in history if e.type == "ArtifactVerified")
-    requested = next(e for e in history if e.type == "CaptureRequested")
-    pod = latest.spec["pod"]
-    assert isinstance(pod, dict)
-    return {"namespace": ns, "name": name, "node": args.node, "template": latest.spec["template"],
-            "class": klass, "candidates": [{
-                "artifact": verified.data["pinned"],
-                "checkpoint_id": requested.data["checkpoint_id"], "source_uid": pod["uid"]}]}
+        latest = await latest_suspension(db, ns, name)
+    return {"namespace": ns, "name": name, "node": args.node, "template": latest.template,
+            "class": klass, "candidates": [latest.candidate()]}
 
 
 async def operation_cmd(args: argparse.Namespace) -> int:
@@ -134,35 +121,20 @@ async def cluster_objects(access: ClusterAccess
 async def _restore_spec(db: Database, access: ClusterAccess, args: argparse.Namespace
                         ) -> JsonObject:
     """The ``restore`` spec for the artifact of checkpoint (or suspend) ``args.checkpoint``."""
-    try:
-        record = await queries.get_machine(db, args.checkpoint)
-    except MachineNotFound:
-        raise UsageError(f"unknown checkpoint {args.checkpoint!r}",
-                         hint="list them with `cpctl list --kind checkpoint`") from None
-    if record.kind not in ("checkpoint", "suspend"):
-        raise UsageError(f"{args.checkpoint} is a {record.kind}, not a checkpoint",
-                         hint="name a checkpoint or suspend operation")
-    history = await queries.history(db, record.id)
-    verified = next((e for e in history if e.type == "ArtifactVerified"), None)
-    requested = next((e for e in history if e.type == "CaptureRequested"), None)
-    if verified is None or requested is None:
-        raise UsageError(f"checkpoint {record.id} has no verified artifact (it is "
-                         f"{record.phase})", hint="restore a checkpoint that succeeded")
-    pod = record.spec["pod"]
-    assert isinstance(pod, dict)
-    ns, name = str(pod["namespace"]), str(pod["name"])
-    template = record.spec.get("template")
-    if not isinstance(template, dict):  # a checkpoint keeps no template: read the pod
+    found = await checkpoint_of(db, args.checkpoint)
+    ns, name = found.namespace, found.name
+    template = found.template
+    if template is None:  # a checkpoint keeps no template: read the pod
         try:
             template = template_of(await _pod(access, ns, name))
         except UsageError:
-            raise UsageError(f"the pod {ns}/{name} that checkpoint {record.id} captured is "
-                             "gone and the checkpoint kept no pod spec",
+            raise UsageError(f"the pod {ns}/{name} that checkpoint {found.operation_id} "
+                             "captured is gone and the checkpoint kept no pod spec",
                              hint="restore from a suspend operation instead") from None
-    return {"artifact": verified.data["pinned"], "namespace": ns,
-            "name": args.name or f"{name}-restored-{record.id[:8]}", "node": args.node,
-            "template": template, "checkpoint_id": requested.data["checkpoint_id"],
-            "source_uid": pod["uid"], "class": record.spec.get("class")}
+    return {"artifact": found.artifact, "namespace": ns,
+            "name": args.name or f"{name}-restored-{found.operation_id[:8]}",
+            "node": args.node, "template": template, "checkpoint_id": found.checkpoint_id,
+            "source_uid": found.source_uid, "class": found.klass}
 
 
 async def restore_cmd(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from controlplane.app.drains import drain_children
 from controlplane.app.operations import send_command, submit
 from controlplane.app.replay import ReplayReport, auto_jobs, phase_after_each, rebuild, verify
 from controlplane.cli import render
@@ -34,10 +35,8 @@ from controlplane.errors import UsageError
 from controlplane.gc_tuning import tune_for_service
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.drain.state import KIND as DRAIN
-from controlplane.machines.drain.state import ChildStatus
 from controlplane.store import leases, migrate, queries, replay_reads, reports
-from controlplane.store.database import Database, open_database
-from controlplane.store.errors import MachineNotFound
+from controlplane.store.database import open_database
 from controlplane.store.records import MachineRecord
 from controlplane.wiring.engine import build_worker
 from controlplane.worker.runtime import Worker, WorkerConfig
@@ -112,7 +111,8 @@ async def get_cmd(args: argparse.Namespace) -> int:
     structured = args.output in ("json", "yaml")
     async with opened(args) as db:
         record = await queries.get_machine(db, args.id)
-        children = (await _drain_children(db, record)
+        children = ([(c.id, c.pod, c.target, c.outcome, c.reason or "")
+                     for c in await drain_children(db, record)]
                     if record.kind == DRAIN and not structured else [])
     if structured:
         render.structured(_record_json(record), args.output)
@@ -122,25 +122,6 @@ async def get_cmd(args: argparse.Namespace) -> int:
             print()
             render.table(["child", "pod", "target", "phase/outcome", "reason"], children)
     return 0
-
-
-async def _drain_children(db: Database, record: MachineRecord) -> list[tuple[str, ...]]:
-    """A drain's children, in plan order: id, pod, target, how far it got, why. A child
-    in flight shows its migration's current phase (one read each, at most the drain's
-    ``max_parallel``); the others their outcome as the drain recorded it."""
-    raw = record.state.get("children")
-    rows: list[tuple[str, ...]] = []
-    for c in raw if isinstance(raw, list) else []:
-        if not isinstance(c, dict):
-            continue
-        status = str(c.get("status"))
-        outcome = str(c.get("phase") or "") or status
-        if status == ChildStatus.STARTED:
-            with contextlib.suppress(MachineNotFound):  # not submitted yet: "Started"
-                outcome = (await queries.get_machine(db, str(c.get("id")))).phase
-        rows.append((str(c.get("id")), f"{c.get('namespace')}/{c.get('name')}",
-                     str(c.get("target")), outcome, str(c.get("reason") or "")))
-    return rows
 
 
 def _since(text: str | None) -> datetime | None:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from controlplane.app.checkpoints import checkpoint_of
 from controlplane.app.operations import submit_operation
 from controlplane.app.replay import phase_after_each, rebuild, verify
 from controlplane.cli import render
@@ -134,16 +135,14 @@ class Demo:
             rows.append((r.kind, r.workload, r.source_node, r.phase, f"{seconds:.2f}", count))
         render.table(["kind", "workload", "source node", "outcome", "seconds", "events"], rows)
         say("report: checkpoints (SQL view report_checkpoints)")
-        checkpoints = await reports.rows(
-            self.db, "SELECT kind, workload, source_node, class_name, size_bytes, "
-            "capture_seconds, operation_outcome FROM report_checkpoints ORDER BY verified_at")
+        checkpoints = await reports.checkpoint_summaries(self.db)
         self.expect(len(checkpoints) == 3 and all(c["size_bytes"] for c in checkpoints),
                     f"the checkpoint report shows {len(checkpoints)} sized checkpoints, not 3")
         render.table(["made by", "workload", "node", "class", "bytes", "capture s", "outcome"],
                      [(c["kind"], c["workload"], c["source_node"], c["class_name"],
                        c["size_bytes"], f"{float(c['capture_seconds']):.2f}",
                        c["operation_outcome"]) for c in checkpoints])
-        [m] = await reports.rows(self.db, "SELECT * FROM report_migrations")
+        [m] = await reports.migration_phases(self.db)
         say("the migration phase by phase (report_migrations): " + ", ".join(
             f"{p.removesuffix('_seconds')} {float(m[p]):.2f}s"
             for p in reports.MIGRATION_PHASES))
@@ -194,14 +193,7 @@ class Demo:
 
     async def _candidate(self, suspend_id: str) -> JsonObject:
         """The suspend's checkpoint, as a resume candidate (pinned by digest)."""
-        history = await queries.history(self.db, suspend_id)
-        verified = next(e for e in history if e.type == "ArtifactVerified")
-        requested = next(e for e in history if e.type == "CaptureRequested")
-        spec = (await queries.get_machine(self.db, suspend_id)).spec
-        pod = spec["pod"]
-        assert isinstance(pod, dict)
-        return {"artifact": verified.data["pinned"],
-                "checkpoint_id": requested.data["checkpoint_id"], "source_uid": pod["uid"]}
+        return (await checkpoint_of(self.db, suspend_id)).candidate()
 
 
 def _fresh_directory(root: Path) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from controlplane.app.drains import drain_children
 from controlplane.app.operations import submit_operation
 from controlplane.cli import render
 from controlplane.cli.classes import class_for
@@ -126,11 +127,8 @@ async def drain_cmd(args: argparse.Namespace) -> int:
 async def print_children(db: Database, drain_id: str) -> None:
     """Each child of a drain and its outcome (``cpctl get`` on a drain shows the same)."""
     record = await queries.get_machine(db, drain_id)
-    rows = []
-    for child in record.state.get("children") or []:  # type: ignore[union-attr]
-        assert isinstance(child, dict)
-        rows.append((f"{child['namespace']}/{child['name']}", child["target"], child["id"],
-                     child["status"], child["phase"] or "-", child["reason"] or "-"))
+    rows = [(c.pod, c.target, c.id, c.status, c.phase or "-", c.reason or "-")
+            for c in await drain_children(db, record)]
     if rows:
         render.table(["pod", "target", "child", "status", "outcome", "reason"], rows,
                      max_width=60)

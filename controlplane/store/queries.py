@@ -106,6 +106,33 @@ async def history(db: Database, machine_id: str) -> list[RecordedEvent]:
     return [_event(r) for r in rows]
 
 
+@dataclass(frozen=True)
+class VerifiedCapture:
+    """A machine whose capture the registry verified: the machine (its spec holds the pod
+    and the class) and the ``ArtifactVerified`` event's data (``pinned``, ``digest``)."""
+
+    machine: MachineRecord
+    verified: dict[str, object]
+    verified_at: datetime
+
+
+async def verified_captures(db: Database, *, workload: str | None = None,
+                            machine_id: str | None = None) -> list[VerifiedCapture]:
+    """Machines with a verified capture (checkpoints, suspends, migrations), newest
+    verification first, optionally of one workload or one machine: one query."""
+    stmt = (select(m, e.c.data.label("verified_data"), e.c.recorded_at.label("verified_at"))
+            .join(e, and_(e.c.machine_id == m.c.id, e.c.type == "ArtifactVerified"))
+            .order_by(e.c.recorded_at.desc(), m.c.id))
+    if workload is not None:
+        stmt = stmt.where(m.c.workload == workload)
+    if machine_id is not None:
+        stmt = stmt.where(m.c.id == machine_id)
+    async with read_txn(db) as conn:
+        rows = (await conn.execute(stmt)).all()
+    return [VerifiedCapture(row_to_record(r), dict(r.verified_data), r.verified_at)
+            for r in rows]
+
+
 async def decisions(db: Database, machine_id: str) -> list[DecisionRecord]:
     async with read_txn(db) as conn:
         rows = (await conn.execute(select(d).where(d.c.machine_id == machine_id)

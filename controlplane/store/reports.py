@@ -43,6 +43,35 @@ async def rows(db: Database, sql: str, params: dict[str, Any] | None = None
         return [dict(r._mapping) for r in result.all()]
 
 
+async def finished_durations(db: Database) -> list[tuple[str, float]]:
+    """(kind, submission-to-finish seconds) of every finished operation."""
+    return [(str(r["kind"]), float(r["duration_seconds"])) for r in await rows(
+        db, "SELECT kind, terminal, duration_seconds FROM report_operations")
+        if r["terminal"] and r["duration_seconds"] is not None]
+
+
+async def event_counts(db: Database, *, of_type: str) -> tuple[int, int]:
+    """(every event, the events of type ``of_type``), in one scan."""
+    [row] = await rows(db, "SELECT count(*) AS events, "
+                           "sum(CASE WHEN type = :t THEN 1 ELSE 0 END) AS of_type FROM events",
+                       {"t": of_type})
+    return int(row["events"] or 0), int(row["of_type"] or 0)
+
+
+async def migration_phases(db: Database, *, finished_only: bool = False
+                           ) -> list[dict[str, Any]]:
+    """Rows of ``report_migrations`` (each migration's phase durations)."""
+    where = " WHERE terminal" if finished_only else ""
+    return await rows(db, f"SELECT * FROM report_migrations{where}")
+
+
+async def checkpoint_summaries(db: Database) -> list[dict[str, Any]]:
+    """Every verified checkpoint as ``report_checkpoints`` shows it, oldest first."""
+    return await rows(db, "SELECT kind, workload, source_node, class_name, size_bytes, "
+                          "capture_seconds, operation_outcome FROM report_checkpoints "
+                          "ORDER BY verified_at")
+
+
 def _percentile(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
