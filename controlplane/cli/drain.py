@@ -16,9 +16,10 @@ from typing import Any
 
 from controlplane.app.drains import drain_children
 from controlplane.app.operations import submit_operation
+from controlplane.app.specs import template_of
 from controlplane.cli import render
 from controlplane.cli.classes import class_for
-from controlplane.cli.cluster import cluster_objects, template_of
+from controlplane.cli.cluster import cluster_objects
 from controlplane.cli.context import clock, opened
 from controlplane.cli.options import limits_from
 from controlplane.cli.progress import follow
