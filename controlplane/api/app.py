@@ -15,25 +15,29 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from aiohttp import web
 
 from controlplane.api import dashboard, metrics, params
 from controlplane.api.openapi import document
 from controlplane.app.drains import drain_children
-from controlplane.app.operations import send_command
+from controlplane.app.operations import send_command, submit_operation
+from controlplane.app.plan import plan_operation
+from controlplane.app.ports import ClusterAccess
 from controlplane.app.replay import phase_after_each
-from controlplane.clock import Clock, SystemClock
+from controlplane.app.specs import restore_spec, workload_of, workload_spec
+from controlplane.clock import Clock, SystemClock, new_id
 from controlplane.engine.decider import Command
 from controlplane.engine.kinds import KindRegistry
 from controlplane.errors import ControlPlaneError, UsageError
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.drain.state import KIND as DRAIN
 from controlplane.machines.drain.state import ChildStatus, child_id
+from controlplane.machines.submission import Limits
 from controlplane.store import queries, reports
 from controlplane.store.database import Database
-from controlplane.store.errors import MachineNotFound
+from controlplane.store.errors import MachineNotFound, WorkloadBusy
 from controlplane.store.records import MachineRecord, RecordedEvent
 
 log = logging.getLogger(__name__)
@@ -46,14 +50,20 @@ KINDS_KEY = web.AppKey("kinds", KindRegistry)
 CLOCK_KEY = web.AppKey("clock", Clock)
 TOKEN_KEY = web.AppKey("token", bytes)
 PUBLIC_KEY = web.AppKey("public", frozenset)
+CLUSTER_KEY = web.AppKey("cluster", object)
+LIMITS_KEY = web.AppKey("limits", Limits)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def make_app(db: Database, *, token: str, kinds: KindRegistry | None = None,
-             clock: Clock | None = None, metrics_public: bool = False) -> web.Application:
+             clock: Clock | None = None, metrics_public: bool = False,
+             cluster: ClusterAccess | None = None,
+             limits: Limits | None = None) -> web.Application:
     """The API application. ``token`` is required on every route but ``/``, ``/healthz``
-    and the OpenAPI document (and ``/metrics`` when ``metrics_public``)."""
+    and the OpenAPI document (and ``/metrics`` when ``metrics_public``). ``cluster`` is
+    what submissions read (``POST /api/v1/operations`` answers 503 without one);
+    ``limits`` are the admission limits they are held to."""
     if not token:
         raise ValueError("an API token is required")
     app = web.Application(client_max_size=MAX_BODY,
@@ -63,11 +73,14 @@ def make_app(db: Database, *, token: str, kinds: KindRegistry | None = None,
     app[CLOCK_KEY] = clock if clock is not None else SystemClock()
     app[TOKEN_KEY] = token.encode()
     app[PUBLIC_KEY] = PUBLIC_PATHS | ({"/metrics"} if metrics_public else frozenset())
+    app[CLUSTER_KEY] = cluster
+    app[LIMITS_KEY] = limits if limits is not None else Limits()
     app.router.add_get("/", _dashboard)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/api/v1/openapi.json", _openapi)
     app.router.add_get("/api/v1/operations", _list_operations)
+    app.router.add_post("/api/v1/operations", _submit)
     app.router.add_get("/api/v1/operations/{id}", _get_operation)
     app.router.add_get("/api/v1/operations/{id}/events", _operation_events)
     app.router.add_post("/api/v1/operations/{id}/cancel", _cancel)
@@ -120,6 +133,8 @@ async def _errors_middleware(request: web.Request, handler: Handler) -> web.Stre
         return _error(400, exc.message, exc.parameter)
     except MachineNotFound as exc:
         return _error(404, exc.message)
+    except WorkloadBusy as exc:
+        return _error(409, str(exc))
     except web.HTTPRequestEntityTooLarge:
         return _error(413, f"the body is larger than {MAX_BODY} bytes")
     except web.HTTPException as exc:
@@ -261,6 +276,61 @@ async def _operation_events(request: web.Request) -> web.Response:
         {"seq": e.seq, "type": e.type, "recorded_at": e.recorded_at, "phase": phase,
          "data": e.data, "facts": e.facts, "worker_id": e.worker_id}
         for e, phase in zip(events, phases, strict=True)]})
+
+
+@runtime_checkable
+class _HasObserver(ClusterAccess, Protocol):
+    """``make_app``'s ``cluster``, checked at the request (the app key holds ``None``
+    when no cluster was given)."""
+
+
+#: ``POST /api/v1/operations``: the fields of a submission, by kind.
+SUBMIT_FIELDS: dict[str, type] = {
+    "kind": str, "workload": str, "targetNode": str, "node": str, "checkpoint": str,
+    "name": str, "quiesce": bool, "class": dict, "dryRun": bool}
+_NEEDS = {"checkpoint": ("workload", "class"), "migration": ("workload", "class", "targetNode"),
+          "suspend": ("workload", "class"), "resume": ("workload", "class"),
+          "restore": ("checkpoint", "node")}
+
+
+async def _submit(request: web.Request) -> web.Response:
+    """Submit an operation as the CLI's verbs do: 201 with its id (``queued`` says why it
+    waits), 200 with the plan for ``dryRun``, 400 for bad input naming the field, 409 when
+    the workload has a live operation, 503 when the cluster could not be read."""
+    body = params.json_object(await request.read(), allowed=SUBMIT_FIELDS,
+                              required=frozenset({"kind"}))
+    kind = body["kind"]
+    if kind not in _NEEDS:
+        raise params.BadRequest("kind", f"kind must be one of {', '.join(_NEEDS)}")
+    for name in _NEEDS[kind]:
+        if name not in body:
+            raise params.BadRequest(name, f"a {kind} needs {name!r}")
+    app = request.app
+    access = app[CLUSTER_KEY]
+    if not isinstance(access, _HasObserver):
+        return _error(503, "this API server has no cluster to submit to: start cpctl serve "
+                           "with --kubeconfig or --in-cluster")
+    db = app[DB_KEY]
+    if kind == "restore":
+        spec = await restore_spec(db, access, checkpoint=body["checkpoint"],
+                                  node=params.node_name(body["node"]), name=body.get("name"))
+    else:
+        namespace, name = workload_of(body["workload"])
+        spec = await workload_spec(
+            db, access, kind=kind, namespace=namespace, name=name, klass=body["class"],
+            quiesce=body.get("quiesce", False), target_node=body.get("targetNode"),
+            node=body.get("node"))
+    if body.get("dryRun"):
+        return _json(await plan_operation(db, access.observer, kind=kind, spec=spec,
+                                          limits=app[LIMITS_KEY]))
+    outcome = await submit_operation(db, app[KINDS_KEY], access.observer, kind=kind,
+                                     spec=spec, machine_id=new_id(),
+                                     now=app[CLOCK_KEY].now(), limits=app[LIMITS_KEY])
+    location = f"/api/v1/operations/{outcome.machine_id}"
+    response = _json({"id": outcome.machine_id, "kind": kind, "queued": outcome.queued,
+                      "location": location}, status=201)
+    response.headers["Location"] = location
+    return response
 
 
 async def _cancel(request: web.Request) -> web.Response:

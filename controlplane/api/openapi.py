@@ -19,8 +19,10 @@ def _json_response(description: str, schema: dict[str, Any] | None = None) -> di
 
 def _errors(*codes: int) -> dict[str, Any]:
     text = {400: "Malformed input; `parameter` names it", 401: "Missing or wrong token",
-            404: "Unknown operation", 409: "The machine refused the command",
-            413: "Body too large"}
+            404: "Unknown operation",
+            409: "The machine refused the command, or the workload has a live operation",
+            413: "Body too large",
+            503: "The cluster or registry did not answer, or none is configured; retry"}
     return {str(c): _json_response(text[c], _ERROR) for c in codes}
 
 
@@ -111,7 +113,36 @@ def document() -> dict[str, Any]:
                 "responses": {"200": _json_response("operations", {
                     "type": "object", "properties": {
                         "operations": {"type": "array", "items": op_ref},
-                        "limit": {"type": "integer"}}}), **_errors(400, 401)}}},
+                        "limit": {"type": "integer"}}}), **_errors(400, 401)}},
+                "post": {
+                "summary": "Submit an operation as the CLI's verbs do (dryRun: only the plan)",
+                "description": "checkpoint, migration, suspend and resume name a workload "
+                               "(namespace/pod) and a class ({\"repository\": ...} at "
+                               "least); a migration its targetNode; a resume may name its "
+                               "node; a restore names the checkpoint operation and the node.",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"type": "object", "additionalProperties": False,
+                               "required": ["kind"], "properties": {
+                                   "kind": {"type": "string", "enum": [
+                                       "checkpoint", "migration", "suspend", "resume",
+                                       "restore"]},
+                                   "workload": {"type": "string"},
+                                   "class": {"type": "object"},
+                                   "targetNode": {"type": "string"},
+                                   "node": {"type": "string"},
+                                   "checkpoint": {"type": "string"},
+                                   "name": {"type": "string"},
+                                   "quiesce": {"type": "boolean"},
+                                   "dryRun": {"type": "boolean"}}}}}},
+                "responses": {
+                    "201": _json_response("created (queued: why it waits)", {
+                        "type": "object", "properties": {
+                            "id": {"type": "string"}, "kind": {"type": "string"},
+                            "queued": {"type": ["string", "null"]},
+                            "location": {"type": "string"}}}),
+                    "200": _json_response("dryRun: the plan; refused says why it would "
+                                          "not be accepted"),
+                    **_errors(400, 401, 409, 413, 503)}}},
             "/api/v1/operations/{id}": {"get": {
                 "summary": "One operation, with spec and state (a drain: and its children)",
                 "parameters": [_ID],

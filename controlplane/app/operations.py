@@ -33,7 +33,7 @@ from controlplane.machines.submission import (
 from controlplane.store import event_store, queries
 from controlplane.store.admission import AdmissionFacts
 from controlplane.store.database import Database
-from controlplane.store.errors import ConcurrencyConflict
+from controlplane.store.errors import ConcurrencyConflict, WorkloadBusy
 from controlplane.store.records import Projection
 from controlplane.worker.ports import Observer
 
@@ -185,7 +185,8 @@ async def submit_operation(
         verdict = admission_from_counts(request, same, facts.running_by_kind,
                                         facts.on_node_by_kind, limits or Limits())
         if isinstance(verdict, Reject):
-            raise UsageError(f"{kind} of {workload} refused: {verdict.reason}")
+            # Today's only refusal is a live operation on the same workload.
+            raise WorkloadBusy(f"{kind} of {workload} refused: {verdict.reason}")
         if isinstance(verdict, Queue):
             held.append(verdict.reason)
             return verdict.reason

@@ -52,17 +52,21 @@ async def read_pod(access: ClusterAccess, namespace: str, name: str) -> dict[str
     return dict(pod)
 
 
-async def workload_spec(db: Database, access: ClusterAccess, *, kind: str, namespace: str,
+async def workload_spec(db: Database, access: ClusterAccess | None, *, kind: str,
+                        namespace: str,
                         name: str, klass: JsonObject, quiesce: bool = False,
                         target_node: str | None = None, node: str | None = None
                         ) -> JsonObject:
     """The spec of a ``checkpoint``, ``migration``, ``suspend`` or ``resume`` of
-    ``namespace/name`` (``target_node``: a migration's; ``node``: where a resume runs)."""
+    ``namespace/name`` (``target_node``: a migration's; ``node``: where a resume runs).
+    A resume reads only the store, so it needs no ``access``."""
     if kind == "resume":
         latest = await latest_suspension(db, namespace, name)
         return {"namespace": namespace, "name": name, "node": node,
                 "template": latest.template, "class": klass,
                 "candidates": [latest.candidate()]}
+    if access is None:
+        raise ValueError(f"a {kind} spec reads the pod: pass the cluster access")
     pod = await read_pod(access, namespace, name)
     if kind == "checkpoint":
         return {"pod": pod_ref(pod), "class": klass, "quiesce": quiesce}

@@ -26,6 +26,7 @@ from controlplane.cli.context import clock, opened
 from controlplane.cli.options import limits_from
 from controlplane.cli.progress import SUCCESS_PHASES, follow
 from controlplane.clock import new_id
+from controlplane.engine.jsonvalue import JsonObject
 from controlplane.machines.catalog import default_kinds
 from controlplane.store import migrate
 from controlplane.wiring.cluster import access_from_args
@@ -35,13 +36,19 @@ async def operation_cmd(args: argparse.Namespace) -> int:
     ns, name = workload_of(args.workload)
     klass = class_for(args)
     kind = KIND_OF_VERB[args.verb]
+    async def spec_of(access: ClusterAccess | None) -> JsonObject:
+        return await workload_spec(db, access, kind=kind, namespace=ns, name=name,
+                                   klass=klass, quiesce=getattr(args, "quiesce", False),
+                                   target_node=getattr(args, "to", None),
+                                   node=getattr(args, "node", None))
+
     async with opened(args) as db:
         await migrate.require_current(db)
+        # A resume's spec reads only the store: a missing suspension is said first.
+        spec = await spec_of(None) if kind == "resume" else {}
         async with access_from_args(db, args) as access:
-            spec = await workload_spec(db, access, kind=kind, namespace=ns, name=name,
-                                       klass=klass, quiesce=getattr(args, "quiesce", False),
-                                       target_node=getattr(args, "to", None),
-                                       node=getattr(args, "node", None))
+            if kind != "resume":
+                spec = await spec_of(access)
             if getattr(args, "dry_run", False):
                 return await dryrun.dry_run(db, access.observer, kind=kind, spec=spec,
                                             limits=limits_from(args), output=args.output)

@@ -18,6 +18,7 @@ from typing import NoReturn
 from controlplane import logs
 from controlplane.cli import commands, demo
 from controlplane.cli import sim as sim_module
+from controlplane.cli.options import add_cluster_options
 from controlplane.errors import ControlPlaneError
 from controlplane.store.database import default_url
 
@@ -193,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--token-file", help="file holding the API token")
     sv.add_argument("--metrics-public", action="store_true",
                     help="serve /metrics without the token (for a Prometheus scraper)")
+    add_cluster_options(sv)  # POST /api/v1/operations submits to this cluster, when given
 
     r = verb("replay", commands.replay_cmd, "check projections against events (default), "
              "rebuild them (--rebuild), and/or re-run every decision to prove determinism "

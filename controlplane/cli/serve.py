@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+
+from aiohttp import web
 
 from controlplane.cli.context import clock
 from controlplane.errors import UsageError
@@ -50,10 +53,7 @@ def _listen(text: str) -> tuple[str, int]:
 
 
 async def serve_cmd(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
     from controlplane.api.app import make_app
-    from controlplane.api.serving import make_runner
 
     tune_for_service()
     token = _token(args)
@@ -61,23 +61,36 @@ async def serve_cmd(args: argparse.Namespace) -> int:
     db = open_database(args.db)
     try:
         await migrate.require_current(db)
-        app = make_app(db, token=token, kinds=default_kinds(), clock=clock,
-                       metrics_public=args.metrics_public)
-        runner = make_runner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = runner.addresses[0] if runner.addresses else (host, port)
-        print(f"API and dashboard on http://{bound[0]}:{bound[1]}/", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        await runner.cleanup()
+        async with contextlib.AsyncExitStack() as stack:
+            cluster = None
+            if getattr(args, "kubeconfig", None) or getattr(args, "in_cluster", False):
+                from controlplane.wiring.cluster import access_from_args
+
+                cluster = await stack.enter_async_context(access_from_args(db, args))
+            app = make_app(db, token=token, kinds=default_kinds(), clock=clock,
+                           metrics_public=args.metrics_public, cluster=cluster)
+            await _serve_until_stopped(app, host, port)
     finally:
         await db.dispose()
     return 0
+
+
+async def _serve_until_stopped(app: web.Application, host: str, port: int) -> None:
+    """Serve ``app`` on ``host:port`` until SIGTERM or SIGINT."""
+    from controlplane.api.serving import make_runner
+
+    runner = make_runner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0] if runner.addresses else (host, port)
+    print(f"API and dashboard on http://{bound[0]}:{bound[1]}/", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
 
 
 @asynccontextmanager
