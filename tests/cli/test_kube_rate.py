@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.wiring.cluster import connect_options
 from controlplane.cli.main import build_parser
+from controlplane.wiring.cluster import connect_options
 
 
 def test_the_flags_become_the_drivers_rate_limit() -> None:
