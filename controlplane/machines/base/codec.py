@@ -203,6 +203,13 @@ def _dataclass_decoder(tp: type) -> Decoder:
     return decode_dataclass
 
 
+def field_decoders(cls: type) -> dict[str, Decoder]:
+    """Field name -> its decoder, for a caller that decodes a dataclass's fields itself
+    (the typed events: they check their keys and skip absent optional fields)."""
+    hints = _hints(cls)
+    return {f.name: _decoder(hints[f.name]) for f in dataclasses.fields(cls)}
+
+
 def _decode_datetime(data: JsonValue) -> datetime:
     if not isinstance(data, str):
         raise ValueError(f"expected an ISO datetime string, got {data!r}")

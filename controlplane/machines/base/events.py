@@ -32,7 +32,7 @@ from typing import Any, ClassVar, TypeVar
 
 from controlplane.engine.decider import ACTION_FAILED, ADMITTED, QUEUED, Event, EventLike
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
-from controlplane.machines.base.codec import RawJson, decode, encode
+from controlplane.machines.base.codec import RawJson, encode, field_decoders
 
 E = TypeVar("E", bound="DomainEvent")
 
@@ -60,7 +60,7 @@ class DomainEvent:
 
 
 _ENCODERS: dict[type[DomainEvent], Callable[[DomainEvent], JsonObject]] = {}
-_NAMES: dict[type[DomainEvent], frozenset[str]] = {}
+_DECODERS: dict[type[DomainEvent], dict[str, Callable[[Any], Any]]] = {}
 
 
 def _encoder(cls: type[DomainEvent]) -> Callable[[DomainEvent], JsonObject]:
@@ -83,11 +83,33 @@ def _encoder(cls: type[DomainEvent]) -> Callable[[DomainEvent], JsonObject]:
     return encode_event
 
 
-def _names(cls: type[DomainEvent]) -> frozenset[str]:
-    known = _NAMES.get(cls)
+@dataclass(frozen=True)
+class _Shape:
+    required: frozenset[str]
+    defaults: dict[str, Any]
+
+
+_SHAPES: dict[type[DomainEvent], _Shape] = {}
+
+
+def _shape(cls: type[DomainEvent]) -> _Shape:
+    known = _SHAPES.get(cls)
     if known is None:
-        known = _NAMES[cls] = frozenset(
-            f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        for f in fields:
+            if f.default_factory is not dataclasses.MISSING:
+                raise TypeError(f"{cls.__qualname__}.{f.name}: events take plain defaults")
+        known = _SHAPES[cls] = _Shape(
+            required=frozenset(f.name for f in fields if f.default is dataclasses.MISSING),
+            defaults={f.name: f.default for f in fields
+                      if f.default is not dataclasses.MISSING})
+    return known
+
+
+def _decoders(cls: type[DomainEvent]) -> dict[str, Callable[[Any], Any]]:
+    known = _DECODERS.get(cls)
+    if known is None:
+        known = _DECODERS[cls] = field_decoders(cls)
     return known
 
 
@@ -123,14 +145,25 @@ class EventSet:
             raise UnknownEvent(f"event type {event.type!r} is not one this kind records "
                                f"(known: {', '.join(sorted(self._by_name))})")
         data = event.data
-        extra = data.keys() - _names(cls)
-        if extra:
-            raise UnknownEvent(f"event {event.type!r} has data this build does not know: "
-                               f"{', '.join(sorted(extra))}")
+        decoders = _decoders(cls)
         try:
-            return decode(cls, data)
-        except (TypeError, ValueError, KeyError) as err:
+            fields = {name: decoders[name](value) for name, value in data.items()}
+        except KeyError:
+            extra = data.keys() - decoders.keys()
+            raise UnknownEvent(f"event {event.type!r} has data this build does not know: "
+                               f"{', '.join(sorted(extra))}") from None
+        except (TypeError, ValueError) as err:
             raise UnknownEvent(f"event {event.type!r} does not decode: {err}") from err
+        shape = _shape(cls)
+        if not shape.required.issubset(fields):
+            missing = ", ".join(sorted(shape.required - fields.keys()))
+            raise UnknownEvent(f"event {event.type!r} does not decode: missing {missing}")
+        # The fold's inner loop: fill the frozen instance directly (as base.frozen does for
+        # states) instead of running the dataclass __init__, which sets field by field.
+        typed_event = object.__new__(cls)
+        typed_event.__dict__.update(shape.defaults)
+        typed_event.__dict__.update(fields)
+        return typed_event
 
 
 def typed(events: EventSet) -> Callable[[Callable[[Any, Any], Any]], Callable[[Any, Any], Any]]:
