@@ -61,8 +61,9 @@ async def event_counts(db: Database, *, of_type: str) -> tuple[int, int]:
 async def migration_phases(db: Database, *, finished_only: bool = False
                            ) -> list[dict[str, Any]]:
     """Rows of ``report_migrations`` (each migration's phase durations)."""
-    where = " WHERE terminal" if finished_only else ""
-    return await rows(db, f"SELECT * FROM report_migrations{where}")
+    if finished_only:
+        return await rows(db, "SELECT * FROM report_migrations WHERE terminal")
+    return await rows(db, "SELECT * FROM report_migrations")
 
 
 async def checkpoint_summaries(db: Database) -> list[dict[str, Any]]:
