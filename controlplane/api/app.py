@@ -21,7 +21,7 @@ from aiohttp import web
 
 from controlplane.api import dashboard, metrics, params
 from controlplane.api.openapi import document
-from controlplane.app.drains import drain_children
+from controlplane.app.drains import drain_children, drain_spec, plan_document, plan_of
 from controlplane.app.operations import send_command, submit_operation
 from controlplane.app.plan import plan_operation
 from controlplane.app.ports import ClusterAccess
@@ -32,6 +32,7 @@ from controlplane.engine.decider import Command
 from controlplane.engine.kinds import KindRegistry
 from controlplane.errors import ControlPlaneError, UsageError
 from controlplane.machines.catalog import default_kinds
+from controlplane.machines.drain.machine import MAX_PARALLEL
 from controlplane.machines.drain.state import KIND as DRAIN
 from controlplane.machines.drain.state import ChildStatus, child_id
 from controlplane.machines.submission import Limits
@@ -284,13 +285,16 @@ class _HasObserver(ClusterAccess, Protocol):
     when no cluster was given)."""
 
 
+#: A drain's children in flight when the request does not say (as ``cpctl drain``).
+DEFAULT_MAX_PARALLEL = 4
 #: ``POST /api/v1/operations``: the fields of a submission, by kind.
 SUBMIT_FIELDS: dict[str, type] = {
     "kind": str, "workload": str, "targetNode": str, "node": str, "checkpoint": str,
-    "name": str, "quiesce": bool, "class": dict, "dryRun": bool}
+    "name": str, "quiesce": bool, "class": dict, "dryRun": bool, "maxParallel": int,
+    "targets": list, "selector": str}
 _NEEDS = {"checkpoint": ("workload", "class"), "migration": ("workload", "class", "targetNode"),
           "suspend": ("workload", "class"), "resume": ("workload", "class"),
-          "restore": ("checkpoint", "node")}
+          "restore": ("checkpoint", "node"), "drain": ("node", "class")}
 
 
 async def _submit(request: web.Request) -> web.Response:
@@ -311,6 +315,8 @@ async def _submit(request: web.Request) -> web.Response:
         return _error(503, "this API server has no cluster to submit to: start cpctl serve "
                            "with --kubeconfig or --in-cluster")
     db = app[DB_KEY]
+    if kind == "drain":
+        return await _submit_drain(request, access, body)
     if kind == "restore":
         spec = await restore_spec(db, access, checkpoint=body["checkpoint"],
                                   node=params.node_name(body["node"]), name=body.get("name"))
@@ -329,6 +335,35 @@ async def _submit(request: web.Request) -> web.Response:
     location = f"/api/v1/operations/{outcome.machine_id}"
     response = _json({"id": outcome.machine_id, "kind": kind, "queued": outcome.queued,
                       "location": location}, status=201)
+    response.headers["Location"] = location
+    return response
+
+
+async def _submit_drain(request: web.Request, access: ClusterAccess,
+                        body: dict[str, Any]) -> web.Response:
+    """A drain of ``node``: planned from the cluster as listed now, as ``cpctl drain``."""
+    app = request.app
+    targets = body.get("targets", [])
+    if not all(isinstance(x, str) for x in targets):
+        raise params.BadRequest("targets", "targets must be a list of node names")
+    max_parallel = body.get("maxParallel", DEFAULT_MAX_PARALLEL)
+    if not 1 <= max_parallel <= MAX_PARALLEL:
+        raise params.BadRequest("maxParallel",
+                                f"maxParallel must be between 1 and {MAX_PARALLEL}")
+    nodes = [dict(n) for n in await access.list_nodes()]
+    pods = [dict(p) for p in await access.list_pods()]
+    plan = plan_of(params.node_name(body["node"]), nodes, pods, targets=targets,
+                   selector=body.get("selector"))
+    if body.get("dryRun"):
+        return _json(plan_document(plan, body["class"], max_parallel))
+    outcome = await submit_operation(
+        app[DB_KEY], app[KINDS_KEY], access.observer, kind="drain",
+        spec=drain_spec(plan, pods, body["class"], max_parallel), machine_id=new_id(),
+        now=app[CLOCK_KEY].now(), limits=app[LIMITS_KEY])
+    location = f"/api/v1/operations/{outcome.machine_id}"
+    response = _json({"id": outcome.machine_id, "kind": "drain", "queued": outcome.queued,
+                      "location": location, "moves": len(plan.moves),
+                      "left": len(plan.left)}, status=201)
     response.headers["Location"] = location
     return response
 

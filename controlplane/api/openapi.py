@@ -119,13 +119,15 @@ def document() -> dict[str, Any]:
                 "description": "checkpoint, migration, suspend and resume name a workload "
                                "(namespace/pod) and a class ({\"repository\": ...} at "
                                "least); a migration its targetNode; a resume may name its "
-                               "node; a restore names the checkpoint operation and the node.",
+                               "node; a restore names the checkpoint operation and the node; "
+                               "a drain names the node and a class (maxParallel, targets, "
+                               "selector as cpctl drain).",
                 "requestBody": {"required": True, "content": {"application/json": {
                     "schema": {"type": "object", "additionalProperties": False,
                                "required": ["kind"], "properties": {
                                    "kind": {"type": "string", "enum": [
                                        "checkpoint", "migration", "suspend", "resume",
-                                       "restore"]},
+                                       "restore", "drain"]},
                                    "workload": {"type": "string"},
                                    "class": {"type": "object"},
                                    "targetNode": {"type": "string"},
@@ -133,7 +135,10 @@ def document() -> dict[str, Any]:
                                    "checkpoint": {"type": "string"},
                                    "name": {"type": "string"},
                                    "quiesce": {"type": "boolean"},
-                                   "dryRun": {"type": "boolean"}}}}}},
+                                   "dryRun": {"type": "boolean"},
+                                   "maxParallel": {"type": "integer", "minimum": 1},
+                                   "targets": {"type": "array", "items": {"type": "string"}},
+                                   "selector": {"type": "string"}}}}}},
                 "responses": {
                     "201": _json_response("created (queued: why it waits)", {
                         "type": "object", "properties": {

@@ -1,11 +1,26 @@
-"""A drain's children as an operator reads them: the drain's own record of each child,
-with the live phase of the ones in flight. Used by ``cpctl get`` on a drain, ``cpctl
-drain --wait`` and the HTTP API's drain view."""
+"""Drains as use cases: the plan and the spec of a drain from the cluster as listed (what
+``cpctl drain`` and ``POST /api/v1/operations`` submit, and what their dry runs show),
+and a drain's children as an operator reads them: the drain's own record of each child,
+with the live phase of the ones in flight (``cpctl get``, ``cpctl drain --wait``, the
+HTTP API's drain view)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from controlplane.app.specs import template_of
+from controlplane.engine.jsonvalue import JsonObject, JsonValue
+from controlplane.errors import UsageError
+from controlplane.machines.config.classes import artifact_for, parse_class
+from controlplane.machines.drain.planning import (
+    DrainPlan,
+    PlanRejected,
+    node_info,
+    plan_drain,
+    pod_info,
+)
 from controlplane.machines.drain.state import ChildStatus
 from controlplane.store import queries
 from controlplane.store.database import Database
@@ -57,3 +72,45 @@ async def drain_children(db: Database, record: MachineRecord) -> list[DrainChild
 
 def _text(value: object) -> str | None:
     return None if value is None else str(value)
+
+
+ID_PLACEHOLDER = "<child-id>"
+
+
+def plan_of(node: str, nodes: list[dict[str, Any]], pods: list[dict[str, Any]], *,
+            targets: Sequence[str] = (), selector: str | None = None) -> DrainPlan:
+    """Which pods leave ``node`` and where each goes, from the cluster as listed."""
+    try:
+        return plan_drain(node, [node_info(n) for n in nodes], [pod_info(p) for p in pods],
+                          targets=tuple(targets), selector=selector)
+    except PlanRejected as exc:
+        raise UsageError(f"drain {node} refused: {exc}") from None
+
+
+def drain_spec(plan: DrainPlan, pods: list[dict[str, Any]], klass: JsonObject,
+               max_parallel: int) -> JsonObject:
+    """The drain machine's spec: the plan, with each pod's template to restore from."""
+    raw = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
+    children: list[JsonValue] = [{
+        "pod": {"namespace": m.pod.namespace, "name": m.pod.name, "uid": m.pod.uid},
+        "target": m.target, "template": template_of(raw[m.pod.key])} for m in plan.moves]
+    left: list[JsonValue] = [{"pod": x.pod.key, "reason": x.reason} for x in plan.left]
+    return {"node": plan.node, "max_parallel": max_parallel, "class": klass,
+            "children": children, "left": left}
+
+
+def plan_document(plan: DrainPlan, klass: JsonObject, max_parallel: int) -> JsonObject:
+    """What ``--dry-run`` prints (``-o json``): the plan, the writes it would make."""
+    cls = parse_class(klass, field="--repository")
+    doc = plan.to_json()
+    doc.update({
+        "dry_run": True, "max_parallel": max_parallel,
+        "would": [f"cordon node {plan.node} (spec.unschedulable=true)",
+                  f"migrate {len(plan.moves)} pods, at most {max_parallel} at a time"],
+        "artifacts_written": [artifact_for(cls, checkpoint_id=ID_PLACEHOLDER,
+                                           namespace=m.pod.namespace, pod=m.pod.name)
+                              for m in plan.moves],
+        "artifacts_deleted": "each one, after its pod is verified running on the target",
+        "refused": [{"pod": x.pod.key, "reason": x.reason} for x in plan.left],
+    })
+    return doc

@@ -14,9 +14,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from controlplane.app.drains import drain_children
+from controlplane.app.drains import drain_children, drain_spec, plan_document, plan_of
 from controlplane.app.operations import submit_operation
-from controlplane.app.specs import template_of
 from controlplane.cli import render
 from controlplane.cli.classes import class_for
 from controlplane.cli.cluster import cluster_objects
@@ -24,60 +23,19 @@ from controlplane.cli.context import clock, opened
 from controlplane.cli.options import limits_from
 from controlplane.cli.progress import follow
 from controlplane.clock import new_id
-from controlplane.engine.jsonvalue import JsonObject, JsonValue
-from controlplane.errors import UsageError
+from controlplane.engine.jsonvalue import JsonObject
 from controlplane.machines.catalog import default_kinds
-from controlplane.machines.config.classes import artifact_for, parse_class
 from controlplane.machines.drain.planning import (
     DrainPlan,
-    PlanRejected,
-    node_info,
-    plan_drain,
-    pod_info,
 )
 from controlplane.store import migrate, queries
 from controlplane.store.database import Database
 from controlplane.wiring.cluster import access_from_args
 
-ID_PLACEHOLDER = "<child-id>"
-
 
 def build_plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], args: argparse.Namespace
                ) -> DrainPlan:
-    try:
-        return plan_drain(args.node, [node_info(n) for n in nodes], [pod_info(p) for p in pods],
-                          targets=args.to or (), selector=args.selector)
-    except PlanRejected as exc:
-        raise UsageError(f"drain {args.node} refused: {exc}") from None
-
-
-def drain_spec(plan: DrainPlan, pods: list[dict[str, Any]], klass: JsonObject,
-               max_parallel: int) -> JsonObject:
-    """The drain machine's spec: the plan, with each pod's template to restore from."""
-    raw = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
-    children: list[JsonValue] = [{
-        "pod": {"namespace": m.pod.namespace, "name": m.pod.name, "uid": m.pod.uid},
-        "target": m.target, "template": template_of(raw[m.pod.key])} for m in plan.moves]
-    left: list[JsonValue] = [{"pod": x.pod.key, "reason": x.reason} for x in plan.left]
-    return {"node": plan.node, "max_parallel": max_parallel, "class": klass,
-            "children": children, "left": left}
-
-
-def plan_document(plan: DrainPlan, klass: JsonObject, max_parallel: int) -> JsonObject:
-    """What ``--dry-run`` prints (``-o json``): the plan, the writes it would make."""
-    cls = parse_class(klass, field="--repository")
-    doc = plan.to_json()
-    doc.update({
-        "dry_run": True, "max_parallel": max_parallel,
-        "would": [f"cordon node {plan.node} (spec.unschedulable=true)",
-                  f"migrate {len(plan.moves)} pods, at most {max_parallel} at a time"],
-        "artifacts_written": [artifact_for(cls, checkpoint_id=ID_PLACEHOLDER,
-                                           namespace=m.pod.namespace, pod=m.pod.name)
-                              for m in plan.moves],
-        "artifacts_deleted": "each one, after its pod is verified running on the target",
-        "refused": [{"pod": x.pod.key, "reason": x.reason} for x in plan.left],
-    })
-    return doc
+    return plan_of(args.node, nodes, pods, targets=args.to or (), selector=args.selector)
 
 
 def print_plan(plan: DrainPlan, doc: JsonObject, output: str) -> None:

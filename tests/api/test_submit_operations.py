@@ -139,3 +139,29 @@ async def test_without_a_cluster_the_api_says_it_cannot_submit(db: Database) -> 
             "class": {"repository": "localhost:5000/x"}})
         assert resp.status == 503
         assert "--kubeconfig" in (await resp.json())["error"]
+
+
+async def test_a_drain_posted_plans_from_the_cluster_and_moves_the_nodes_pods(
+    served: Served,
+) -> None:
+    dry = await served.client.post("/api/v1/operations", headers=auth(), json={
+        "kind": "drain", "node": "node-1", "class": served.klass(), "dryRun": True})
+    assert dry.status == 200
+    plan = await dry.json()
+    assert [m["pod"] for m in plan["moves"]] == ["default/web"]
+    assert await queries.list_machines(served.db, queries.MachineFilter()) == []
+    resp = await served.client.post("/api/v1/operations", headers=auth(), json={
+        "kind": "drain", "node": "node-1", "class": served.klass(), "maxParallel": 2})
+    assert resp.status == 201
+    body = await resp.json()
+    assert (body["kind"], body["moves"], body["left"]) == ("drain", 1, 0)
+    record = await queries.get_machine(served.db, body["id"])
+    assert (record.kind, record.spec["node"], record.spec["max_parallel"]) == (
+        "drain", "node-1", 2)
+
+
+async def test_a_drain_with_a_bad_parallelism_names_the_field(served: Served) -> None:
+    resp = await served.client.post("/api/v1/operations", headers=auth(), json={
+        "kind": "drain", "node": "node-1", "class": served.klass(), "maxParallel": 0})
+    assert resp.status == 400
+    assert (await resp.json())["parameter"] == "maxParallel"
