@@ -31,8 +31,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from controlplane.api.app import make_app
 from controlplane.api.serving import make_runner
+from controlplane.app.drains import drain_spec
 from controlplane.app.operations import submit_operation
-from controlplane.cli.drain import drain_spec
 from controlplane.clock import SystemClock, new_id
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.drain.planning import node_info, plan_drain, pod_info

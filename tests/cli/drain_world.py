@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from controlplane.app.drains import drain_spec
 from controlplane.app.operations import submit_operation
-from controlplane.cli.drain import drain_spec
 from controlplane.clock import SystemClock, new_id
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.machines.catalog import default_kinds

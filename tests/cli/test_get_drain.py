@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from controlplane.app.drains import drain_spec
 from controlplane.app.operations import submit_operation
-from controlplane.cli.drain import drain_spec
 from controlplane.clock import new_id
 from controlplane.machines.catalog import default_kinds
 from controlplane.store import queries

@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from controlplane.app.drains import drain_spec
 from controlplane.app.operations import send_command
 from controlplane.cli.demo import NS, Demo
-from controlplane.cli.drain import drain_spec
 from controlplane.clock import SystemClock
 from controlplane.engine.decider import Command
 from controlplane.machines.catalog import default_kinds
