@@ -42,7 +42,7 @@ from controlplane.engine.decider import (
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
 from controlplane.machines.base.codec import decode
-from controlplane.machines.base.common import action_key, with_facts
+from controlplane.machines.base.common import action_key, started, with_facts
 from controlplane.machines.base.events import DomainEvent, Started
 from controlplane.machines.base.specs import (
     checkpoint_class,
@@ -124,17 +124,14 @@ class MigrationDecider:
         if state.terminal:
             return Decision()
         if state.started_at is None:
-            opening = Started(at=now, kind=KIND, target=state.target)
-            started = opening.recorded()
-            rest = self.decide(self.evolve(state, opening), observation, now)
             c = state.spec.capture
             notice = emit_event(action_key(state.machine_id, "event", "started"),
                                 namespace=c.namespace, pod_name=c.name, pod_uid=c.uid,
                                 type_=EventType.NORMAL, reason="MigrationStarted",
                                 message=f"moving from {state.spec.source_node} to "
                                 f"{state.target} (operation {state.machine_id})")
-            both = Decision((started, *rest.events), (notice, *rest.actions), rest.wake_at)
-            return with_facts(both, observation)
+            return started(self, state, Started(at=now, kind=KIND, target=state.target),
+                           observation, now, actions=[notice])
         return with_facts(decide_migration(state, observation, now).decision(), observation)
 
     def evolve(self, state: MigrationState, event: EventLike | DomainEvent) -> MigrationState:
