@@ -24,7 +24,8 @@ GOLDEN = Path(__file__).parent.parent / "tests" / "golden" / "todays_rows.sqlite
 
 def histories(path: Path) -> dict[str, tuple[str, list[Event]]]:
     """Machine id -> (kind, events in seq order), read once."""
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    # immutable: a read that leaves no -wal/-shm beside a checked-in database
+    conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
     try:
         out: dict[str, tuple[str, list[Event]]] = {}
         for machine_id, kind in conn.execute("SELECT id, kind FROM machines"):
