@@ -29,7 +29,7 @@ test: $(STAMP) lint
 	scripts/ensure-registry
 	scripts/ensure-chromium
 	scripts/ensure-kustomize
-	eval "$$(scripts/ensure-envtest)" && $(BIN)/pytest -q
+	eval "$$(scripts/ensure-envtest)" && eval "$$(scripts/ensure-criu)" && $(BIN)/pytest -q
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/engine tests/machines tests/golden
