@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 NODES_HELP = """\
@@ -71,6 +72,10 @@ def add_nodes_parser(verbs: argparse._SubParsersAction[Any]) -> None:
                         "(default 0)")
     p.add_argument("--ready-timeout", type=float, default=60.0, metavar="S",
                    help="give up (exit 1) if the nodes are not Ready within this (default 60)")
+    p.add_argument("--runtime-root", default=None, metavar="DIR",
+                   help="run pods as real containers: each node is a podman storage root "
+                        "DIR/<node> (runc + CRIU; scripts/ensure-criu installs them). "
+                        "Default: no containers, status only")
     p.set_defaults(handler=nodes_cmd)
 
 
@@ -91,5 +96,6 @@ async def nodes_cmd(args: argparse.Namespace) -> int:
         cpu=args.node_cpu, memory=args.node_memory, pods=args.node_pods,
         start_seconds=args.start_seconds, stop_seconds=args.stop_seconds,
         ready_timeout=args.ready_timeout, kubeconfig=args.kubeconfig, context=args.context,
-        on_ready=ready, stop=stop)
+        on_ready=ready, stop=stop,
+        runtime_root=Path(args.runtime_root) if args.runtime_root else None)
     return 0

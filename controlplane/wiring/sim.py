@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
 from drivers.kubelet.options import RoleOptions
+from drivers.kubelet.runtime import RuntimeNodes
 from drivers.kubelet.serve import serve as serve_role
 from drivers.sim.__main__ import parse_args
 from drivers.sim.__main__ import serve as serve_simulator
@@ -22,10 +24,12 @@ async def run_kubelet_role(*, nodes: tuple[str, ...], cpu: str, memory: str, pod
                            start_seconds: float, stop_seconds: float, ready_timeout: float,
                            kubeconfig: str | None, context: str | None,
                            on_ready: Callable[[tuple[str, ...], str], None],
-                           stop: asyncio.Event) -> None:
-    """The kubelet role against any API server until ``stop`` (options checked first)."""
+                           stop: asyncio.Event, runtime_root: Path | None = None) -> None:
+    """The kubelet role against any API server until ``stop`` (options checked first);
+    with ``runtime_root``, every node runs real containers under ``runtime_root/<node>``."""
     options = RoleOptions(nodes=nodes, cpu=cpu, memory=memory, pods=pods,
                           start_seconds=start_seconds, stop_seconds=stop_seconds,
                           ready_timeout=ready_timeout).check()
+    runtime = None if runtime_root is None else RuntimeNodes.under(runtime_root, nodes)
     await serve_role(options, kubeconfig=kubeconfig, context=context, on_ready=on_ready,
-                     stop=stop)
+                     stop=stop, runtime=runtime)

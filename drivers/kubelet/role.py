@@ -20,7 +20,11 @@ backoff when a watch breaks or the server restarts) and reacts to every change:
   again if someone deleted it.
 
 Nothing here polls a pod: the loop sleeps until a watch event or the next timed step
-(a start or stop delay, a retry). Called by ``cpctl sim nodes``
+(a start or stop delay, a retry). With runtime-backed nodes
+(:class:`~drivers.kubelet.runtime.RuntimeNodes`) a start runs real containers (or waits
+for their restore) and reports ``Running`` only once they run, a finish removes them,
+and a relist every ``relist_seconds`` (the kubelet's PLEG, the one poll: a runtime has
+no watch) restates a running pod's status from its containers. Called by ``cpctl sim nodes``
 (:mod:`controlplane.cli.sim`) and the tests.
 """
 
@@ -42,6 +46,8 @@ from drivers.kube.resources import MERGE, NODES, PODS, CoreV1, path
 from drivers.kubelet import nodes as node_rules
 from drivers.kubelet.decide import Action, Bind, Finish, Refuse, Start, decide, key, uid
 from drivers.kubelet.options import RoleOptions
+from drivers.kubelet.runtime import RuntimeNodes
+from drivers.runtime.podman import RuntimeFailed
 from drivers.sim import podstatus
 from drivers.sim.objects import clone, meta, set_condition, timestamp
 
@@ -64,14 +70,18 @@ class RoleStats:
     finishes: int = 0
     retries: int = 0  # writes the server failed and that were tried again
     heartbeats: int = 0
+    restatements: int = 0  # running pods whose status the runtime relist changed
 
 
 class KubeletRole:
     """Registers ``options.nodes`` and schedules, runs and finishes pods, by watches."""
 
     def __init__(self, api: CoreV1, options: RoleOptions, *,
-                 clock: Monotonic = time.monotonic) -> None:
+                 clock: Monotonic = time.monotonic, runtime: RuntimeNodes | None = None,
+                 relist_seconds: float = 1.0) -> None:
         self.api = api
+        self.runtime = runtime
+        self.relist_seconds = relist_seconds
         self.options = options.check()
         self.clock = clock
         settings = KubeSettings(backoff_initial=options.backoff_initial,
@@ -100,6 +110,8 @@ class KubeletRole:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._loop(), name="kubelet-role"),
                        loop.create_task(self._heartbeats(), name="kubelet-role-heartbeat")]
+        if self.runtime is not None:
+            self._tasks.append(loop.create_task(self._relists(), name="kubelet-role-pleg"))
         try:
             for cache in (self.nodes, self.pods):
                 await cache.wait_synced(limit_seconds=max(1.0, deadline - self.clock()))
@@ -243,13 +255,13 @@ class KubeletRole:
         # of the pass), so they go out together, as many nodes' kubelets would send them:
         # one at a time, a pass of hundreds of writes left pods Pending for a minute.
         done = await asyncio.gather(*(self._bounded(a) for a in due))
-        self._sent.update(key(a) for a, ok in zip(due, done, strict=True) if ok)
-        if not all(done):
+        self._sent.update(key(a) for a, ok in zip(due, done, strict=True) if ok is True)
+        if any(ok is False for ok in done):
             self._retry_later()
         else:
             self._backoff = self.options.backoff_initial
 
-    async def _bounded(self, action: Action) -> bool:
+    async def _bounded(self, action: Action) -> bool | None:
         async with self._writes:
             return await self.carry_out(action)
 
@@ -259,8 +271,10 @@ class KubeletRole:
         self._due = at if self._due is None else min(self._due, at)
         self._backoff = min(self._backoff * 2, self.options.backoff_max)
 
-    async def carry_out(self, action: Action) -> bool:
-        """Send one write; False when the server failed and it should be tried again."""
+    async def carry_out(self, action: Action) -> bool | None:
+        """Send one write; False when the server (or the runtime) failed and it should be
+        tried again; None when a runtime-backed pod's containers do not run yet (the next
+        relist looks again)."""
         pod = action.pod
         m = meta(pod)
         namespace, name = str(m.get("namespace")), str(m.get("name"))
@@ -276,6 +290,8 @@ class KubeletRole:
                 await self._patch_status(namespace, name, uid(pod),
                                          {"conditions": status["conditions"]})
                 self.stats.refusals += 1
+            elif isinstance(action, Start) and self._backed(action.node):
+                return await self._start_containers(action)
             elif isinstance(action, Start):
                 running = podstatus.running_status(pod, host=podstatus.host_ip(action.node),
                                                    started=timestamp())
@@ -284,9 +300,16 @@ class KubeletRole:
                         f: running[f] for f in podstatus.RUNNING_FIELDS if f in running})
                     self.stats.starts += 1
             else:
+                node = str((pod.get("spec") or {}).get("nodeName") or "")
+                if self.runtime is not None and self.runtime.backs(node):
+                    await self.runtime.finish(pod, node)
                 await self.api.delete(PODS, name, namespace=namespace, uid=uid(pod),
                                       grace_period_seconds=0)
                 self.stats.finishes += 1
+        except RuntimeFailed as exc:
+            log.warning("kubelet role: the runtime failed, will retry", action=type(action)
+                        .__name__, pod=f"{namespace}/{name}", error=str(exc))
+            return False
         except KubeApiError as exc:
             if exc.retryable and not isinstance(exc, ApiConflict):
                 log.warning("kubelet role: write failed, will retry", action=type(action)
@@ -310,3 +333,42 @@ class KubeletRole:
         # The UID makes the patch fail (422, immutable) on a same-name successor pod.
         await self.api.patch(PODS, name, {"metadata": {"uid": pod_uid}, "status": status},
                              namespace=namespace, patch_type=MERGE, subresource="status")
+
+    # --- runtime-backed nodes ------------------------------------------------------------
+
+    def _backed(self, node: KubeObject) -> bool:
+        return self.runtime is not None and self.runtime.backs(str(meta(node).get("name")))
+
+    async def _start_containers(self, action: Start) -> bool | None:
+        assert self.runtime is not None
+        pod = action.pod
+        m = meta(pod)
+        fields = await self.runtime.start(pod, str(meta(action.node).get("name")))
+        if fields is None:
+            return None
+        running = podstatus.running_status(pod, host=podstatus.host_ip(action.node),
+                                           started=timestamp())
+        if running is None:
+            return True
+        body = {f: running[f] for f in podstatus.RUNNING_FIELDS if f in running}
+        body.update(fields)
+        await self._patch_status(str(m.get("namespace")), str(m.get("name")), uid(pod), body)
+        self.stats.starts += 1
+        return True
+
+    async def _relists(self) -> None:
+        assert self.runtime is not None
+        while True:
+            await asyncio.sleep(self.relist_seconds)
+            try:
+                pods = list(self.pods)
+                for pod, fields in await self.runtime.relist(pods):
+                    m = meta(pod)
+                    await self._patch_status(str(m.get("namespace")), str(m.get("name")),
+                                             uid(pod), fields)
+                    self.stats.restatements += 1
+                if any(podstatus.may_start(p) and self.runtime.backs(
+                        str((p.get("spec") or {}).get("nodeName") or "")) for p in pods):
+                    self._wake.set()  # a pod waiting for its containers: look again
+            except (RuntimeFailed, KubeApiError) as exc:
+                log.warning("kubelet role: runtime relist failed", error=str(exc))

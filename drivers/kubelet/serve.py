@@ -21,6 +21,7 @@ from drivers.kube.ratelimit import TokenBucket
 from drivers.kube.resources import CoreV1
 from drivers.kubelet.options import RoleOptions
 from drivers.kubelet.role import KubeletRole
+from drivers.kubelet.runtime import RuntimeNodes
 
 log = get_logger("drivers.kubelet")
 
@@ -28,13 +29,14 @@ Ready = Callable[[tuple[str, ...], str], None]
 
 
 async def serve(options: RoleOptions, *, kubeconfig: str | None, context: str | None,
-                on_ready: Ready, stop: asyncio.Event) -> KubeletRole:
+                on_ready: Ready, stop: asyncio.Event,
+                runtime: RuntimeNodes | None = None) -> KubeletRole:
     """Run until ``stop`` is set; returns the stopped role (its ``stats``)."""
     options.check()
     loaded = await load_configuration(kubeconfig=kubeconfig, context=context)
     client = KubeClient(ApiClient(loaded.configuration),
                         limiter=TokenBucket(qps=100.0, burst=200), request_timeout=15.0)
-    role = KubeletRole(CoreV1(client), options)
+    role = KubeletRole(CoreV1(client), options, runtime=runtime)
     try:
         starting = asyncio.ensure_future(role.start())
         stopping = asyncio.ensure_future(stop.wait())
