@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from drivers.agent.agent import AgentSettings
+from drivers.agent.criu import CriuDumper
 from drivers.agent.kubelet import KubeletDumper, KubeletSettings, token_from_file
 from drivers.agent.pods import PodPatcher
 from drivers.agent.runner import DumperFactory, node_agent
@@ -26,6 +27,7 @@ from drivers.agent.sim import SimDumper
 from drivers.kube import KubeDriver, KubeSettings
 from drivers.registry.options import registry_from_options
 from drivers.registry.port import Registry
+from drivers.runtime.podman import PodmanNode
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -45,7 +47,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--credentials", nargs=3, action="append", default=[],
                    metavar=("HOST", "USER", "PASSWORD_FILE"),
                    help="basic credentials for a registry host (also for its token endpoint)")
-    p.add_argument("--dumper", choices=("sim", "kubelet"), default="kubelet")
+    p.add_argument("--dumper", choices=("sim", "kubelet", "criu"), default="kubelet",
+                   help="sim: the simulator's marker; kubelet: the kubelet's checkpoint "
+                        "API; criu: CRIU through the node's podman (--runtime-root)")
+    p.add_argument("--runtime-root", default="",
+                   help="with --dumper criu: the podman storage roots of the emulated "
+                        "nodes (`cpctl sim nodes --runtime-root`); this node's is DIR/<node>")
     p.add_argument("--kubelet-url", default="https://127.0.0.1:10250")
     p.add_argument("--kubelet-token-file",
                    default="/var/run/secrets/kubernetes.io/serviceaccount/token")
@@ -62,6 +69,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.node:
         p.error("--node (or $NODE_NAME) is required")
+    if args.dumper == "criu" and not args.runtime_root:
+        p.error("--dumper criu needs --runtime-root DIR (the nodes' podman roots, as given "
+                "to `cpctl sim nodes --runtime-root`)")
     return args
 
 
@@ -73,6 +83,13 @@ def registry_from(args: argparse.Namespace) -> Registry:
 def dumper_from(args: argparse.Namespace) -> DumperFactory:
     if args.dumper == "sim":
         return SimDumper
+    if args.dumper == "criu":
+        runtime = PodmanNode(Path(args.runtime_root).resolve() / args.node)
+
+        def build_criu(patcher: PodPatcher) -> CriuDumper:
+            return CriuDumper(runtime)
+
+        return build_criu
     token_file = Path(args.kubelet_token_file)
     settings = KubeletSettings(url=args.kubelet_url,
                                token=token_from_file(token_file) if token_file.exists() else "",

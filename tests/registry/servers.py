@@ -57,20 +57,24 @@ def bcrypt_htpasswd(user: str, password: str) -> str:
     return f"{user}:{hashed.decode()}\n"
 
 
-@contextlib.asynccontextmanager
-async def run_registry(workdir: Path, *, delete: bool = True,
-                       auth: dict[str, Any] | None = None) -> AsyncIterator[RunningRegistry]:
-    """Start ``docker-registry serve`` on 127.0.0.1:<free port>; stop it afterwards."""
+LISTENING = re.compile(r"listening on (127\.0\.0\.1:\d+)")
+
+
+def require_registry() -> None:
     if not os.access(REGISTRY_BIN, os.X_OK):
         pytest.fail(f"the OCI registry {REGISTRY_BIN} is missing: run {ENSURE} (it installs "
                     "Debian's docker-registry package); these tests are never skipped",
                     pytrace=False)
-    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
-    storage = workdir / "storage"
+
+
+def write_registry_config(workdir: Path, *, delete: bool = True,
+                          auth: dict[str, Any] | None = None) -> Path:
+    """A config for ``docker-registry serve``: storage under ``workdir``, a free port."""
+    workdir.mkdir(parents=True, exist_ok=True)
     config: dict[str, Any] = {
         "version": 0.1,
         "log": {"level": "info", "formatter": "json", "accesslog": {"disabled": True}},
-        "storage": {"filesystem": {"rootdirectory": str(storage)},
+        "storage": {"filesystem": {"rootdirectory": str(workdir / "storage")},
                     "delete": {"enabled": delete}, "maintenance": {"uploadpurging": {
                         "enabled": False}}},
         "http": {"addr": "127.0.0.1:0", "secret": "controlplane-tests"},
@@ -78,7 +82,17 @@ async def run_registry(workdir: Path, *, delete: bool = True,
     if auth:
         config["auth"] = auth
     path = workdir / "config.yml"
-    await asyncio.to_thread(path.write_text, json.dumps(config))  # JSON is YAML
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+@contextlib.asynccontextmanager
+async def run_registry(workdir: Path, *, delete: bool = True,
+                       auth: dict[str, Any] | None = None) -> AsyncIterator[RunningRegistry]:
+    """Start ``docker-registry serve`` on 127.0.0.1:<free port>; stop it afterwards."""
+    require_registry()
+    path = await asyncio.to_thread(write_registry_config, workdir, delete=delete, auth=auth)
+    storage = workdir / "storage"
     proc = await asyncio.create_subprocess_exec(
         REGISTRY_BIN, "serve", str(path), stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT)
@@ -91,7 +105,7 @@ async def run_registry(workdir: Path, *, delete: bool = True,
                 if not line:
                     raise RuntimeError("docker-registry exited: " + "".join(running.output))
                 running.output.append(line)
-                found = re.search(r"listening on (127\.0\.0\.1:\d+)", line)
+                found = LISTENING.search(line)
                 if found:
                     running.host = found.group(1)
         drain = asyncio.get_running_loop().create_task(_drain(proc.stdout, running.output))

@@ -1,0 +1,190 @@
+"""Real processes checkpointed with real CRIU: the real-checkpoint tests' world.
+
+:func:`open_criu_world` starts, all on loopback and all real:
+
+- a kube-apiserver of its own (envtest; its own etcd, so its nodes meet no other test's);
+- Debian's ``docker-registry``, holding the workload image and the checkpoints;
+- the kubelet role with runtime-backed nodes (``cpctl sim nodes --runtime-root``): each
+  node a podman storage root, a pod's containers real runc containers;
+- one node agent per node with the ``criu`` dumper, one ``cpctl worker``, and ``cpctl``
+  verbs as subprocesses (the registry over HTTP, as in a cluster).
+
+The workload is :mod:`drivers.runtime.workload`'s counter, built here and pushed to the
+registry. A test reads a container's log from its node's podman. Missing podman, CRIU or
+envtest FAIL the test and say which script installs them: these tests are never skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from drivers.runtime import PodmanNode, container_name
+from drivers.runtime.workload import Tick, build_image, command, parse_ticks
+from tests.e2e.world import KubeHttp, Obj, World
+from tests.registry.servers import LISTENING, REGISTRY_BIN, require_registry, write_registry_config
+from tests.support.envtest import (
+    KubeletRole,
+    find_real_cluster,
+    running_envtest,
+    start_kubelet_role,
+)
+from tests.support.waiting import wait_for
+
+NODES = ("node-1", "node-2", "node-3")
+
+
+def require_runtime() -> None:
+    missing = [tool for tool in ("podman", "runc") if shutil.which(tool) is None]
+    criu = os.environ.get("CONTROLPLANE_CRIU", "/usr/local/sbin/criu")
+    if not os.access(criu, os.X_OK):
+        missing.append(f"CRIU 4.1 at {criu}")
+    if missing:
+        pytest.fail(f"real checkpoints need {', '.join(missing)}: run scripts/ensure-criu "
+                    "(`make test` does); these tests are never skipped", pytrace=False)
+
+
+@dataclass
+class CriuWorld(World):
+    registry: str = ""  # 127.0.0.1:<port>
+    image: str = ""
+    runtime_root: Path = field(default_factory=Path)
+
+    @property
+    def repository(self) -> str:
+        return f"{self.registry}/checkpoints"
+
+    def cluster_args(self) -> list[str]:
+        return ["--kubeconfig", str(self.kubeconfig)]  # the registry over HTTP (loopback)
+
+    def node(self, name: str) -> PodmanNode:
+        return PodmanNode(self.runtime_root / name)
+
+    def make_counter(self, name: str, node: str, *, mib: int = 0,
+                     labels: dict[str, str] | None = None) -> Obj:
+        """A counter pod placed on ``node``; waits until its container runs."""
+        body = {"metadata": {"name": name, "labels": {"app": name, **(labels or {})}},
+                "spec": {"containers": [{"name": "main", "image": self.image,
+                                         "command": command(mib)}],
+                         "terminationGracePeriodSeconds": 1,
+                         "affinity": {"nodeAffinity": {
+                             "requiredDuringSchedulingIgnoredDuringExecution": {
+                                 "nodeSelectorTerms": [{"matchExpressions": [{
+                                     "key": "kubernetes.io/hostname", "operator": "In",
+                                     "values": [node]}]}]}}}}}
+        self.kube.request("POST", f"/api/v1/namespaces/{self.namespace}/pods", body)
+        return self.running(name, limit=120)
+
+    def ticks(self, pod: Obj, container: str = "main") -> list[Tick]:
+        """The counter's ticks as the pod's container logged them, on its node."""
+        m = pod["metadata"]
+        name = container_name(m["namespace"], m["name"], m["uid"], container)
+        runtime = self.node(pod["spec"]["nodeName"])
+        return parse_ticks(asyncio.run(runtime.logs(name)))
+
+    def containers(self, node: str) -> list[str]:
+        return [s.name for s in asyncio.run(self.node(node).states())]
+
+
+@contextlib.contextmanager
+def _registry(workdir: Path) -> Iterator[str]:
+    require_registry()
+    config = write_registry_config(workdir)
+    proc = subprocess.Popen([REGISTRY_BIN, "serve", str(config)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    try:
+        host = ""
+        for line in proc.stdout:
+            found = LISTENING.search(line)
+            if found:
+                host = found.group(1)
+                break
+        if not host:
+            raise RuntimeError("docker-registry exited before listening")
+        drain = subprocess.Popen(["cat"], stdin=proc.stdout, stdout=subprocess.DEVNULL)
+        yield host
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if "drain" in locals():
+            drain.wait(10)
+        proc.stdout.close()
+
+
+def _reset(root: Path) -> None:
+    """Remove every container and image of a node root (unmounting what podman mounted)."""
+    if root.exists():
+        node = PodmanNode(root)
+        subprocess.run([*node.base_args(), "system", "reset", "--force"], capture_output=True,
+                       timeout=120, check=False)
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(node.runroot, ignore_errors=True)
+
+
+def _delete_nodes(kube: KubeHttp) -> None:
+    for node in NODES:
+        with contextlib.suppress(Exception):
+            kube.request("DELETE", f"/api/v1/nodes/{node}")
+
+
+@contextlib.contextmanager
+def open_criu_world(tmp: Path) -> Iterator[CriuWorld]:
+    require_runtime()
+    kind, where = find_real_cluster()
+    if kind != "assets":
+        pytest.fail(f"the real-checkpoint tests start a kube-apiserver of their own: {where}",
+                    pytrace=False)
+    runtime_root = tmp / "nodes"
+    role: KubeletRole | None = None
+    with running_envtest(Path(where), tmp / "envtest") as env, _registry(tmp / "registry") as reg:
+        kubeconfig = env.write_kubeconfig(tmp / "admin.kubeconfig")
+        world = CriuWorld("criu", tmp, kubeconfig, KubeHttp.from_kubeconfig(kubeconfig),
+                          env.restart_apiserver, db=f"sqlite:///{tmp / 'cp.db'}",
+                          registry=reg, runtime_root=runtime_root)
+        builder = PodmanNode(tmp / "builder")
+        try:
+            world.image = asyncio.run(build_image(builder, reg, tmp / "image"))
+            role = start_kubelet_role(kubeconfig, NODES, tmp / "kubelets.log",
+                                      "--runtime-root", str(runtime_root))
+            for node in NODES:
+                agent = world.start(f"agent-{node}", "drivers.agent", "--node", node,
+                                    "--kubeconfig", str(kubeconfig), "--dumper", "criu",
+                                    "--runtime-root", str(runtime_root),
+                                    "--workdir", str(tmp / "work" / node))
+                assert agent.stdout is not None
+                assert agent.stdout.readline(), world.stderr(f"agent-{node}")
+            world.ok("db", "upgrade", cluster=False)
+            world.start("worker", "controlplane.cli.main", "--db", world.db, "worker",
+                        "--poll-seconds", "0.05", *world.cluster_args())
+            yield world
+        finally:
+            world.stop()
+            if role is not None:
+                role.stop()
+            _delete_nodes(world.kube)
+            for root in [builder.root, *(runtime_root / n for n in NODES)]:
+                _reset(root)
+
+
+def continues(ticks: list[Tick]) -> bool:
+    """The log counts 1, 2, 3... with no repeat and no gap, every page check intact: a
+    restored process that lost its memory would count from 1 again; one restored from
+    the wrong point would skip or repeat."""
+    return bool(ticks) and [t.count for t in ticks] == list(range(1, len(ticks) + 1)) \
+        and all(t.ok for t in ticks)
+
+
+def wait_running_on(w: CriuWorld, app: str, node: str, limit: float = 120) -> Obj:
+    def found() -> Obj | None:
+        pods = [p for p in w.running_pods(f"app={app}") if p["spec"]["nodeName"] == node]
+        return pods[0] if len(pods) == 1 else None
+    return wait_for(found, f"{app} running on {node}", limit)
