@@ -10,13 +10,17 @@ nodes, agents, worker) serves the module.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from controlplane.machines.contract import protocol
+from drivers.runtime import container_name
 from drivers.runtime.workload import Tick
 from tests.runtime.world import CriuWorld, continues, open_criu_world, wait_running_on
 from tests.support.waiting import wait_for
@@ -110,3 +114,63 @@ def test_drain_moves_three_real_processes_with_their_memory(world: CriuWorld) ->
     for name in names:
         _resumed(w, name, "node-1", befores[name])
     assert w.containers("node-3") == []
+
+
+def _operation(out: str) -> str:
+    return out.split()[0]
+
+
+def _history(w: CriuWorld, operation: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = json.loads(w.ok("history", operation, "-o", "json",
+                                                   cluster=False))
+    return events
+
+
+def test_a_push_cut_mid_way_fails_the_suspend_and_the_process_runs_on(
+        world: CriuWorld) -> None:
+    w = world
+    assert w.relay is not None
+    name = w.name("cut")
+    before = _ticking(w, name, "node-2")
+    source = w.kube.pod(w.namespace, name)
+    assert source is not None
+    w.relay.cutting = True
+    try:
+        done = w.cpctl("suspend", f"{w.namespace}/{name}", "--repository",
+                       w.relayed_repository, "--wait", "--wait-seconds", "180", cluster=True)
+    finally:
+        w.relay.cutting = False
+    assert w.relay.cuts > 0, "the push was never cut: the test proved nothing"
+    operation = _operation(done.stdout)
+    assert w.phase_of(operation) == "Failed", done.stdout
+    [failed] = [e for e in _history(w, operation) if e["type"] == "CaptureFailed"]
+    # The reason names the registry and the upload it lost: a push cut mid-way.
+    assert "RegistryUnreachable" in failed["data"]["message"], failed
+    assert "/blobs/uploads/" in failed["data"]["message"], failed
+    still = w.kube.pod(w.namespace, name)
+    assert still is not None
+    assert still["metadata"]["uid"] == source["metadata"]["uid"]
+    # The quiesced container was resumed in place: the same log counts on, no gap.
+    ticks = wait_for(lambda: t if len(t := w.ticks(still)) > len(before) + 3 else None,
+                     f"{name} to count on after the failed suspend")
+    assert ticks[:len(before)] == before
+    assert continues(ticks), [t.count for t in ticks]
+
+
+def test_a_container_missing_from_the_runtime_fails_the_checkpoint_naming_it(
+        world: CriuWorld) -> None:
+    w = world
+    name = w.name("gone")
+    _ticking(w, name, "node-2")
+    pod = w.kube.pod(w.namespace, name)
+    assert pod is not None
+    m = pod["metadata"]
+    asyncio.run(w.node("node-2").remove(container_name(m["namespace"], m["name"], m["uid"],
+                                                       "main")))
+    done = w.cpctl("checkpoint", f"{w.namespace}/{name}", "--repository", w.repository,
+                   "--wait", "--wait-seconds", "120", cluster=True)
+    operation = _operation(done.stdout)
+    assert w.phase_of(operation) == "Failed", done.stdout
+    [failed] = [e for e in _history(w, operation) if e["type"] == "CaptureFailed"]
+    assert "container main of pod" in failed["data"]["message"], failed
+    assert "is not there" in failed["data"]["message"], failed

@@ -20,7 +20,9 @@ import asyncio
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,12 +57,18 @@ def require_runtime() -> None:
 @dataclass
 class CriuWorld(World):
     registry: str = ""  # 127.0.0.1:<port>
+    relay: CuttingRelay | None = None  # the registry through a relay that can cut pushes
     image: str = ""
     runtime_root: Path = field(default_factory=Path)
 
     @property
     def repository(self) -> str:
         return f"{self.registry}/checkpoints"
+
+    @property
+    def relayed_repository(self) -> str:
+        assert self.relay is not None
+        return f"{self.relay.host}/checkpoints"
 
     def cluster_args(self) -> list[str]:
         return ["--kubeconfig", str(self.kubeconfig)]  # the registry over HTTP (loopback)
@@ -92,6 +100,55 @@ class CriuWorld(World):
 
     def containers(self, node: str) -> list[str]:
         return [s.name for s in asyncio.run(self.node(node).states())]
+
+
+class CuttingRelay:
+    """A TCP relay to the registry that, while :attr:`cutting`, drops every connection
+    once it has carried ``limit`` bytes towards the registry: the registry going away in
+    the middle of a push (small requests, a manifest check, still pass)."""
+
+    def __init__(self, upstream: str, *, limit: int = 256 * 1024) -> None:
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.limit = limit
+        self.cutting = False
+        self.cuts = 0
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.host = f"127.0.0.1:{self._server.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True, name="relay").start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        with client, socket.create_connection(self.upstream) as server:
+            sent = [0]
+
+            def pump(src: socket.socket, dst: socket.socket, upload: bool) -> None:
+                with contextlib.suppress(OSError):
+                    while data := src.recv(65536):
+                        if upload:
+                            sent[0] += len(data)
+                            if self.cutting and sent[0] > self.limit:
+                                self.cuts += 1
+                                break
+                        dst.sendall(data)
+                for sock in (src, dst):
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+
+            back = threading.Thread(target=pump, args=(server, client, False), daemon=True)
+            back.start()
+            pump(client, server, True)
+            back.join(30)
+
+    def close(self) -> None:
+        self._server.close()
 
 
 @contextlib.contextmanager
@@ -149,7 +206,7 @@ def open_criu_world(tmp: Path) -> Iterator[CriuWorld]:
         kubeconfig = env.write_kubeconfig(tmp / "admin.kubeconfig")
         world = CriuWorld("criu", tmp, kubeconfig, KubeHttp.from_kubeconfig(kubeconfig),
                           env.restart_apiserver, db=f"sqlite:///{tmp / 'cp.db'}",
-                          registry=reg, runtime_root=runtime_root)
+                          registry=reg, runtime_root=runtime_root, relay=CuttingRelay(reg))
         builder = PodmanNode(tmp / "builder")
         try:
             world.image = asyncio.run(build_image(builder, reg, tmp / "image"))
@@ -168,6 +225,8 @@ def open_criu_world(tmp: Path) -> Iterator[CriuWorld]:
             yield world
         finally:
             world.stop()
+            if world.relay is not None:
+                world.relay.close()
             if role is not None:
                 role.stop()
             _delete_nodes(world.kube)
