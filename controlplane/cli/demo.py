@@ -116,6 +116,10 @@ class Demo:
         self.expect(marker == "session=7", f"marker after resume: {marker!r}")
         say(f"sandbox resumed from its checkpoint; marker {marker!r} survived")
 
+        await self.report(mig, checkpoints=3)
+
+    async def report(self, mig: str, *, checkpoints: int) -> None:
+        """The migration's history, every operation, the checkpoints, the phases."""
         say(f"history of the migration {mig}:")
         record = await queries.get_machine(self.db, mig)
         events = await queries.history(self.db, mig)
@@ -135,13 +139,14 @@ class Demo:
             rows.append((r.kind, r.workload, r.source_node, r.phase, f"{seconds:.2f}", count))
         render.table(["kind", "workload", "source node", "outcome", "seconds", "events"], rows)
         say("report: checkpoints (SQL view report_checkpoints)")
-        checkpoints = await reports.checkpoint_summaries(self.db)
-        self.expect(len(checkpoints) == 3 and all(c["size_bytes"] for c in checkpoints),
-                    f"the checkpoint report shows {len(checkpoints)} sized checkpoints, not 3")
+        made = await reports.checkpoint_summaries(self.db)
+        self.expect(len(made) == checkpoints and all(c["size_bytes"] for c in made),
+                    f"the checkpoint report shows {len(made)} sized checkpoints, "
+                    f"not {checkpoints}")
         render.table(["made by", "workload", "node", "class", "bytes", "capture s", "outcome"],
                      [(c["kind"], c["workload"], c["source_node"], c["class_name"],
                        c["size_bytes"], f"{float(c['capture_seconds']):.2f}",
-                       c["operation_outcome"]) for c in checkpoints])
+                       c["operation_outcome"]) for c in made])
         [m] = await reports.migration_phases(self.db)
         say("the migration phase by phase (report_migrations): " + ", ".join(
             f"{p.removesuffix('_seconds')} {float(m[p]):.2f}s"

@@ -295,12 +295,25 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(handler=sim_module.sim_cmd)
     sim_module.add_nodes_parser(simsub)
 
-    d = verb("demo", demo.demo_cmd, "run the product end to end on the embedded default "
+    d = verb("demo", _demo, "run the product end to end on the embedded default "
              "(SQLite + simulated cluster + node agents + OCI layout on disk): checkpoint, "
              "migrate with a marker, suspend and resume; print history and a report")
     d.add_argument("--workdir", default="var/demo",
                    help="where the demo keeps its database and registry (recreated)")
+    d.add_argument("--runtime", choices=("sim", "criu"), default="sim",
+                   help="sim (default): the simulated cluster, workload state a marker; "
+                        "criu: real containers (podman + runc) on emulated nodes, a real "
+                        "process migrated and suspended/resumed with CRIU, its memory "
+                        "proven by its own counter (needs scripts/ensure-criu and "
+                        "scripts/ensure-registry; about a minute)")
     return p
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    if args.runtime == "criu":
+        from controlplane.cli.demo_criu import criu_demo  # podman and CRIU: only when asked
+        return await criu_demo(args)
+    return await demo.demo_cmd(args)
 
 
 def _dry_run_options(p: argparse.ArgumentParser) -> None:

@@ -173,8 +173,9 @@ class PodmanNode:
 
     async def start(self, name: str, image: str, *, command: Sequence[str] = (),
                     args: Sequence[str] = (), env: dict[str, str] | None = None) -> str:
-        """Create and start a container (``--network none``); its ID."""
-        argv = ["run", "--detach", "--name", name, "--network", "none"]
+        """Create and start a container (``--network none``; the image must be there:
+        :meth:`pull` it first); its ID."""
+        argv = ["run", "--detach", "--pull", "never", "--name", name, "--network", "none"]
         for key, value in sorted((env or {}).items()):
             argv += ["--env", f"{key}={value}"]
         if command:

@@ -17,6 +17,7 @@ to a registry: no external registry is involved. Used by the tests, ``cpctl demo
 from __future__ import annotations
 
 import asyncio
+import itertools
 import shutil
 import subprocess
 import tarfile
@@ -75,11 +76,40 @@ def parse_ticks(log: str) -> list[Tick]:
     return ticks
 
 
-def downtime_seconds(ticks: list[Tick], checkpointed: int) -> float:
-    """From the last tick the checkpoint holds to the first tick after the restore."""
-    before = next(t for t in ticks if t.count == checkpointed)
-    after = next(t for t in ticks if t.count == checkpointed + 1 and t.at > before.at)
-    return after.at - before.at
+@dataclass(frozen=True)
+class Resumption:
+    """Where a restored counter's log shows it resumed."""
+
+    checkpointed: int  # N: the count the checkpoint held; the restored process went on at N+1
+    downtime: float  # seconds from tick N (before the checkpoint) to tick N+1 (restored)
+
+
+def resumption(ticks: list[Tick]) -> Resumption | None:
+    """How the log of a restored counter reads as one process resumed once; ``None`` when
+    it does not (a count from 1 again, a gap, a corrupt page, no restore in it).
+
+    The restored container's log starts with the source's log as the checkpoint archive
+    holds it. Checkpointing ``--leave-running``, the source may print a few more ticks
+    before the archive copies its log, so the log may count ``1..N+k`` and then go on
+    from ``N+1``: the one place a count may step back, to a count the log had already
+    printed the predecessor of. Without such a step, the restore is the longest pause.
+    """
+    if len(ticks) < 2 or not all(t.ok for t in ticks) or ticks[0].count != 1:
+        return None
+    counts = [t.count for t in ticks]
+    breaks = [i for i in range(1, len(counts)) if counts[i] != counts[i - 1] + 1]
+    if not breaks:
+        gaps = [(b.at - a.at, a) for a, b in itertools.pairwise(ticks)]
+        gap, before = max(gaps, key=lambda g: g[0])
+        return Resumption(before.count, gap)
+    if len(breaks) > 1:
+        return None
+    i = breaks[0]
+    resumed = counts[i]
+    suffix = counts[i:]
+    if not 2 <= resumed <= counts[i - 1] or suffix != list(range(resumed, resumed + len(suffix))):
+        return None
+    return Resumption(resumed - 1, ticks[i].at - ticks[resumed - 2].at)
 
 
 def build_rootfs(folder: Path) -> Path:

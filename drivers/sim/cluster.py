@@ -134,13 +134,16 @@ class SimCluster:
     def create_pod(self, namespace: str, name: str, *, node: str | None = None,
                    image: str = DEFAULT_IMAGE, labels: Mapping[str, str] | None = None,
                    annotations: Mapping[str, str] | None = None, cpu: str | None = None,
-                   memory: str | None = None, marker: str | None = None) -> Obj:
+                   memory: str | None = None, marker: str | None = None,
+                   command: Sequence[str] = ()) -> Obj:
         """Create a pod (``node``: required node affinity to it) straight in the store."""
         ann = dict(annotations or {})
         if marker is not None:
             ann[MARKER] = marker
         requests = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
         container: Obj = {"name": "main", "image": image}
+        if command:
+            container["command"] = list(command)
         if requests:
             container["resources"] = {"requests": requests}
         spec: Obj = {"containers": [container]}

@@ -22,7 +22,7 @@ import pytest
 from controlplane.machines.contract import protocol
 from drivers.runtime import container_name
 from drivers.runtime.workload import Tick
-from tests.runtime.world import CriuWorld, continues, open_criu_world, wait_running_on
+from tests.runtime.world import CriuWorld, open_criu_world, resumed, wait_running_on
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -47,9 +47,7 @@ def _resumed(w: CriuWorld, name: str, node: str, before: list[Tick]) -> list[Tic
     moved = wait_running_on(w, name, node)
     ticks = wait_for(lambda: t if len(t := w.ticks(moved)) > len(before) + 3 else None,
                      f"{name} on {node} to count on")
-    assert ticks[:len(before)] == before, "the restored log does not start with the " \
-                                          "source's own ticks: not the checkpointed process"
-    assert continues(ticks), [t.count for t in ticks]
+    resumed(ticks, before)
     return ticks
 
 
@@ -153,8 +151,7 @@ def test_a_push_cut_mid_way_fails_the_suspend_and_the_process_runs_on(
     # The quiesced container was resumed in place: the same log counts on, no gap.
     ticks = wait_for(lambda: t if len(t := w.ticks(still)) > len(before) + 3 else None,
                      f"{name} to count on after the failed suspend")
-    assert ticks[:len(before)] == before
-    assert continues(ticks), [t.count for t in ticks]
+    resumed(ticks, before)
 
 
 def test_a_container_missing_from_the_runtime_fails_the_checkpoint_naming_it(

@@ -30,7 +30,14 @@ from pathlib import Path
 import pytest
 
 from drivers.runtime import PodmanNode, container_name
-from drivers.runtime.workload import Tick, build_image, command, parse_ticks
+from drivers.runtime.workload import (
+    Resumption,
+    Tick,
+    build_image,
+    command,
+    parse_ticks,
+    resumption,
+)
 from tests.e2e.world import KubeHttp, Obj, World
 from tests.registry.servers import LISTENING, REGISTRY_BIN, require_registry, write_registry_config
 from tests.support.envtest import (
@@ -234,12 +241,16 @@ def open_criu_world(tmp: Path) -> Iterator[CriuWorld]:
                 _reset(root)
 
 
-def continues(ticks: list[Tick]) -> bool:
-    """The log counts 1, 2, 3... with no repeat and no gap, every page check intact: a
-    restored process that lost its memory would count from 1 again; one restored from
-    the wrong point would skip or repeat."""
-    return bool(ticks) and [t.count for t in ticks] == list(range(1, len(ticks) + 1)) \
-        and all(t.ok for t in ticks)
+def resumed(ticks: list[Tick], before: list[Tick]) -> Resumption:
+    """The restored log is the checkpointed process going on: it starts with the ticks
+    the source printed before the operation, then resumes once, at a count after those,
+    with no gap and every page intact (:func:`~drivers.runtime.workload.resumption`)."""
+    assert ticks[:len(before)] == before, "the restored log does not start with the " \
+                                          "source's own ticks: not the checkpointed process"
+    found = resumption(ticks)
+    assert found is not None, [t.count for t in ticks]
+    assert found.checkpointed >= len(before), (found, len(before))
+    return found
 
 
 def wait_running_on(w: CriuWorld, app: str, node: str, limit: float = 120) -> Obj:

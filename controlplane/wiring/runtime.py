@@ -1,0 +1,119 @@
+"""The real-runtime world: the product migrating real processes, all on this machine.
+
+What ``cpctl demo --runtime criu`` runs, in this process but for the real parts: the
+simulated API server without its in-process kubelets, the kubelet role with
+runtime-backed nodes (each a podman root under ``root/nodes``), Debian's
+``docker-registry`` on loopback (:func:`drivers.registry.local.local_registry`), a node
+agent per node with the ``criu`` dumper, and the product (``wiring.product``) speaking
+HTTP to that registry. The counter image (:mod:`drivers.runtime.workload`) is built and
+pushed first. Needs ``scripts/ensure-criu`` and ``scripts/ensure-registry``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from controlplane.clock import Clock
+from controlplane.store.database import Database
+from controlplane.wiring.product import Product, product
+from controlplane.worker.composite import CompositeObserver
+from controlplane.worker.runtime import Worker, WorkerConfig
+from drivers.agent import AgentSettings, node_agent
+from drivers.agent.criu import CriuDumper
+from drivers.agent.pods import PodPatcher
+from drivers.kube.resources import CoreV1
+from drivers.kubelet.options import RoleOptions
+from drivers.kubelet.role import KubeletRole
+from drivers.kubelet.runtime import RuntimeNodes
+from drivers.registry.local import local_registry
+from drivers.registry.options import registry_from_options
+from drivers.runtime import PodmanNode, container_name
+from drivers.runtime.workload import (
+    Resumption,
+    Tick,
+    build_image,
+    command,
+    parse_ticks,
+    resumption,
+)
+from drivers.sim import SimCluster
+
+NODES = ("node-1", "node-2", "node-3")
+
+
+@dataclass
+class RuntimeWorld:
+    cluster: SimCluster
+    product: Product
+    registry_host: str
+    image: str
+    nodes: RuntimeNodes
+
+    @property
+    def worker(self) -> Worker:
+        return self.product.worker
+
+    @property
+    def submission_observer(self) -> CompositeObserver:
+        return self.product.fresh
+
+    def repository(self, name: str) -> str:
+        return f"{self.registry_host}/{name}"
+
+    def resumption(self, ticks: list[Tick]) -> Resumption | None:
+        return resumption(ticks)
+
+    def create_counter(self, namespace: str, name: str, node: str, mib: int) -> None:
+        self.cluster.create_pod(namespace, name, node=node, image=self.image,
+                                command=command(mib))
+
+    async def ticks(self, pod: dict[str, Any]) -> list[Tick]:
+        """The counter's ticks as its container on its node logged them."""
+        m = pod["metadata"]
+        runtime = self.nodes.nodes[pod["spec"]["nodeName"]]
+        name = container_name(m["namespace"], m["name"], m["uid"], "main")
+        return parse_ticks(await runtime.logs(name))
+
+
+async def _reset(node: PodmanNode) -> None:
+    with contextlib.suppress(Exception):
+        await node.run("system", "reset", "--force")
+    shutil.rmtree(node.runroot, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def runtime_world(db: Database, root: Path, clock: Clock, *,
+                        nodes: Sequence[str] = NODES) -> AsyncIterator[RuntimeWorld]:
+    runtime = RuntimeNodes.under(root / "nodes", nodes)
+    builder = PodmanNode((root / "builder").resolve())
+    try:
+        async with local_registry(root / "registry") as host, \
+                SimCluster(nodes=[], kubelets=False) as cluster:
+            image = await build_image(builder, host, root / "image")
+            kubeconfig = cluster.write_kubeconfig(root / "sim-kubeconfig.yaml")
+            registry = registry_from_options(layout=None)
+            config = WorkerConfig(worker_id="runtime", poll_seconds=0.05, settle_seconds=0.2)
+            async with product(db, clock, registry=registry, config=config,
+                               kubeconfig=str(kubeconfig)) as running, \
+                    contextlib.AsyncExitStack() as stack:
+                role = KubeletRole(CoreV1(running.kube.client), RoleOptions(nodes=tuple(nodes)),
+                                   runtime=runtime)
+                await role.start()
+                stack.push_async_callback(role.stop)
+                for node in nodes:
+                    def dumper(patcher: PodPatcher, node: str = node) -> CriuDumper:
+                        return CriuDumper(runtime.nodes[node])
+                    await stack.enter_async_context(node_agent(
+                        client=running.kube.client, registry=registry, dumper=dumper,
+                        settings=AgentSettings(node, root / "agents" / node,
+                                               capture_timeout=120, restore_timeout=120)))
+                yield RuntimeWorld(cluster, running, host, image, runtime)
+            await registry.close()
+    finally:
+        for podman in [builder, *runtime.nodes.values()]:
+            await _reset(podman)
