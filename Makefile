@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint unit bench bench-quick bench-scale bench-growth bench-recovery bench-replay \
-	bench-kube-api bench-all soak clean
+	bench-kube-api bench-criu bench-all soak clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -67,6 +67,12 @@ bench-kube-api: $(STAMP)
 	eval "$$(scripts/ensure-envtest)" && $(BIN)/python -m bench.kube_api --migrations 200 --nodes 3
 
 bench-all: bench bench-scale bench-growth bench-recovery bench-replay
+
+# A real container migrated with CRIU at 1, 64 and 512 MiB of touched memory: ours
+# against podman by hand and CRIU alone, plus one migration through the whole product.
+bench-criu: $(STAMP)
+	scripts/ensure-registry
+	eval "$$(scripts/ensure-criu)" && $(BIN)/python -m bench.criu_migration --sizes 1,64,512
 
 # Reliability soak (never in CI): 5,000 migrations, 3 workers SIGKILLed at random
 # (docs/reliability.md). SOAK_ARGS adds options, e.g. SOAK_ARGS="--profile faults".

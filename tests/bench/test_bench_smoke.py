@@ -185,3 +185,16 @@ def test_kube_api_counts_and_times_every_verb_per_migration_on_the_simulator(
     assert sim["anchor"]["n"] == 64
     assert sim["ceiling_migrations_per_s"] > 0
     assert sim["of_ceiling"] > 0
+
+
+def test_criu_migration_times_every_step_of_a_real_process_that_went_on(
+        tmp_path: Path) -> None:
+    from tests.runtime.world import require_runtime
+    require_runtime()
+    results = bench(tmp_path, "criu_migration", "--sizes", "1")
+    [row] = results["rows"]
+    assert row["mib"] == 1
+    for way in ("ours", "floor", "criu"):  # each way's restored process counted on
+        assert set(row[way]) >= {"capture", "push", "pull", "restore", "downtime", "bytes"}
+        assert row[way]["bytes"] > 1 << 20  # the touched MiB is in the checkpoint
+    assert set(row["product"]) >= {"checkpoint", "restore", "downtime"}
