@@ -16,6 +16,7 @@ from controlplane.app.checkpoints import checkpoint_of, latest_suspension
 from controlplane.app.ports import ClusterAccess
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
+from controlplane.machines.owners import why_not_movable
 from controlplane.store.database import Database
 
 #: The kinds submitted for a workload (``namespace/name``), by their CLI verb.
@@ -68,6 +69,12 @@ async def workload_spec(db: Database, access: ClusterAccess | None, *, kind: str
     if access is None:
         raise ValueError(f"a {kind} spec reads the pod: pass the cluster access")
     pod = await read_pod(access, namespace, name)
+    verb = {"migration": "migration", "suspend": "suspend"}.get(kind)
+    refusal = why_not_movable(pod, verb=verb) if verb else None
+    if refusal is not None:
+        raise UsageError(f"pod {namespace}/{name} cannot be moved: {refusal}",
+                         hint=f"cpctl checkpoint {namespace}/{name} captures it without "
+                              "deleting it")
     if kind == "checkpoint":
         return {"pod": pod_ref(pod), "class": klass, "quiesce": quiesce}
     if kind == "suspend":

@@ -226,6 +226,32 @@ def test_verbs_refuse_bad_requests_with_one_line(deployment: Deployment) -> None
         assert fragment in result.stderr
 
 
+def test_migrate_and_suspend_refuse_a_controller_owned_pod_naming_its_owner(
+        deployment: Deployment) -> None:
+    d = deployment
+    d.api("/api/v1/namespaces/default/pods", {
+        "metadata": {"name": "web-5d7f-x2", "labels": {"app": "web"}, "ownerReferences": [{
+            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5d7f",
+            "uid": "0b5e6c1e-0000-4000-8000-000000000001", "controller": True}]},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "main", "image": "pause"}]}})
+    d.wait(lambda: any(p["metadata"]["name"] == "web-5d7f-x2" and
+                       p["status"].get("phase") == "Running" for p in d.pods()), "web running")
+    for verb in (("migrate", "default/web-5d7f-x2", "--to", "node-2"),
+                 ("suspend", "default/web-5d7f-x2")):
+        result = d.cpctl(*verb, "--repository", REPO, *d.cluster_args())
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "owned by ReplicaSet default/web-5d7f" in result.stderr
+        assert "cold copy" in result.stderr  # what would go wrong
+        assert "cpctl checkpoint default/web-5d7f-x2" in result.stderr  # what to do instead
+        assert "Traceback" not in result.stderr
+    # A checkpoint deletes nothing: the owner does not matter.
+    done = d.cpctl("checkpoint", "default/web-5d7f-x2", "--repository", REPO, "--wait",
+                   *d.cluster_args())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [p["metadata"]["name"] for p in d.pods() if p["metadata"]["name"].startswith(
+        "web-")] == ["web-5d7f-x2"]  # nothing was deleted or created
+
+
 def test_an_operation_over_the_limit_queues_and_the_worker_admits_it_when_a_slot_frees(
     deployment: Deployment,
 ) -> None:

@@ -83,6 +83,18 @@ def test_given_pods_that_cannot_move_then_each_is_left_with_its_reason() -> None
     assert [m.pod.name for m in plan.moves] == ["ok"]
 
 
+def test_a_pod_whose_controller_would_recreate_it_is_left_naming_the_owner() -> None:
+    owned = pod_info({"metadata": {"namespace": "default", "name": "web-1", "uid": "u1",
+                                   "ownerReferences": [{"kind": "StatefulSet", "name": "web",
+                                                        "controller": True}]},
+                      "spec": {"nodeName": "src"}, "status": {"phase": "Running"}})
+    plan = plan_drain("src", [node("src"), node("a")], [owned, pod("bare", 1)])
+    [left] = plan.left
+    assert "owned by StatefulSet default/web" in left.reason
+    assert "a drain would leave a cold copy" in left.reason
+    assert [m.pod.name for m in plan.moves] == ["bare"]
+
+
 @pytest.mark.parametrize(("source", "targets", "selector", "fragment"), [
     ("ghost", (), None, "unknown node 'ghost'"),
     ("src", ("src",), None, "is the node being drained"),

@@ -9,7 +9,9 @@ unknown, a selector that matches nothing.
 
 Rules:
 
-- movable: Running, not terminating, not a DaemonSet or static (mirror) pod, and its
+- movable: Running, not terminating, not a DaemonSet or static (mirror) pod, not owned by
+  a controller that would recreate it (``machines.owners``: ReplicaSet, StatefulSet, Job,
+  custom resources — refused with the owner named), and its
   class allows checkpointing (annotation ``checkpoint.controlplane.dev/checkpoint:
   never`` opts a pod out);
 - a target must be Ready, not cordoned, have every ``NoSchedule``/``NoExecute`` taint
@@ -34,6 +36,7 @@ from typing import Any
 from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.machines.contract.protocol import PREFIX
+from controlplane.machines.owners import why_not_movable
 
 HOSTNAME = "kubernetes.io/hostname"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
@@ -104,6 +107,7 @@ class PodInfo:
     annotations: Mapping[str, str] = field(default_factory=dict)
     deleting: bool = False
     owner_kinds: tuple[str, ...] = ()
+    owner_refusal: str | None = None  # why its controller forbids a move (machines.owners)
     node_selector: Mapping[str, str] = field(default_factory=dict)
     #: REQUIRED node affinity terms (``matchExpressions`` lists), hostname pins dropped.
     affinity_terms: tuple[tuple[Mapping[str, Any], ...], ...] = ()
@@ -213,6 +217,7 @@ def pod_info(obj: Mapping[str, Any]) -> PodInfo:
         labels=_strings(meta.get("labels")), annotations=_strings(meta.get("annotations")),
         deleting=meta.get("deletionTimestamp") is not None,
         owner_kinds=tuple(str(_map(o).get("kind")) for o in meta.get("ownerReferences") or []),
+        owner_refusal=why_not_movable(obj, verb="drain"),
         node_selector=selector, affinity_terms=tuple(terms),
         tolerations=tuple(_map(t) for t in spec.get("tolerations") or []))
 
@@ -258,6 +263,8 @@ def why_left(pod: PodInfo) -> str | None:
         return "static (mirror) pod: the kubelet owns it"
     if "DaemonSet" in pod.owner_kinds:
         return "DaemonSet pod: it runs on every node"
+    if pod.owner_refusal is not None:
+        return pod.owner_refusal
     if pod.deleting:
         return "terminating"
     if pod.phase != "Running":
