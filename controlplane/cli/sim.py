@@ -72,6 +72,9 @@ def add_nodes_parser(verbs: argparse._SubParsersAction[Any]) -> None:
                         "(default 0)")
     p.add_argument("--ready-timeout", type=float, default=60.0, metavar="S",
                    help="give up (exit 1) if the nodes are not Ready within this (default 60)")
+    p.add_argument("--no-scheduler", dest="schedule", action="store_false",
+                   help="bind nothing: a real kube-scheduler places the pods, the role only "
+                        "runs the nodes' kubelets")
     p.add_argument("--runtime-root", default=None, metavar="DIR",
                    help="run pods as real containers: each node is a podman storage root "
                         "DIR/<node> (runc + CRIU; scripts/ensure-criu installs them). "
@@ -97,5 +100,6 @@ async def nodes_cmd(args: argparse.Namespace) -> int:
         start_seconds=args.start_seconds, stop_seconds=args.stop_seconds,
         ready_timeout=args.ready_timeout, kubeconfig=args.kubeconfig, context=args.context,
         on_ready=ready, stop=stop,
-        runtime_root=Path(args.runtime_root) if args.runtime_root else None)
+        runtime_root=Path(args.runtime_root) if args.runtime_root else None,
+        schedule=args.schedule)
     return 0

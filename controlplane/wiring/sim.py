@@ -24,12 +24,13 @@ async def run_kubelet_role(*, nodes: tuple[str, ...], cpu: str, memory: str, pod
                            start_seconds: float, stop_seconds: float, ready_timeout: float,
                            kubeconfig: str | None, context: str | None,
                            on_ready: Callable[[tuple[str, ...], str], None],
-                           stop: asyncio.Event, runtime_root: Path | None = None) -> None:
+                           stop: asyncio.Event, runtime_root: Path | None = None,
+                           schedule: bool = True) -> None:
     """The kubelet role against any API server until ``stop`` (options checked first);
     with ``runtime_root``, every node runs real containers under ``runtime_root/<node>``."""
     options = RoleOptions(nodes=nodes, cpu=cpu, memory=memory, pods=pods,
                           start_seconds=start_seconds, stop_seconds=stop_seconds,
-                          ready_timeout=ready_timeout).check()
+                          ready_timeout=ready_timeout, schedule=schedule).check()
     runtime = None if runtime_root is None else RuntimeNodes.under(runtime_root, nodes)
     await serve_role(options, kubeconfig=kubeconfig, context=context, on_ready=on_ready,
                      stop=stop, runtime=runtime)

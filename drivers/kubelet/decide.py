@@ -95,8 +95,9 @@ def _as_bound(pods: Iterable[KubeObject], assumed: Mapping[str, str]) -> list[Ku
 
 def decide(pods: Collection[KubeObject], nodes: Collection[KubeObject], *,
            ours: Collection[str], assumed: Mapping[str, str], start_seconds: float,
-           stop_seconds: float) -> list[Action]:
-    """Every action due or pending now, pods in (namespace, name) order."""
+           stop_seconds: float, schedule: bool = True) -> list[Action]:
+    """Every action due or pending now, pods in (namespace, name) order. ``schedule``
+    off: no binds or refusals (a real kube-scheduler places the pods), kubelets only."""
     by_name = {str(meta(n).get("name")): n for n in nodes}
     node_list = [by_name[name] for name in sorted(by_name)]
     used = scheduling.usage(_as_bound(pods, assumed))
@@ -112,7 +113,7 @@ def decide(pods: Collection[KubeObject], nodes: Collection[KubeObject], *,
                                                grace if isinstance(grace, int) else 0)))
             elif podstatus.may_start(pod) and node_name in by_name:
                 actions.append(Start(pod, by_name[node_name], start_seconds))
-        elif not node_name and uid(pod) not in assumed and waits_for_node(pod):
+        elif schedule and not node_name and uid(pod) not in assumed and waits_for_node(pod):
             chosen, why = scheduling.choose(pod, node_list, used)
             if chosen is None:
                 if not _refused_already(pod, why):

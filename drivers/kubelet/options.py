@@ -37,6 +37,7 @@ class RoleOptions:
     backoff_initial: float = 0.2  # retry backoff after a failed write or a broken watch
     backoff_max: float = 5.0
     concurrent_writes: int = 16  # writes of one pass in flight at once (many nodes' kubelets)
+    schedule: bool = True  # bind pending pods; off when a real kube-scheduler runs
 
     def check(self) -> RoleOptions:
         """``self`` when every value is usable, else a :class:`RoleInputError`."""

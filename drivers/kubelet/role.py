@@ -235,7 +235,8 @@ class KubeletRole:
         self._assumed = {u: n for u, n in self._assumed.items() if u in unbound}
         actions = decide(pods, list(self.nodes), ours=self._ours, assumed=self._assumed,
                          start_seconds=self.options.start_seconds,
-                         stop_seconds=self.options.stop_seconds)
+                         stop_seconds=self.options.stop_seconds,
+                         schedule=self.options.schedule)
         wanted = {key(a) for a in actions}
         self._sent &= wanted
         self._first_seen = {k: t for k, t in self._first_seen.items() if k in wanted}
