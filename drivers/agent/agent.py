@@ -84,6 +84,10 @@ class _Capture:
     task: asyncio.Task[None] | None = None
     cancel_reason: str = ""
     previous: asyncio.Task[None] | None = None  # a superseded job: let it unstick first
+    #: The job failed and is reporting and releasing: nothing may cancel that. (Its own
+    #: Failed report makes the control plane withdraw the request at once; cancelling
+    #: then interrupted the release and left a quiesced workload stopped.)
+    unsticking: bool = False
 
 
 @dataclass
@@ -201,7 +205,7 @@ class NodeAgent:
         running = self._captures.get(uid)
         # Once: the job's own unstick (report, release) must not be cancelled in its turn.
         if running is not None and running.task is not None and not running.task.done() \
-                and not running.cancel_reason:
+                and not running.cancel_reason and not running.unsticking:
             running.cancel_reason = reason
             running.task.cancel()
 
@@ -225,9 +229,11 @@ class NodeAgent:
             outcome = "cancelled"
             await self._unstick(pod, request, record.cancel_reason)
         except TimeoutError:
+            record.unsticking = True
             await self._unstick(pod, request, f"Timeout: the capture did not finish within "
                                               f"{self.settings.capture_timeout:g}s")
         except (AgentError, RegistryError, KubeApiError, OSError) as exc:
+            record.unsticking = True
             reason = exc.report() if isinstance(exc, AgentError) else \
                 f"{type(exc).__name__}: {exc}"
             await self._unstick(pod, request, reason)
