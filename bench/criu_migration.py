@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import shutil
 import tempfile
 import time
@@ -56,7 +55,14 @@ from drivers.registry.artifact import Provenance
 from drivers.registry.checkpoints import pull_checkpoint, push_checkpoint
 from drivers.registry.options import registry_from_options
 from drivers.runtime.podman import PodmanNode, container_name
-from drivers.runtime.workload import Tick, build_image, command, parse_ticks, resumption
+from drivers.runtime.workload import (
+    Tick,
+    build_image,
+    command,
+    parse_ticks,
+    resumption,
+    ticked_since,
+)
 from tests.registry.servers import run_registry
 
 INTERVAL_MS = 50
@@ -128,7 +134,8 @@ async def ours(a: PodmanNode, b: PodmanNode, registry_host: str, image: str, mib
         times["bytes"] = float(pushed.archive_bytes)
     finally:
         await registry.close()
-    ticks = await _until(lambda: _ticks(b, target_name), _past_restore)
+    restored = time.time()
+    ticks = await _until(lambda: _ticks(b, target_name), lambda t: ticked_since(t, restored))
     times["downtime"] = _downtime(ticks)
     await b.remove(target_name)
     return times
@@ -176,8 +183,10 @@ async def criu_only(a: PodmanNode, b: PodmanNode, image: str, mib: int,
     await _timed(times, "restore", b.run("container", "restore", "--import", str(archive),
                                          "--name", f"{name}-restored"))
     times["bytes"] = float(archive.stat().st_size)
+    restored = time.time()
     await a.remove(name)
-    ticks = await _until(lambda: _ticks(b, f"{name}-restored"), _past_restore)
+    ticks = await _until(lambda: _ticks(b, f"{name}-restored"),
+                         lambda t: ticked_since(t, restored))
     times["downtime"] = _downtime(ticks)
     await b.remove(f"{name}-restored")
     archive.unlink()
@@ -215,8 +224,10 @@ async def product_migration(root: Path, mib: int) -> dict[str, float]:
             record = await queries.get_machine(db, outcome.machine_id)
             if record.phase != "Succeeded":
                 raise AssertionError(f"the migration ended {record.phase}")
+            finished = time.time()
             moved = await _until_pod(world, lambda p: p["spec"].get("nodeName") == "node-2")
-            ticks = await _until(lambda: world.ticks(moved), _past_restore)
+            ticks = await _until(lambda: world.ticks(moved),
+                                 lambda t: ticked_since(t, finished))
             [phases] = await reports.migration_phases(db)
             times = {p.removesuffix("_seconds"): float(phases[p] or 0)
                      for p in reports.MIGRATION_PHASES}
@@ -235,14 +246,6 @@ async def _until_pod(world: Any, ok: Callable[[dict[str, Any]], bool]) -> dict[s
                 return dict(pod)
         await asyncio.sleep(0.05)
     raise TimeoutError("no such pod")
-
-
-def _past_restore(ticks: list[Tick]) -> bool:
-    """Some ticks after the longest pause (the restore) are in the log."""
-    if len(ticks) < 3:
-        return False
-    gaps = [b.at - a.at for a, b in itertools.pairwise(ticks)]
-    return len(gaps) - gaps.index(max(gaps)) > 5
 
 
 def _total(row: dict[str, float]) -> float:

@@ -102,7 +102,16 @@ class CriuDemo(Demo):
         return []
 
     async def _went_on(self, pod: dict[str, Any], seen: int, what: str) -> None:
-        ticks = await self._wait_ticks(pod, seen + 5)
+        # The restored log starts with the archived one, which may be long already: wait
+        # for ticks the restored process printed itself.
+        since = clock.now().timestamp()
+        deadline = time.monotonic() + 60
+        ticks: list[Any] = []
+        while time.monotonic() < deadline:
+            ticks = await self.world.ticks(pod)
+            if sum(1 for t in ticks if t.at > since) >= 3:
+                break
+            await asyncio.sleep(0.1)
         found = self.world.resumption(ticks)
         self.expect(found is not None and found.checkpointed >= seen,
                     f"{pod['metadata']['name']}'s log does not read as the checkpointed "

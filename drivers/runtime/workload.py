@@ -66,6 +66,12 @@ class Tick:
     ok: bool
 
 
+def ticked_since(ticks: list[Tick], moment: float, count: int = 3) -> bool:
+    """At least ``count`` ticks printed after ``moment`` (Unix time, the same clock the
+    counter prints): a restored process has shown it runs, not only its archived log."""
+    return sum(1 for t in ticks if t.at > moment) >= count
+
+
 def parse_ticks(log: str) -> list[Tick]:
     """The counter's lines in a container log (other lines are ignored)."""
     ticks = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ import pytest
 
 from controlplane.machines.contract import protocol
 from drivers.runtime import container_name
-from drivers.runtime.workload import Tick
+from drivers.runtime.workload import Tick, ticked_since
 from tests.runtime.world import CriuWorld, open_criu_world, resumed, wait_running_on
 from tests.support.waiting import wait_for
 
@@ -42,10 +43,12 @@ def _ticking(w: CriuWorld, name: str, node: str, at_least: int = 5) -> list[Tick
                     f"{name} to tick {at_least} times")
 
 
-def _resumed(w: CriuWorld, name: str, node: str, before: list[Tick]) -> list[Tick]:
-    """The restored pod's ticks, once it counted past what it had before the operation."""
+def _resumed(w: CriuWorld, name: str, node: str, before: list[Tick],
+             since: float) -> list[Tick]:
+    """The restored pod's ticks, once it has ticked after ``since`` (when the operation
+    ended): its archived log alone may already be longer than ``before``."""
     moved = wait_running_on(w, name, node)
-    ticks = wait_for(lambda: t if len(t := w.ticks(moved)) > len(before) + 3 else None,
+    ticks = wait_for(lambda: t if ticked_since(t := w.ticks(moved), since) else None,
                      f"{name} on {node} to count on")
     resumed(ticks, before)
     return ticks
@@ -77,7 +80,7 @@ def test_migrated_process_continues_from_its_checkpoint(world: CriuWorld) -> Non
     out = w.ok("migrate", f"{w.namespace}/{name}", "--to", "node-2", "--repository",
                w.repository, "--wait", "--wait-seconds", "180")
     assert f"migrate {w.namespace}/{name}: Succeeded" in out, out
-    _resumed(w, name, "node-2", before)
+    _resumed(w, name, "node-2", before, time.time())
     moved = wait_running_on(w, name, "node-2")
     assert moved["metadata"]["uid"] != source["metadata"]["uid"]
     assert _pod_containers(w, "node-1", source["metadata"]["uid"]) == []  # the source is gone
@@ -99,7 +102,7 @@ def test_suspended_process_resumes_where_it_stopped(world: CriuWorld) -> None:
     out = w.ok("resume", f"{w.namespace}/{name}", "--node", "node-3", "--repository",
                w.repository, "--wait", "--wait-seconds", "180")
     assert f"resume {w.namespace}/{name}: Resumed" in out, out
-    _resumed(w, name, "node-3", before)
+    _resumed(w, name, "node-3", before, time.time())
 
 
 def test_drain_moves_three_real_processes_with_their_memory(world: CriuWorld) -> None:
@@ -109,8 +112,9 @@ def test_drain_moves_three_real_processes_with_their_memory(world: CriuWorld) ->
     out = w.ok("drain", "node-3", "--to", "node-1", "--repository", w.repository, "--wait",
                "--wait-seconds", "300")
     assert "drain node-3: Succeeded" in out, out
+    ended = time.time()
     for name in names:
-        _resumed(w, name, "node-1", befores[name])
+        _resumed(w, name, "node-1", befores[name], ended)
     assert w.containers("node-3") == []
 
 
@@ -149,7 +153,8 @@ def test_a_push_cut_mid_way_fails_the_suspend_and_the_process_runs_on(
     assert still is not None
     assert still["metadata"]["uid"] == source["metadata"]["uid"]
     # The quiesced container was resumed in place: the same log counts on, no gap.
-    ticks = wait_for(lambda: t if len(t := w.ticks(still)) > len(before) + 3 else None,
+    ended = time.time()
+    ticks = wait_for(lambda: t if ticked_since(t := w.ticks(still), ended) else None,
                      f"{name} to count on after the failed suspend")
     resumed(ticks, before)
 

@@ -80,6 +80,26 @@ class CriuWorld(World):
     def cluster_args(self) -> list[str]:
         return ["--kubeconfig", str(self.kubeconfig)]  # the registry over HTTP (loopback)
 
+    def start(self, name: str, *args: str) -> subprocess.Popen[str]:
+        """Start a process; once its first line is read, the rest of its stdout (its log)
+        goes on to ``<name>.stdout`` (an unread pipe would fill and stall it)."""
+        proc = super().start(name, *args)
+        if name == "worker":  # prints no ready line
+            self._pump(name, proc)
+        return proc
+
+    def _pump(self, name: str, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        stream, target = proc.stdout, self.tmp / f"{name}.stdout"
+
+        def copy() -> None:
+            with target.open("a") as out, contextlib.suppress(ValueError, OSError):
+                for line in stream:
+                    out.write(line)
+                    out.flush()
+
+        threading.Thread(target=copy, daemon=True, name=f"log-{name}").start()
+
     def node(self, name: str) -> PodmanNode:
         return PodmanNode(self.runtime_root / name)
 
@@ -226,6 +246,7 @@ def open_criu_world(tmp: Path) -> Iterator[CriuWorld]:
                                     "--workdir", str(tmp / "work" / node))
                 assert agent.stdout is not None
                 assert agent.stdout.readline(), world.stderr(f"agent-{node}")
+                world._pump(f"agent-{node}", agent)
             world.ok("db", "upgrade", cluster=False)
             world.start("worker", "controlplane.cli.main", "--db", world.db, "worker",
                         "--poll-seconds", "0.05", *world.cluster_args())
