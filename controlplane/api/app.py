@@ -325,7 +325,8 @@ async def _submit(request: web.Request) -> web.Response:
         spec = await workload_spec(
             db, access, kind=kind, namespace=namespace, name=name, klass=body["class"],
             quiesce=body.get("quiesce", False), target_node=body.get("targetNode"),
-            node=body.get("node"))
+            node=body.get("node"),
+            restore_name=body.get("name") if kind == "migration" else None)
     if body.get("dryRun"):
         return _json(await plan_operation(db, access.observer, kind=kind, spec=spec,
                                           limits=app[LIMITS_KEY]))

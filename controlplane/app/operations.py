@@ -199,3 +199,19 @@ async def submit_operation(
         admission=admit,
     )
     return Submission(machine_id, held[0] if held else None)
+
+
+#: Terminal phases after which a restored pod runs (its name is the operation's answer).
+RESTORED_PHASES = frozenset({"Succeeded", "RolledBack", "Resumed", "GarbageCollectionFailed"})
+
+
+def final_pod(record: Any) -> str | None:
+    """``namespace/name`` of the pod a migration, resume or restore left running (the
+    last restore attempt's pod), or ``None`` before it is verified or when none runs."""
+    if record.phase not in RESTORED_PHASES or not isinstance(record.state, dict):
+        return None
+    restore = record.state.get("restore")
+    plan = restore.get("plan") if isinstance(restore, dict) else None
+    if not isinstance(plan, dict) or not plan.get("pod_name"):
+        return None
+    return f"{plan.get('namespace')}/{plan['pod_name']}"

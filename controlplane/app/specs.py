@@ -56,11 +56,13 @@ async def read_pod(access: ClusterAccess, namespace: str, name: str) -> dict[str
 async def workload_spec(db: Database, access: ClusterAccess | None, *, kind: str,
                         namespace: str,
                         name: str, klass: JsonObject, quiesce: bool = False,
-                        target_node: str | None = None, node: str | None = None
-                        ) -> JsonObject:
+                        target_node: str | None = None, node: str | None = None,
+                        restore_name: str | None = None) -> JsonObject:
     """The spec of a ``checkpoint``, ``migration``, ``suspend`` or ``resume`` of
-    ``namespace/name`` (``target_node``: a migration's; ``node``: where a resume runs).
-    A resume reads only the store, so it needs no ``access``."""
+    ``namespace/name`` (``target_node``: a migration's; ``node``: where a resume runs;
+    ``restore_name``: what a migration names the restored pod, by default the source's own
+    name once the source is gone). A resume reads only the store, so it needs no
+    ``access``."""
     if kind == "resume":
         latest = await latest_suspension(db, namespace, name)
         return {"namespace": namespace, "name": name, "node": node,
@@ -81,7 +83,8 @@ async def workload_spec(db: Database, access: ClusterAccess | None, *, kind: str
         return {"pod": pod_ref(pod), "template": template_of(pod), "class": klass}
     if kind == "migration":
         return {"pod": pod_ref(pod), "source_node": (pod.get("spec") or {}).get("nodeName"),
-                "target_node": target_node, "template": template_of(pod), "class": klass}
+                "target_node": target_node, "template": template_of(pod), "class": klass,
+                "restore_name": restore_name or name, "keep_name": True}
     raise UsageError(f"kind {kind!r} is not submitted for a workload",
                      hint="one of checkpoint, migration, suspend, resume")
 

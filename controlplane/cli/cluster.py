@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from controlplane.app.operations import submit_operation
+from controlplane.app.operations import final_pod, submit_operation
 from controlplane.app.ports import ClusterAccess
 from controlplane.app.specs import KIND_OF_VERB, restore_spec, workload_of, workload_spec
 from controlplane.cli import dryrun
@@ -40,7 +40,8 @@ async def operation_cmd(args: argparse.Namespace) -> int:
         return await workload_spec(db, access, kind=kind, namespace=ns, name=name,
                                    klass=klass, quiesce=getattr(args, "quiesce", False),
                                    target_node=getattr(args, "to", None),
-                                   node=getattr(args, "node", None))
+                                   node=getattr(args, "node", None),
+                                   restore_name=getattr(args, "name", None))
 
     async with opened(args) as db:
         await migrate.require_current(db)
@@ -62,7 +63,8 @@ async def operation_cmd(args: argparse.Namespace) -> int:
             return 0
         record = await follow(db, outcome.machine_id, f"{args.verb} {ns}/{name}",
                               limit_seconds=args.wait_seconds)
-    print(f"{args.verb} {ns}/{name}: {record.phase}")
+    pod = final_pod(record)
+    print(f"{args.verb} {ns}/{name}: {record.phase}" + (f" (pod {pod})" if pod else ""))
     return 0 if record.phase in SUCCESS_PHASES else 1
 
 

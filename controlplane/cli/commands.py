@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from controlplane.app.drains import drain_children
-from controlplane.app.operations import send_command, submit
+from controlplane.app.operations import final_pod, send_command, submit
 from controlplane.app.replay import ReplayReport, auto_jobs, phase_after_each, rebuild, verify
 from controlplane.cli import render
 from controlplane.cli.context import clock, opened
@@ -99,8 +99,8 @@ async def submit_cmd(args: argparse.Namespace) -> int:
 
 def _record_json(r: MachineRecord) -> dict[str, Any]:
     return {
-        "id": r.id, "kind": r.kind, "phase": r.phase, "version": r.version,
-        "terminal": r.terminal, "spec": r.spec, "state": r.state,
+        "id": r.id, "kind": r.kind, "phase": r.phase, "pod": final_pod(r),
+        "version": r.version, "terminal": r.terminal, "spec": r.spec, "state": r.state,
         "next_wake_at": r.next_wake_at, "lease_owner": r.lease_owner,
         "lease_expires_at": r.lease_expires_at, "created_at": r.created_at,
         "updated_at": r.updated_at,

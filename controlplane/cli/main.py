@@ -237,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
         _class_options(op)
         if name == "migrate":
             op.add_argument("--to", required=True, metavar="NODE", help="target node")
+            op.add_argument("--name", default=None, metavar="POD",
+                            help="name of the restored pod (default: the source's own name, "
+                                 "taken once the source is gone)")
         if name == "checkpoint":
             op.add_argument("--quiesce", action="store_true",
                             help="leave the workload stopped after the capture")

@@ -64,13 +64,29 @@ def test_migrate_moves_the_state_and_removes_the_source(world: World) -> None:
     source = w.make_pod(name, "node-1", marker="counter=41", labels={"app": name})
     out = w.ok("migrate", f"{w.namespace}/{name}", "--to", "node-2", "--repository", REPO,
                "--wait", "--wait-seconds", "90")
-    assert f"migrate {w.namespace}/{name}: Succeeded" in out
+    # A bare pod keeps its name: the restored pod takes it once the source is gone.
+    assert f"migrate {w.namespace}/{name}: Succeeded (pod {w.namespace}/{name})" in out
     moved = _only_running(w, name)
+    assert moved["metadata"]["name"] == name
     assert _node(moved) == "node-2"
     assert _marker(moved) == "counter=41"
     assert moved["metadata"]["uid"] != source["metadata"]["uid"]
-    left = w.kube.pod(w.namespace, name)
-    assert left is None or left["metadata"]["uid"] != source["metadata"]["uid"]
+    assert w.get(_id(out))["pod"] == f"{w.namespace}/{name}"  # cpctl get says it too
+    # ... so the next operation on the workload finds it by the same name.
+    out = w.ok("checkpoint", f"{w.namespace}/{name}", "--repository", REPO, "--wait")
+    assert f"checkpoint {w.namespace}/{name}: Succeeded" in out
+
+
+def test_migrate_with_a_name_gives_the_restored_pod_that_name(world: World) -> None:
+    w = world
+    name = w.name("named")
+    w.make_pod(name, "node-1", marker="n=2", labels={"app": name})
+    out = w.ok("migrate", f"{w.namespace}/{name}", "--to", "node-3", "--name", f"{name}-b",
+               "--repository", REPO, "--wait", "--wait-seconds", "90")
+    assert f"(pod {w.namespace}/{name}-b)" in out
+    moved = _only_running(w, name)
+    assert moved["metadata"]["name"] == f"{name}-b"
+    assert _marker(moved) == "n=2"
 
 
 def test_retarget_before_the_source_is_deleted_restores_on_the_new_target(world: World) -> None:

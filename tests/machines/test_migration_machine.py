@@ -40,11 +40,13 @@ SRC = f"{NS}/{POD}"
 GOOD = manifest(PINNED, DIGEST, checkpoint_id=MID)
 
 
-def given(**klass: object) -> Given:
+def given(keep_name: bool | None = None, **klass: object) -> Given:
     d = MigrationDecider()
     body = {"pod": {"namespace": NS, "name": POD, "uid": SRC_UID}, "source_node": SRC_NODE,
             "target_node": TARGET, "template": TEMPLATE,
             "class": {"repository": REPO, **klass}}
+    if keep_name is not None:
+        body["keep_name"] = keep_name
     return Given(d, MID, d.validate_spec(body))  # type: ignore[arg-type]
 
 
@@ -72,13 +74,13 @@ def at_restore(attempt: int, p: object, n: str = TARGET, **nodes: object) -> Obs
     return observe({f"{NS}/{name(attempt)}": p}, nodes={n: node(n), **nodes})  # type: ignore[dict-item]
 
 
-def checkpointed(**klass: object) -> Given:
-    g = given(**klass).decided(observe({SRC: pod()}, {ART: None}), T0)
+def checkpointed(keep_name: bool | None = None, **klass: object) -> Given:
+    g = given(keep_name, **klass).decided(observe({SRC: pod()}, {ART: None}), T0)
     return g.decided(observe({SRC: src()}, {ART: GOOD}), at(5))
 
 
-def deleting(**klass: object) -> Given:
-    return checkpointed(**klass).decided(observe({SRC: src()}, {PINNED: GOOD}), at(6))
+def deleting(keep_name: bool | None = None, **klass: object) -> Given:
+    return checkpointed(keep_name, **klass).decided(observe({SRC: src()}, {PINNED: GOOD}), at(6))
 
 
 def restoring(**klass: object) -> Given:
@@ -420,3 +422,40 @@ def test_failed_capture_with_a_kill_class_kills_the_source_by_uid() -> None:
     then = g.when(observe({SRC: src()}), at(600)).then_events("KillRequested")
     assert then.action("DeletePod").params["uid"] == SRC_UID
     assert "/source/kill/" in then.action("DeletePod").key
+
+
+def test_a_kept_name_is_taken_only_once_the_source_no_longer_holds_it() -> None:
+    """The restored pod gets the source's own name, but not while the terminating
+    source still holds it (the create would meet AlreadyExists, or the restore would
+    take the source for its pod)."""
+    then = deleting(keep_name=True).when(observe({SRC: src(deleting=True)}, {PINNED: GOOD}),
+                                         at(7))
+    then.then_events("SourceDeleted").then_phase("Restoring")
+    waiting = then.and_then().when(observe({SRC: src(deleting=True)}), at(7))
+    waiting.then_idle().then_no_action("CreatePod")
+    assert waiting.decision.wake_at is not None
+    assert waiting.decision.wake_at <= at(8)  # looks again soon
+    then = waiting.and_then().when(observe({SRC: None}), at(9))
+    then.then_events("RestorePodRequested")
+    assert then.action("CreatePod").params["name"] == POD
+
+
+def test_a_name_held_past_the_delete_timeout_is_given_up_for_a_suffixed_one() -> None:
+    """The workload matters more than its name: a source stuck terminating does not
+    hold the restore back beyond the delete timeout."""
+    g = deleting(keep_name=True, timeouts={"delete": 30}).decided(
+        observe({SRC: src(deleting=True)}, {PINNED: GOOD}), at(7))
+    then = g.when(observe({SRC: src(deleting=True)}), at(38))
+    then.then_events("RestorePodRequested")
+    assert then.action("CreatePod").params["name"] == name(1)
+
+
+def test_without_keep_name_the_restored_pod_is_suffixed_as_before() -> None:
+    then = deleting(keep_name=False).when(observe({SRC: None}, {PINNED: GOOD}), at(7))
+    then = then.and_then().when(observe(), at(7)).then_events("RestorePodRequested")
+    assert then.action("CreatePod").params["name"] == name(1)
+
+
+def test_keep_name_must_be_a_boolean() -> None:
+    with pytest.raises(InvalidSpec, match="spec.keep_name"):
+        given(keep_name="yes")  # type: ignore[arg-type]

@@ -66,12 +66,69 @@ def _encode_other(value: Any) -> JsonValue:
     raise TypeError(f"cannot encode {type(value).__name__} in a machine state")
 
 
+#: Field metadata of a field added to a state after histories were recorded without it:
+#: :func:`encode_object` leaves it out while it holds its default, so a history written
+#: before the field existed still folds to exactly the projection it wrote (the golden
+#: rows pin that), and decoding a projection without the key gives the default back.
+OMIT_DEFAULT: dict[str, object] = {"omit_default": True}
+
+
 def encode_object(value: object) -> JsonObject:
-    """Encode a dataclass as a JSON object."""
+    """Encode a dataclass as a JSON object (fields marked :data:`OMIT_DEFAULT` left out
+    while they hold their default)."""
     out = encode(value)
     if not isinstance(out, dict):
         raise TypeError(f"{type(value).__name__} does not encode to a JSON object")
+    _omit_defaults(value, out)
     return out
+
+
+def _omit_defaults(value: object, out: JsonObject) -> None:
+    for name, default, nested in _omissions(type(value)):
+        held = getattr(value, name)
+        if nested:
+            inner = out.get(name)
+            if held is not None and isinstance(inner, dict):
+                _omit_defaults(held, inner)
+        elif held == default:
+            out.pop(name, None)
+
+
+_OMISSIONS: dict[type, tuple[tuple[str, object, bool], ...]] = {}
+
+
+def _omissions(cls: type) -> tuple[tuple[str, object, bool], ...]:
+    """(field, default, nested?) for the fields of ``cls`` that are marked, or that hold a
+    dataclass which has marked fields somewhere below it (worked out once per class)."""
+    known = _OMISSIONS.get(cls)
+    if known is None:
+        _OMISSIONS[cls] = ()  # a type that contains itself further down ends here
+        known = _OMISSIONS[cls] = _plan_omissions(cls)
+    return known
+
+
+def _plan_omissions(cls: type) -> tuple[tuple[str, object, bool], ...]:
+    if not dataclasses.is_dataclass(cls):
+        return ()
+    plan: list[tuple[str, object, bool]] = []
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("omit_default"):
+            plan.append((f.name, f.default, False))
+            continue
+        for member in _members(hints[f.name]):
+            if isinstance(member, type) and dataclasses.is_dataclass(member) and \
+                    _omissions(member):
+                plan.append((f.name, None, True))
+                break
+    return tuple(plan)
+
+
+def _members(tp: Any) -> tuple[Any, ...]:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        return typing.get_args(tp)
+    return (tp,)
 
 
 def decode(cls: type[T], data: JsonValue) -> T:

@@ -73,7 +73,7 @@ class MigrationDecider:
 
     def validate_spec(self, spec: JsonObject) -> JsonObject:
         only_known(spec, ("pod", "source_node", "target_node", "template", "artifact",
-                          "containers", "restore_name", "class"))
+                          "containers", "restore_name", "keep_name", "class"))
         out = validate_capture_fields(spec)
         source = node_name(require(spec, "source_node"), field="spec.source_node")
         target = node_name(require(spec, "target_node"), field="spec.target_node")
@@ -87,6 +87,13 @@ class MigrationDecider:
             "restore_name": None if name is None else object_name(name,
                                                                   field="spec.restore_name"),
         })
+        keep = spec.get("keep_name")
+        if keep is not None:
+            if not isinstance(keep, bool):
+                raise InvalidSpec(f"spec.keep_name {keep!r} is not true or false: true names "
+                                  "the restored pod restore_name (default: the source's "
+                                  "name) once that name is free")
+            out["keep_name"] = keep
         return out
 
     def initial_state(self, machine_id: str, spec: JsonObject) -> MigrationState:
@@ -96,7 +103,8 @@ class MigrationDecider:
         assert isinstance(template, dict)
         name = spec.get("restore_name")
         mspec = MigrationSpec(cspec, str(spec["source_node"]), template,
-                              name if isinstance(name, str) else cspec.name)
+                              name if isinstance(name, str) else cspec.name,
+                              keep_name=spec.get("keep_name") is True)
         return MigrationState(machine_id, mspec, klass, target=str(spec["target_node"]))
 
     def interests(self, state: MigrationState) -> Interests:
@@ -116,6 +124,8 @@ class MigrationDecider:
             return Interests(tags=frozenset({state.pinned}))
         r = state.restore
         if r is None or r.status is rs_.RestoreStatus.CLEANED:
+            if state.spec.keep_name:  # is the name free yet?
+                return Interests(pods=frozenset({state.spec.name_key}))
             return Interests()
         nodes = frozenset({r.plan.node}) if r.plan.node and r.in_flight else frozenset()
         return Interests(pods=frozenset({r.plan.key}), nodes=nodes)

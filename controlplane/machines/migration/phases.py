@@ -20,6 +20,8 @@ from controlplane.machines.base.common import (
     action_key,
     emit,
     pod_facts,
+    seconds,
+    wait,
 )
 from controlplane.machines.config.classes import OnFailure
 from controlplane.machines.contract.actions import EventType, emit_event
@@ -129,12 +131,32 @@ def _delete_source(state: MigrationState, obs: Observation, now: datetime) -> St
         timeout=state.klass.timeouts.delete)
 
 
-def _plan(state: MigrationState, node: str) -> RestorePlan:
+#: How often a kept name is looked at again while a pod still holds it.
+NAME_POLL = seconds(1)
+
+
+def _kept_name(state: MigrationState, obs: Observation, now: datetime) -> str | Step | None:
+    """The restored pod's own name when the spec keeps it and no pod holds it any more;
+    a wait while one does (the source terminating, an earlier attempt's pod going); None
+    for the suffixed name (the name is not kept, or it stayed taken past the delete
+    timeout: the workload matters more than its name)."""
+    if not state.spec.keep_name:
+        return None
+    if obs.pods.get(state.spec.name_key, _NOT_OBSERVED) is None:
+        return state.spec.restore_name
+    give_up = (state.restore_due_at or now) + seconds(state.klass.timeouts.delete)
+    if now >= give_up:
+        return None
+    return wait(give_up, now + NAME_POLL)
+
+
+def _plan(state: MigrationState, node: str, name: str | None) -> RestorePlan:
     attempt = state.attempts + 1
     c = state.spec.capture
     return RestorePlan(
         attempt=attempt, namespace=c.namespace,
-        pod_name=rs_.restore_pod_name(state.spec.restore_name, state.machine_id, attempt),
+        pod_name=name or rs_.restore_pod_name(state.spec.restore_name, state.machine_id,
+                                              attempt),
         node=node, artifact=state.pinned, checkpoint_id=c.checkpoint_id,
         not_fresh=(state.capture.source_instance,) if state.capture.source_instance else ())
 
@@ -152,14 +174,18 @@ def _restore(state: MigrationState, obs: Observation, now: datetime) -> Step:
                            f"{state.failures} restore attempt(s) failed, the last on "
                            f"{r.plan.node}: {r.failure.reason}: {r.failure.message}; the "
                            f"artifact {state.pinned} is preserved for a manual restore")
-        if state.target != state.spec.source_node:
-            rollback = RollbackStarted(
-                at=now, failed_node=r.plan.node, reason=r.failure.reason,
-                message=r.failure.message, node=state.spec.source_node).recorded()
-            start = rs_.start_restore(_plan(state, state.spec.source_node), ctx, now,
-                                      machine_id=mid)
-            return emit(rollback, *start.events, actions=start.actions)
-    return rs_.start_restore(_plan(state, state.target), ctx, now, machine_id=mid)
+    name = _kept_name(state, obs, now)
+    if isinstance(name, Step):
+        return name
+    if r is not None and not r.superseded and state.target != state.spec.source_node:
+        assert r.failure is not None
+        rollback = RollbackStarted(
+            at=now, failed_node=r.plan.node, reason=r.failure.reason,
+            message=r.failure.message, node=state.spec.source_node).recorded()
+        start = rs_.start_restore(_plan(state, state.spec.source_node, name), ctx, now,
+                                  machine_id=mid)
+        return emit(rollback, *start.events, actions=start.actions)
+    return rs_.start_restore(_plan(state, state.target, name), ctx, now, machine_id=mid)
 
 
 def _collect(state: MigrationState, obs: Observation, now: datetime) -> Step:

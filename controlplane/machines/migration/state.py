@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from controlplane.engine.decider import EventLike
-from controlplane.machines.base.codec import RawJson
+from controlplane.machines.base.codec import OMIT_DEFAULT, RawJson
 from controlplane.machines.base.common import (
     Condition,
     Failure,
@@ -45,6 +45,7 @@ from controlplane.machines.steps.capture import (
 from controlplane.machines.steps.collect import ArtifactDeleted, ArtifactDeletionFailed, Collection
 from controlplane.machines.steps.restore import (
     Restore,
+    RestoreCleanedUp,
     RestoreContext,
     RestoreFailed,
     RestorePlan,
@@ -90,6 +91,13 @@ class MigrationSpec:
     source_node: str
     template: RawJson
     restore_name: str
+    #: The restored pod is named ``restore_name`` itself (no suffix), once no pod holds it.
+    keep_name: bool = field(default=False, metadata=OMIT_DEFAULT)
+
+    @property
+    def name_key(self) -> str:
+        """``namespace/restore_name``: the pod that must be gone before a kept name is used."""
+        return f"{self.capture.namespace}/{self.restore_name}"
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,9 @@ class MigrationState(PhasedState):
     failure: Failure | None = None
     final_node: str | None = None
     conditions: tuple[Condition, ...] = ()
+    #: With a kept name: since when the next restore attempt is due (the wait for the
+    #: name is bounded from here).
+    restore_due_at: datetime | None = field(default=None, metadata=OMIT_DEFAULT)
 
 
     @property
@@ -130,6 +141,8 @@ class MigrationState(PhasedState):
             keys.add(self.restore.plan.key)
             if self.restore.uid:
                 keys.add(self.restore.uid)
+        if self.spec.keep_name:
+            keys.add(self.spec.name_key)  # its holder going away frees the name
         return frozenset(keys)
 
     @property
@@ -200,7 +213,7 @@ def _evolve_own(state: MigrationState, e: DomainEvent) -> MigrationState:
                            abort=Failure(e.reason, e.message))
         case SourceVanished():
             return replace(state, source_gone=True, status=MigrationPhase.RESTORING,
-                           target=e.target or state.target)
+                           target=e.target or state.target, restore_due_at=_due(state, e.at))
         case RollbackStarted():
             return replace(state, rollback=True, target=state.spec.source_node,
                            status=MigrationPhase.ROLLING_BACK)
@@ -217,7 +230,10 @@ def _evolve_steps(state: MigrationState, e: DomainEvent) -> MigrationState:
         case SourceDeletionRequested():
             return replace(state, deletion_requested=True)
         case SourceDeleted() if state.status is MigrationPhase.DELETING_SOURCE:
-            return replace(state, source_gone=True, status=MigrationPhase.RESTORING)
+            return replace(state, source_gone=True, status=MigrationPhase.RESTORING,
+                           restore_due_at=_due(state, e.at))
+        case RestoreCleanedUp() if state.spec.keep_name:
+            return replace(state, restore_due_at=e.at)
         case SourceDeletionFailed() if state.source_op is not None and \
                 state.status is MigrationPhase.DELETING_SOURCE:
             return replace(state, status=MigrationPhase.WAKING_IN_PLACE,
@@ -239,3 +255,9 @@ def _evolve_steps(state: MigrationState, e: DomainEvent) -> MigrationState:
         case ArtifactDeleted():
             return replace(state, conditions=clear_condition(state.conditions, GC_CONDITION))
     return state
+
+
+def _due(state: MigrationState, at: datetime) -> datetime | None:
+    """Only a kept name waits, so only then is the moment recorded (an older history
+    folds to the state it always had)."""
+    return at if state.spec.keep_name else None
