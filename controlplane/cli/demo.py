@@ -89,13 +89,7 @@ class Demo:
         record = await self.follow(ckpt, "checkpoint web")
         self.expect(record.phase == "Succeeded", f"checkpoint ended {record.phase}")
 
-        mig = await self.submit("migration", {
-            "pod": self._ref("app"), "source_node": "node-1", "target_node": "node-2",
-            "template": self._template("app"), "class": self.klass})
-        record = await self.follow(mig, "migrate app node-1 -> node-2")
-        self.expect(record.phase == "Succeeded", f"migration ended {record.phase}")
-        moved = self._restored("app")
-        self.expect(moved["spec"].get("nodeName") == "node-2", "app is not on node-2")
+        mig, moved = await self.migrate_app()
         marker = moved["metadata"]["annotations"].get(MARKER)
         self.expect(marker == "counter=41", f"marker after migration: {marker!r}")
         say(f"app now runs on node-2 as {moved['metadata']['name']}; marker {marker!r} "
@@ -151,6 +145,17 @@ class Demo:
         say("the migration phase by phase (report_migrations): " + ", ".join(
             f"{p.removesuffix('_seconds')} {float(m[p]):.2f}s"
             for p in reports.MIGRATION_PHASES))
+
+    async def migrate_app(self) -> tuple[str, dict[str, Any]]:
+        """Migrate ``app`` node-1 -> node-2; the operation id and the restored pod."""
+        mig = await self.submit("migration", {
+            "pod": self._ref("app"), "source_node": "node-1", "target_node": "node-2",
+            "template": self._template("app"), "class": self.klass})
+        record = await self.follow(mig, "migrate app node-1 -> node-2")
+        self.expect(record.phase == "Succeeded", f"migration ended {record.phase}")
+        moved = self._restored("app")
+        self.expect(moved["spec"].get("nodeName") == "node-2", "app is not on node-2")
+        return mig, moved
 
     async def submit(self, kind: str, spec: JsonObject) -> str:
         outcome = await submit_operation(self.db, default_kinds(),

@@ -62,13 +62,7 @@ class CriuDemo(Demo):
             f"{MIB['sandbox']} MiB) run as real containers; their counts live only in memory")
         before = {name: await self._ticking(self._pod(name)) for name in ("app", "sandbox")}
 
-        mig = await self.submit("migration", {
-            "pod": self._ref("app"), "source_node": "node-1", "target_node": "node-2",
-            "template": self._template("app"), "class": self.klass})
-        record = await self.follow(mig, "migrate app node-1 -> node-2")
-        self.expect(record.phase == "Succeeded", f"migration ended {record.phase}")
-        moved = self._restored("app")
-        self.expect(moved["spec"].get("nodeName") == "node-2", "app is not on node-2")
+        mig, moved = await self.migrate_app()
         await self._went_on(moved, before["app"], f"app now runs on node-2 as "
                             f"{moved['metadata']['name']}")
 

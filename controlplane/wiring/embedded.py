@@ -14,9 +14,8 @@ from pathlib import Path
 from controlplane.clock import Clock
 from controlplane.machines.submission import Limits
 from controlplane.store.database import Database
-from controlplane.wiring.product import Product, product
-from controlplane.worker.composite import CompositeObserver
-from controlplane.worker.runtime import Worker, WorkerConfig
+from controlplane.wiring.product import Product, RunsProduct, product
+from controlplane.worker.runtime import WorkerConfig
 from drivers.agent import AgentSettings, node_agent
 from drivers.agent.sim import SimDumper
 from drivers.registry import OciLayout
@@ -27,17 +26,9 @@ REGISTRY_HOST = "localhost:5000"
 
 
 @dataclass
-class Embedded:
+class Embedded(RunsProduct):
     cluster: SimCluster
     product: Product
-
-    @property
-    def worker(self) -> Worker:
-        return self.product.worker
-
-    @property
-    def submission_observer(self) -> CompositeObserver:
-        return self.product.fresh
 
     def repository(self, name: str) -> str:
         return f"{REGISTRY_HOST}/{name}"

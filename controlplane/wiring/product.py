@@ -39,6 +39,20 @@ from drivers.registry import ManifestActions, RegistryObserver
 from drivers.registry.port import Registry
 
 
+class RunsProduct:
+    """A world the product runs in: its worker and its submission observer."""
+
+    product: Product
+
+    @property
+    def worker(self) -> Worker:
+        return self.product.worker
+
+    @property
+    def submission_observer(self) -> CompositeObserver:
+        return self.product.fresh
+
+
 @dataclass
 class Product:
     kube: KubeDriver

@@ -20,9 +20,8 @@ from typing import Any
 
 from controlplane.clock import Clock
 from controlplane.store.database import Database
-from controlplane.wiring.product import Product, product
-from controlplane.worker.composite import CompositeObserver
-from controlplane.worker.runtime import Worker, WorkerConfig
+from controlplane.wiring.product import Product, RunsProduct, product
+from controlplane.worker.runtime import WorkerConfig
 from drivers.agent import AgentSettings, node_agent
 from drivers.agent.criu import CriuDumper
 from drivers.agent.pods import PodPatcher
@@ -32,13 +31,13 @@ from drivers.kubelet.role import KubeletRole
 from drivers.kubelet.runtime import RuntimeNodes
 from drivers.registry.local import local_registry
 from drivers.registry.options import registry_from_options
-from drivers.runtime import PodmanNode, container_name
+from drivers.runtime import PodmanNode
 from drivers.runtime.workload import (
     Resumption,
     Tick,
     build_image,
     command,
-    parse_ticks,
+    pod_ticks,
     resumption,
 )
 from drivers.sim import SimCluster
@@ -47,20 +46,12 @@ NODES = ("node-1", "node-2", "node-3")
 
 
 @dataclass
-class RuntimeWorld:
+class RuntimeWorld(RunsProduct):
     cluster: SimCluster
     product: Product
     registry_host: str
     image: str
     nodes: RuntimeNodes
-
-    @property
-    def worker(self) -> Worker:
-        return self.product.worker
-
-    @property
-    def submission_observer(self) -> CompositeObserver:
-        return self.product.fresh
 
     def repository(self, name: str) -> str:
         return f"{self.registry_host}/{name}"
@@ -74,10 +65,7 @@ class RuntimeWorld:
 
     async def ticks(self, pod: dict[str, Any]) -> list[Tick]:
         """The counter's ticks as its container on its node logged them."""
-        m = pod["metadata"]
-        runtime = self.nodes.nodes[pod["spec"]["nodeName"]]
-        name = container_name(m["namespace"], m["name"], m["uid"], "main")
-        return parse_ticks(await runtime.logs(name))
+        return await pod_ticks(self.nodes.nodes[pod["spec"]["nodeName"]], pod)
 
 
 async def _reset(node: PodmanNode) -> None:

@@ -21,10 +21,12 @@ import itertools
 import shutil
 import subprocess
 import tarfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from drivers.runtime.podman import PodmanNode, RuntimeFailed
+from drivers.runtime.podman import PodmanNode, RuntimeFailed, container_name
 
 BUSYBOX = Path("/bin/busybox")
 IMAGE_NAME = "workloads/counter"
@@ -116,6 +118,14 @@ def resumption(ticks: list[Tick]) -> Resumption | None:
     if not 2 <= resumed <= counts[i - 1] or suffix != list(range(resumed, resumed + len(suffix))):
         return None
     return Resumption(resumed - 1, ticks[i].at - ticks[resumed - 2].at)
+
+
+async def pod_ticks(runtime: PodmanNode, pod: Mapping[str, Any],
+                    container: str = "main") -> list[Tick]:
+    """The counter's ticks as ``pod``'s container logged them on its node's runtime."""
+    m = pod["metadata"]
+    name = container_name(m["namespace"], m["name"], m["uid"], container)
+    return parse_ticks(await runtime.logs(name))
 
 
 def build_rootfs(folder: Path) -> Path:

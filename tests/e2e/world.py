@@ -97,6 +97,19 @@ class KubeHttp:
 
 
 
+def pinned_pod(name: str, node: str, container: Obj, *, labels: Mapping[str, str],
+               annotations: Mapping[str, str] | None = None) -> Obj:
+    """A one-container pod placed on ``node`` by required node affinity."""
+    return {"metadata": {"name": name, "labels": dict(labels),
+                         "annotations": dict(annotations or {})},
+            "spec": {"containers": [container], "terminationGracePeriodSeconds": 1,
+                     "affinity": {"nodeAffinity": {
+                         "requiredDuringSchedulingIgnoredDuringExecution": {
+                             "nodeSelectorTerms": [{"matchExpressions": [{
+                                 "key": "kubernetes.io/hostname", "operator": "In",
+                                 "values": [node]}]}]}}}}}
+
+
 class SimInThread:
     """A :class:`SimCluster` served by an event loop in a thread of this process."""
 
@@ -186,14 +199,8 @@ class World:
         container: Obj = {"name": "main", "image": IMAGE}
         if cpu:
             container["resources"] = {"requests": {"cpu": cpu}}
-        body = {"metadata": {"name": name, "labels": {"e2e": "verbs", **(labels or {})},
-                             "annotations": {MARKER: marker} if marker else {}},
-                "spec": {"containers": [container], "terminationGracePeriodSeconds": 1,
-                         "affinity": {"nodeAffinity": {
-                             "requiredDuringSchedulingIgnoredDuringExecution": {
-                                 "nodeSelectorTerms": [{"matchExpressions": [{
-                                     "key": "kubernetes.io/hostname", "operator": "In",
-                                     "values": [node]}]}]}}}}}
+        body = pinned_pod(name, node, container, labels={"e2e": "verbs", **(labels or {})},
+                          annotations={MARKER: marker} if marker else {})
         self.kube.request("POST", f"/api/v1/namespaces/{self.namespace}/pods", body)
         return self.running(name)
 

@@ -457,5 +457,5 @@ def test_without_keep_name_the_restored_pod_is_suffixed_as_before() -> None:
 
 
 def test_keep_name_must_be_a_boolean() -> None:
-    with pytest.raises(InvalidSpec, match="spec.keep_name"):
+    with pytest.raises(InvalidSpec, match=r"spec\.keep_name"):
         given(keep_name="yes")  # type: ignore[arg-type]

@@ -171,6 +171,7 @@ def test_a_container_missing_from_the_runtime_fails_the_checkpoint_naming_it(
                                                        "main")))
     done = w.cpctl("checkpoint", f"{w.namespace}/{name}", "--repository", w.repository,
                    "--wait", "--wait-seconds", "120", cluster=True)
+    assert done.stdout, done.stderr
     operation = _operation(done.stdout)
     assert w.phase_of(operation) == "Failed", done.stdout
     [failed] = [e for e in _history(w, operation) if e["type"] == "CaptureFailed"]

@@ -29,16 +29,16 @@ from pathlib import Path
 
 import pytest
 
-from drivers.runtime import PodmanNode, container_name
+from drivers.runtime import PodmanNode
 from drivers.runtime.workload import (
     Resumption,
     Tick,
     build_image,
     command,
-    parse_ticks,
+    pod_ticks,
     resumption,
 )
-from tests.e2e.world import KubeHttp, Obj, World
+from tests.e2e.world import KubeHttp, Obj, World, pinned_pod
 from tests.registry.servers import LISTENING, REGISTRY_BIN, require_registry, write_registry_config
 from tests.support.envtest import (
     KubeletRole,
@@ -106,24 +106,15 @@ class CriuWorld(World):
     def make_counter(self, name: str, node: str, *, mib: int = 0,
                      labels: dict[str, str] | None = None) -> Obj:
         """A counter pod placed on ``node``; waits until its container runs."""
-        body = {"metadata": {"name": name, "labels": {"app": name, **(labels or {})}},
-                "spec": {"containers": [{"name": "main", "image": self.image,
-                                         "command": command(mib)}],
-                         "terminationGracePeriodSeconds": 1,
-                         "affinity": {"nodeAffinity": {
-                             "requiredDuringSchedulingIgnoredDuringExecution": {
-                                 "nodeSelectorTerms": [{"matchExpressions": [{
-                                     "key": "kubernetes.io/hostname", "operator": "In",
-                                     "values": [node]}]}]}}}}}
+        body = pinned_pod(name, node, {"name": "main", "image": self.image,
+                                       "command": command(mib)},
+                          labels={"app": name, **(labels or {})})
         self.kube.request("POST", f"/api/v1/namespaces/{self.namespace}/pods", body)
         return self.running(name, limit=120)
 
-    def ticks(self, pod: Obj, container: str = "main") -> list[Tick]:
+    def ticks(self, pod: Obj) -> list[Tick]:
         """The counter's ticks as the pod's container logged them, on its node."""
-        m = pod["metadata"]
-        name = container_name(m["namespace"], m["name"], m["uid"], container)
-        runtime = self.node(pod["spec"]["nodeName"])
-        return parse_ticks(asyncio.run(runtime.logs(name)))
+        return asyncio.run(pod_ticks(self.node(pod["spec"]["nodeName"]), pod))
 
     def containers(self, node: str) -> list[str]:
         return [s.name for s in asyncio.run(self.node(node).states())]
