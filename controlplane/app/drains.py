@@ -96,7 +96,7 @@ def drain_spec(plan: DrainPlan, pods: list[dict[str, Any]], klass: JsonObject,
         "target": m.target, "template": template_of(raw[m.pod.key])} for m in plan.moves]
     left: list[JsonValue] = [{"pod": x.pod.key, "reason": x.reason} for x in plan.left]
     return {"node": plan.node, "max_parallel": max_parallel, "class": klass,
-            "children": children, "left": left}
+            "children": children, "left": left, "keep_names": True}
 
 
 def plan_document(plan: DrainPlan, klass: JsonObject, max_parallel: int) -> JsonObject:
@@ -112,5 +112,9 @@ def plan_document(plan: DrainPlan, klass: JsonObject, max_parallel: int) -> Json
                               for m in plan.moves],
         "artifacts_deleted": "each one, after its pod is verified running on the target",
         "refused": [{"pod": x.pod.key, "reason": x.reason} for x in plan.left],
+        # How each pod moves: a bare pod is restored under its own name once the source
+        # is gone; controller-owned pods are refused above, naming the owner.
+        "how": [{"pod": m.pod.key, "how": "bare: restored under its own name"}
+                for m in plan.moves],
     })
     return doc

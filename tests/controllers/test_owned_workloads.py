@@ -122,12 +122,13 @@ def test_a_drain_moves_the_bare_pod_and_leaves_the_replicaset_pods_with_the_reas
     bare = w.make_pod(w.name("bare"), "node-1", marker="n=5", labels={"app": "bare-drain"})
     plan = json.loads(w.ok("drain", "node-1", "--dry-run", "-o", "json",
                            "--repository", "localhost:5000/checkpoints"))
-    text = json.dumps(plan)
-    assert bare["metadata"]["name"] in text
-    assert f"owned by ReplicaSet {w.namespace}/pinned" in text
+    assert {"pod": f"{w.namespace}/{bare['metadata']['name']}",
+            "how": "bare: restored under its own name"} in plan["how"]
+    assert f"owned by ReplicaSet {w.namespace}/pinned" in json.dumps(plan["refused"])
     out = w.ok("drain", "node-1", "--repository", "localhost:5000/checkpoints",
                "--wait", "--wait-seconds", "120")
     assert "drain node-1" in out
     moved = wait_for(lambda: w.running_pods("app=bare-drain") or None, "the bare pod moved")
     assert moved[0]["spec"]["nodeName"] != "node-1"
+    assert moved[0]["metadata"]["name"] == bare["metadata"]["name"]  # it kept its name
     assert _uids(_running(w, "pinned", 2)) == _uids(owned)  # the ReplicaSet's pods: untouched

@@ -95,6 +95,16 @@ def test_starts_at_most_max_parallel_children_with_deterministic_ids() -> None:
     assert nxt.state.wake_keys == {"uid-0", "uid-1"}
 
 
+def test_a_drain_that_keeps_names_asks_each_migration_to_keep_its_pods_name() -> None:
+    raw = dict(spec(pods=1, max_parallel=1), keep_names=True)
+    kept = Given(DrainDecider(), DRAIN, DrainDecider().validate_spec(raw))
+    started = kept.decided(seen(False), at(0)).decided(seen(True), at(1), until_idle=False)
+    submitted = started.when(seen(True), at(2)).action(ActionType.SUBMIT_OPERATION)
+    assert submitted.params["spec"]["keep_name"] is True  # type: ignore[index]
+    plain = draining(pods=1, max_parallel=1).when(seen(True), at(2))
+    assert "keep_name" not in plain.action(ActionType.SUBMIT_OPERATION).params["spec"]  # type: ignore[operator]
+
+
 def test_a_finished_child_frees_a_slot_for_the_next() -> None:
     g = draining().decided(seen(True), at(2))
     done = g.when(seen(True, {child(0): view(0, "Succeeded", True), child(1): view(1)}), at(5))

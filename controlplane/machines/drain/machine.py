@@ -117,7 +117,7 @@ class DrainDecider:
     kind = KIND
 
     def validate_spec(self, spec: JsonObject) -> JsonObject:
-        only_known(spec, ("node", "max_parallel", "class", "children", "left"))
+        only_known(spec, ("node", "max_parallel", "class", "children", "left", "keep_names"))
         node = node_name(require(spec, "node"), field="spec.node")
         parallel = spec.get("max_parallel", 4)
         if isinstance(parallel, bool) or not isinstance(parallel, int) or not (
@@ -149,8 +149,16 @@ class DrainDecider:
                 isinstance(x, dict) and isinstance(x.get("pod"), str)
                 and isinstance(x.get("reason"), str) for x in left):
             raise InvalidSpec("spec.left must be a list of {pod, reason} strings")
-        return {"node": node, "max_parallel": parallel, "class": class_json(spec.get("class")),
-                "children": children, "left": list(left)}
+        keep = spec.get("keep_names", False)
+        if not isinstance(keep, bool):
+            raise InvalidSpec(f"spec.keep_names {keep!r} is not true or false: true lets each "
+                              "moved pod keep its name")
+        out: JsonObject = {"node": node, "max_parallel": parallel,
+                           "class": class_json(spec.get("class")), "children": children,
+                           "left": list(left)}
+        if keep:
+            out["keep_names"] = True
+        return out
 
     def initial_state(self, machine_id: str, spec: JsonObject) -> DrainState:
         klass = spec.get("class")
@@ -167,7 +175,8 @@ class DrainDecider:
                                   ref.uid, str(raw["target"]), template))
         max_parallel = spec.get("max_parallel", 4)
         assert isinstance(max_parallel, int)
-        return DrainState(machine_id, DrainSpec(str(spec["node"]), max_parallel, klass, left),
+        return DrainState(machine_id, DrainSpec(str(spec["node"]), max_parallel, klass, left,
+                                                keep_names=spec.get("keep_names") is True),
                           tuple(children))
 
     def interests(self, state: DrainState) -> Interests:
@@ -280,6 +289,8 @@ class DrainDecider:
             "pod": {"namespace": c.namespace, "name": c.name, "uid": c.uid},
             "source_node": state.spec.node, "target_node": c.target,
             "template": c.template, "class": state.spec.klass}
+        if state.spec.keep_names:
+            spec["keep_name"] = True
         return submit_operation(submit_key(state.machine_id, c.id), machine_id=c.id,
                                 kind="migration", spec=spec, parent=state.machine_id)
 

@@ -11,13 +11,13 @@ Pure.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
 from controlplane.engine.decider import EventLike
-from controlplane.machines.base.codec import RawJson
+from controlplane.machines.base.codec import OMIT_DEFAULT, RawJson
 from controlplane.machines.base.events import (
     ActionFailed,
     Admitted,
@@ -108,6 +108,9 @@ class DrainSpec:
     max_parallel: int
     klass: RawJson
     left: tuple[tuple[str, str], ...]  # (pod key, why the drain leaves it alone)
+    #: Each moved pod keeps its name (its migration's keep_name); drains recorded before
+    #: this field existed did not.
+    keep_names: bool = field(default=False, metadata=OMIT_DEFAULT)
 
 
 @dataclass(frozen=True)
