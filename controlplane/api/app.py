@@ -354,7 +354,7 @@ async def _submit_drain(request: web.Request, access: ClusterAccess,
     nodes = [dict(n) for n in await access.list_nodes()]
     pods = [dict(p) for p in await access.list_pods()]
     plan = plan_of(params.node_name(body["node"]), nodes, pods, targets=targets,
-                   selector=body.get("selector"))
+                   selector=body.get("selector"), klass=body["class"])
     if body.get("dryRun"):
         return _json(plan_document(plan, body["class"], max_parallel))
     outcome = await submit_operation(

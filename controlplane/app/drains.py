@@ -78,10 +78,14 @@ ID_PLACEHOLDER = "<child-id>"
 
 
 def plan_of(node: str, nodes: list[dict[str, Any]], pods: list[dict[str, Any]], *,
-            targets: Sequence[str] = (), selector: str | None = None) -> DrainPlan:
-    """Which pods leave ``node`` and where each goes, from the cluster as listed."""
+            targets: Sequence[str] = (), selector: str | None = None,
+            klass: JsonObject | None = None) -> DrainPlan:
+    """Which pods leave ``node`` and where each goes, from the cluster as listed (owner
+    kinds ``klass`` declares movable move as bare pods)."""
+    movable = parse_class(klass, field="class").movable_owners if klass else ()
     try:
-        return plan_drain(node, [node_info(n) for n in nodes], [pod_info(p) for p in pods],
+        return plan_drain(node, [node_info(n) for n in nodes],
+                          [pod_info(p, movable) for p in pods],
                           targets=tuple(targets), selector=selector)
     except PlanRejected as exc:
         raise UsageError(f"drain {node} refused: {exc}") from None

@@ -16,6 +16,7 @@ from controlplane.app.checkpoints import checkpoint_of, latest_suspension
 from controlplane.app.ports import ClusterAccess
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
+from controlplane.machines.config.classes import parse_class
 from controlplane.machines.owners import why_not_movable
 from controlplane.store.database import Database
 
@@ -72,7 +73,8 @@ async def workload_spec(db: Database, access: ClusterAccess | None, *, kind: str
         raise ValueError(f"a {kind} spec reads the pod: pass the cluster access")
     pod = await read_pod(access, namespace, name)
     verb = {"migration": "migration", "suspend": "suspend"}.get(kind)
-    refusal = why_not_movable(pod, verb=verb) if verb else None
+    movable = parse_class(klass, field="class").movable_owners
+    refusal = why_not_movable(pod, verb=verb, movable=movable) if verb else None
     if refusal is not None:
         raise UsageError(f"pod {namespace}/{name} cannot be moved: {refusal}",
                          hint=f"cpctl checkpoint {namespace}/{name} captures it without "

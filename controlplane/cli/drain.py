@@ -35,7 +35,8 @@ from controlplane.wiring.cluster import access_from_args
 
 def build_plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], args: argparse.Namespace
                ) -> DrainPlan:
-    return plan_of(args.node, nodes, pods, targets=args.to or (), selector=args.selector)
+    return plan_of(args.node, nodes, pods, targets=args.to or (), selector=args.selector,
+                   klass=class_for(args))
 
 
 def print_plan(plan: DrainPlan, doc: JsonObject, output: str) -> None:

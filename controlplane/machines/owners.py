@@ -14,7 +14,7 @@ owner. Used by the verbs' specs (``app.specs``) and the drain planner.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,11 +50,13 @@ def controller_of(pod: Mapping[str, Any]) -> Owner | None:
     return None
 
 
-def why_not_movable(pod: Mapping[str, Any], *, verb: str = "migrate") -> str | None:
+def why_not_movable(pod: Mapping[str, Any], *, verb: str = "migrate",
+                    movable: Collection[str] = ()) -> str | None:
     """Why ``verb`` (an operation that deletes the source) may not take this pod, naming
-    its owner and what would be needed; ``None`` when it may (a bare pod)."""
+    its owner and what would be needed; ``None`` when it may: a bare pod, or one whose
+    owner kind the checkpoint class lists as ``movable`` (``owners: {Kind: "move"}``)."""
     owner = controller_of(pod)
-    if owner is None:
+    if owner is None or owner.kind in movable:
         return None
     meta = pod.get("metadata") or {}
     where = f"{meta.get('namespace', '?')}/{owner.name}"
@@ -64,5 +66,6 @@ def why_not_movable(pod: Mapping[str, Any], *, verb: str = "migrate") -> str | N
                                    "that keeps its controller from recreating the pod")
     return (f"owned by {owner.kind} {where}, which recreates the pod as soon as it is "
             f"deleted: a {verb} would leave a cold copy beside the restored one. Moving it "
-            f"needs {needed}. Checkpoint it instead (that deletes nothing), or cordon "
-            "the node and let the controller reschedule it")
+            f"needs {needed}. Checkpoint it instead (that deletes nothing), cordon the node "
+            "and let the controller reschedule it, or, if its owner never recreates a "
+            f"deleted pod, declare it in the checkpoint class: owners: {{{owner.kind}: move}}")

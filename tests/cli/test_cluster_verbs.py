@@ -252,6 +252,34 @@ def test_migrate_and_suspend_refuse_a_controller_owned_pod_naming_its_owner(
         "web-")] == ["web-5d7f-x2"]  # nothing was deleted or created
 
 
+def test_a_class_that_declares_an_owner_kind_movable_migrates_its_pods(
+        deployment: Deployment, tmp_path: Path) -> None:
+    d = deployment
+    d.api("/api/v1/namespaces/default/pods", {
+        "metadata": {"name": "sb-1", "annotations": {MARKER: "session=9"},
+                     "ownerReferences": [{"apiVersion": "agents.example.com/v1",
+                                          "kind": "Sandbox", "name": "sb",
+                                          "uid": "0b5e6c1e-0000-4000-8000-000000000002",
+                                          "controller": True}]},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "main", "image": "pause"}]}})
+    d.wait(lambda: any(p["metadata"]["name"] == "sb-1" and
+                       p["status"].get("phase") == "Running" for p in d.pods()), "sb-1 running")
+    refused = d.cpctl("migrate", "default/sb-1", "--to", "node-2", "--repository", REPO,
+                      *d.cluster_args())
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "owners: {Sandbox: move}" in refused.stderr  # how to declare it
+    classes = tmp_path / "classes.yaml"
+    classes.write_text(f"classes:\n- name: sandboxes\n  repository: {REPO}\n"
+                       "  owners:\n    Sandbox: move\n")
+    done = d.cpctl("migrate", "default/sb-1", "--to", "node-2", "--class", "sandboxes",
+                   "--classes-file", str(classes), "--wait", *d.cluster_args())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "(pod default/sb-1)" in done.stdout
+    [moved] = [p for p in d.pods() if p["metadata"]["name"] == "sb-1"]
+    assert moved["spec"]["nodeName"] == "node-2"
+    assert moved["metadata"]["annotations"][MARKER] == "session=9"
+
+
 def test_an_operation_over_the_limit_queues_and_the_worker_admits_it_when_a_slot_frees(
     deployment: Deployment,
 ) -> None:

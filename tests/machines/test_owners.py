@@ -49,3 +49,27 @@ def test_a_daemonset_pod_is_left_because_it_runs_everywhere() -> None:
     reason = why_not_movable(pod(ref("DaemonSet", "logs")))
     assert reason is not None
     assert "DaemonSet shop/logs" in reason
+
+
+def test_a_class_may_declare_an_owner_kind_movable() -> None:
+    sandbox = pod(ref("Sandbox", "sb-1", api_version="agents.example.com/v1"))
+    assert why_not_movable(sandbox, movable=("Sandbox",)) is None
+    assert why_not_movable(pod(ref("ReplicaSet", "web")), movable=("Sandbox",)) is not None
+    reason = why_not_movable(sandbox)
+    assert reason is not None
+    assert "owners: {Sandbox: move}" in reason  # the refusal says how to declare it
+
+
+def test_the_class_owners_field_is_validated_naming_the_key() -> None:
+    import pytest
+
+    from controlplane.engine.decider import InvalidSpec
+    from controlplane.machines.config.classes import class_to_json, parse_class
+
+    parsed = parse_class({"repository": "r.example/x", "owners": {"Sandbox": "move",
+                                                                  "Job": "refuse"}})
+    assert parsed.movable_owners == ("Sandbox",)
+    assert class_to_json(parsed)["owners"] == {"Sandbox": "move"}
+    assert "owners" not in class_to_json(parse_class({"repository": "r.example/x"}))
+    with pytest.raises(InvalidSpec, match=r"class\.owners\.Sandbox"):
+        parse_class({"owners": {"Sandbox": "maybe"}})

@@ -28,6 +28,7 @@ import orjson
 
 from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
+from controlplane.machines.base.codec import OMIT_DEFAULT
 from controlplane.machines.base.refs import is_valid_tag, parse_repository
 from controlplane.machines.config.containers import (
     DEFAULT_LOADER,
@@ -45,6 +46,7 @@ DEFAULT_TAG_SCHEME = "{namespace}.{pod}.{checkpoint_id}"
 TAG_PLACEHOLDERS = frozenset({"checkpoint_id", "namespace", "pod"})
 MAX_TIMEOUT = 7 * 86400
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_KIND = re.compile(r"^[A-Z][A-Za-z0-9]{0,62}$")
 
 
 class OnFailure(StrEnum):
@@ -87,6 +89,10 @@ class CheckpointClass:
     loader: ContainerOverride = field(default_factory=ContainerOverride)
     on_failure: OnFailure = OnFailure.RESUME
     restore_attempts: int = 3
+    #: Owner kinds whose pods this class moves as bare pods (``owners: {Kind: "move"}``):
+    #: the operator vouches that the owner does not recreate a deleted pod (an operator
+    #: that expects suspend/resume, say). Every other controller-owned pod is refused.
+    movable_owners: tuple[str, ...] = field(default=(), metadata=OMIT_DEFAULT)
 
     def saver_container(self) -> Container:
         return merge(DEFAULT_SAVER, self.saver)
@@ -113,7 +119,8 @@ def _annotation(default: Container, override: ContainerOverride) -> str:
 DEFAULT_CLASS = CheckpointClass()
 
 _KEYS = {"name", "repository", "tag_scheme", "timeouts", "retention", "saver", "loader",
-         "on_failure", "restore_attempts"}
+         "on_failure", "restore_attempts", "owners"}
+_OWNER_POLICIES = ("move", "refuse")
 
 
 def parse_class(data: JsonValue, *, field: str = "class") -> CheckpointClass:
@@ -175,7 +182,25 @@ def _parse_class(data: JsonValue, *, field: str) -> CheckpointClass:
         on_failure=OnFailure(str(on_failure)),
         restore_attempts=_int(data.get("restore_attempts", 3), field=f"{field}.restore_attempts",
                               low=1, high=10),
+        movable_owners=_owners(data.get("owners"), field=f"{field}.owners"),
     )
+
+
+def _owners(data: JsonValue, *, field: str) -> tuple[str, ...]:
+    """``{"Kind": "move" | "refuse"}`` -> the kinds moved, sorted."""
+    if data is None:
+        return ()
+    if not isinstance(data, dict):
+        raise InvalidSpec(f"{field} must map an owner kind to 'move' or 'refuse', e.g. "
+                          '{"Sandbox": "move"}')
+    moved = []
+    for kind, policy in data.items():
+        if not _KIND.match(kind) or policy not in _OWNER_POLICIES:
+            raise InvalidSpec(f"{field}.{kind}: {policy!r} is not 'move' or 'refuse' for a "
+                              "Kubernetes kind (e.g. Sandbox)")
+        if policy == "move":
+            moved.append(kind)
+    return tuple(sorted(moved))
 
 
 def class_to_json(cls: CheckpointClass) -> JsonObject:
@@ -190,6 +215,8 @@ def class_to_json(cls: CheckpointClass) -> JsonObject:
                       "delete_after_migration": r.delete_after_migration},
         "saver": override_to_json(cls.saver), "loader": override_to_json(cls.loader),
         "on_failure": cls.on_failure.value, "restore_attempts": cls.restore_attempts,
+        **({"owners": {kind: "move" for kind in cls.movable_owners}}
+           if cls.movable_owners else {}),
     }
 
 

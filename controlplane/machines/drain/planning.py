@@ -197,7 +197,7 @@ def pod_requests(spec: Mapping[str, Any]) -> Resources:
     return Resources(cpu, memory, 1)
 
 
-def pod_info(obj: Mapping[str, Any]) -> PodInfo:
+def pod_info(obj: Mapping[str, Any], movable: Sequence[str] = ()) -> PodInfo:
     meta, spec, status = _map(obj.get("metadata")), _map(obj.get("spec")), _map(obj.get("status"))
     required = _map(_map(_map(spec.get("affinity")).get("nodeAffinity")).get(
         "requiredDuringSchedulingIgnoredDuringExecution"))
@@ -217,7 +217,7 @@ def pod_info(obj: Mapping[str, Any]) -> PodInfo:
         labels=_strings(meta.get("labels")), annotations=_strings(meta.get("annotations")),
         deleting=meta.get("deletionTimestamp") is not None,
         owner_kinds=tuple(str(_map(o).get("kind")) for o in meta.get("ownerReferences") or []),
-        owner_refusal=why_not_movable(obj, verb="drain"),
+        owner_refusal=why_not_movable(obj, verb="drain", movable=movable),
         node_selector=selector, affinity_terms=tuple(terms),
         tolerations=tuple(_map(t) for t in spec.get("tolerations") or []))
 
