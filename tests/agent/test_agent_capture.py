@@ -16,10 +16,11 @@ import pytest
 
 from controlplane.engine.observation import Interests, TagView
 from controlplane.machines.contract import protocol
-from drivers.agent.dumper import DumpRequest
+from drivers.agent.dumper import DumpRequest, Workload
 from drivers.agent.errors import DumpFailed
+from drivers.agent.pods import PodPatcher
 from drivers.agent.requests import CAPTURE_NODE
-from drivers.agent.sim import FROZEN
+from drivers.agent.sim import FROZEN, SimDumper
 from drivers.registry import RegistryObserver
 from drivers.registry.errors import RegistryServerError
 from drivers.registry.port import Registry
@@ -176,6 +177,51 @@ class FailingPushes:
     async def push_manifest(self, repository: str, body: bytes, *, media_type: str,
                             tag: str | None = None) -> str:
         raise RegistryServerError("PUT manifest: 503 UNAVAILABLE: read-only mode", status=503)
+
+
+class HeldRelease(SimDumper):
+    """The sim dumper, its release held until the test lets it go (CRIU's restore in
+    place takes that long)."""
+
+    def __init__(self, patcher: PodPatcher) -> None:
+        super().__init__(patcher, before_dump=_fail_dump)
+        self.entered = asyncio.Event()
+        self.go = asyncio.Event()
+        self.finished = asyncio.Event()
+
+    async def release(self, workload: Workload) -> None:
+        self.entered.set()
+        await self.go.wait()
+        await super().release(workload)
+        self.finished.set()
+
+
+async def _fail_dump(request: DumpRequest) -> None:
+    raise DumpFailed("criu: dump failed")
+
+
+async def test_the_withdrawal_a_failure_report_causes_never_cancels_the_release(
+        tmp_path: Path) -> None:
+    """The control plane withdraws the request as soon as it reads Failed; the release
+    that was already under way must still finish, or a quiesced workload stays stopped."""
+    async with open_world(tmp_path, dumpers={"node-1": HeldRelease}) as w:
+        dumper = w.dumpers["node-1"]
+        assert isinstance(dumper, HeldRelease)
+        w.cluster.create_pod(NS, "app", node="node-1", marker="m")
+        await w.running(NS, "app")
+        w.request_capture(NS, "app", "ck-w", quiesce=True)
+        await w.report(NS, "app", "Failed")
+        await dumper.entered.wait()  # the release is under way, held
+        w.withdraw(NS, "app")  # what the control plane does on reading Failed
+        await w.cluster.wait_for(
+            lambda: protocol.CAPTURE_CHECKPOINT_ID not in w.annotations(NS, "app"),
+            what="the withdrawal seen")
+        await asyncio.sleep(0)  # let the agent react to the withdrawal first
+        dumper.go.set()
+        async with asyncio.timeout(10):  # cancelled, it would never finish
+            await dumper.finished.wait()
+        await w.cluster.wait_for(lambda: FROZEN not in w.annotations(NS, "app"),
+                                 what="the workload released")
 
 
 async def test_registry_failure_during_the_push_is_reported_and_unsticks(
