@@ -34,7 +34,7 @@ from controlplane.store import event_store, queries
 from controlplane.store.admission import AdmissionFacts
 from controlplane.store.database import Database
 from controlplane.store.errors import ConcurrencyConflict, WorkloadBusy
-from controlplane.store.records import Projection
+from controlplane.store.records import MachineRecord, Projection
 from controlplane.worker.ports import Observer
 
 OPERATOR = "operator"
@@ -205,7 +205,7 @@ async def submit_operation(
 RESTORED_PHASES = frozenset({"Succeeded", "RolledBack", "Resumed", "GarbageCollectionFailed"})
 
 
-def final_pod(record: Any) -> str | None:
+def final_pod(record: MachineRecord) -> str | None:
     """``namespace/name`` of the pod a migration, resume or restore left running (the
     last restore attempt's pod), or ``None`` before it is verified or when none runs."""
     if record.phase not in RESTORED_PHASES or not isinstance(record.state, dict):
