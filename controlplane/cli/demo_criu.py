@@ -71,7 +71,9 @@ class CriuDemo(Demo):
                                             "template": template, "class": self.klass})
         record = await self.follow(sus, "suspend sandbox")
         self.expect(record.phase == "Suspended", f"suspend ended {record.phase}")
-        self.expect(cluster.pod(NS, "sandbox") is None, "sandbox still exists")
+        # Suspended means the delete is issued; the node still stops the container.
+        await cluster.wait_for(lambda: cluster.pod(NS, "sandbox") is None,
+                               what=f"{NS}/sandbox deleted", limit_seconds=60)
         res = await self.submit("resume", {
             "namespace": NS, "name": "sandbox", "node": "node-2", "template": template,
             "candidates": [await self._candidate(sus)], "class": self.klass})
