@@ -22,6 +22,7 @@ from controlplane.machines.drain.planning import (
     pod_info,
 )
 from controlplane.machines.drain.state import ChildStatus
+from controlplane.machines.owners import ADOPT, BARE
 from controlplane.store import queries
 from controlplane.store.database import Database
 from controlplane.store.errors import MachineNotFound
@@ -97,10 +98,20 @@ def drain_spec(plan: DrainPlan, pods: list[dict[str, Any]], klass: JsonObject,
     raw = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
     children: list[JsonValue] = [{
         "pod": {"namespace": m.pod.namespace, "name": m.pod.name, "uid": m.pod.uid},
-        "target": m.target, "template": template_of(raw[m.pod.key])} for m in plan.moves]
+        "target": m.target, "template": template_of(raw[m.pod.key]),
+        **({"successor": m.pod.moved_by} if m.pod.moved_by != BARE else {})}
+        for m in plan.moves]
     left: list[JsonValue] = [{"pod": x.pod.key, "reason": x.reason} for x in plan.left]
     return {"node": plan.node, "max_parallel": max_parallel, "class": klass,
             "children": children, "left": left, "keep_names": True}
+
+
+#: What ``--dry-run`` says for each way a pod moves.
+HOW = {
+    BARE: "bare: restored under its own name",
+    ADOPT: "adopted: restored beside its stopped source, then handed to its ReplicaSet, "
+           "which scales the source away (no cold copy, the replica count kept)",
+}
 
 
 def plan_document(plan: DrainPlan, klass: JsonObject, max_parallel: int) -> JsonObject:
@@ -116,9 +127,8 @@ def plan_document(plan: DrainPlan, klass: JsonObject, max_parallel: int) -> Json
                               for m in plan.moves],
         "artifacts_deleted": "each one, after its pod is verified running on the target",
         "refused": [{"pod": x.pod.key, "reason": x.reason} for x in plan.left],
-        # How each pod moves: a bare pod is restored under its own name once the source
-        # is gone; controller-owned pods are refused above, naming the owner.
-        "how": [{"pod": m.pod.key, "how": "bare: restored under its own name"}
-                for m in plan.moves],
+        # How each pod moves (machines.owners); the refused ones are above, each with
+        # its owner named.
+        "how": [{"pod": m.pod.key, "how": HOW[m.pod.moved_by]} for m in plan.moves],
     })
     return doc

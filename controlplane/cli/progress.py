@@ -31,6 +31,7 @@ WAITING_FOR = {
     "Verified": "the workload to be released after the capture",
     "DeletingSource": "the source pod to be gone",
     "Restoring": "the restored pod to be scheduled, restored by the node agent and Ready",
+    "Adopting": "the ReplicaSet to adopt the restored pod, and the source to be gone",
     "RollingBack": "the workload to be restored on its source node",
     "CollectingGarbage": "the checkpoint artifact to be deleted from the registry",
     "WakingInPlace": "the source pod to resume where it is",

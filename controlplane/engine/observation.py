@@ -48,16 +48,20 @@ class PodView:
     annotations: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
     resource_version: str = ""
+    #: ``Kind/name`` of the pod's controller (the ``ownerReferences`` entry with
+    #: ``controller: true``); empty for a bare pod.
+    controller: str = ""
 
     def to_json(self) -> JsonObject:
-        return {
-            "pod": {
-                "namespace": self.namespace, "name": self.name, "uid": self.uid,
-                "node": self.node, "phase": self.phase, "ready": self.ready,
-                "deleting": self.deleting, "annotations": dict(self.annotations),
-                "labels": dict(self.labels), "resource_version": self.resource_version,
-            }
+        pod: JsonObject = {
+            "namespace": self.namespace, "name": self.name, "uid": self.uid,
+            "node": self.node, "phase": self.phase, "ready": self.ready,
+            "deleting": self.deleting, "annotations": dict(self.annotations),
+            "labels": dict(self.labels), "resource_version": self.resource_version,
         }
+        if self.controller:  # only when set: older recorded inputs read the same
+            pod["controller"] = self.controller
+        return {"pod": pod}
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,7 @@ def _pod_fact(value: JsonValue) -> PodFact:
         ready=bool(p.get("ready", False)), deleting=bool(p.get("deleting", False)),
         annotations=_str_map(p.get("annotations")), labels=_str_map(p.get("labels")),
         resource_version=str(p.get("resource_version", "")),
+        controller=str(p.get("controller", "")),
     )
 
 

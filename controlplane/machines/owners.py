@@ -4,8 +4,19 @@ A migration or a suspend deletes its source pod. A pod whose *controller* (the
 ``ownerReferences`` entry with ``controller: true``) is a ReplicaSet, a StatefulSet, a
 Job or an operator's custom resource is recreated by that controller the moment it is
 deleted: a cold copy beside the restored one, and for a StatefulSet a stolen identity.
-Until a mechanism for that owner kind exists, such a pod is refused with a reason that
-names its owner and says what would be needed; a bare pod (no controller) moves.
+Each owner kind has a mechanism or a refusal that names the owner and says what would
+be needed (:func:`how_moved`):
+
+- no controller (a bare pod): ``bare``: the source is deleted, then restored under its
+  own name;
+- a ReplicaSet (a Deployment's pods): ``adopt`` for a migration or a drain: the restored
+  pod starts beside the quiesced source with its labels parked and is handed to the
+  ReplicaSet once verified; the source goes only after the adoption (see the migration
+  machine's ``Adopting``). A suspend is still refused: nothing would take the pod's place
+  but a cold copy (scale the Deployment instead);
+- a kind the checkpoint class declares (``owners: {Kind: move}``): ``bare``;
+- anything else (StatefulSet, Job, ReplicationController, unknown custom resources,
+  DaemonSets): refused.
 
 :func:`controller_of` reads the controller reference; :func:`why_not_movable` answers
 the reason or ``None``. A checkpoint (which deletes nothing) is never refused for its
@@ -20,8 +31,9 @@ from typing import Any
 
 #: What moving a pod of each controller kind would need (the reason's second half).
 NEEDS: Mapping[str, str] = {
-    "ReplicaSet": "the restored pod adopted by the ReplicaSet while the source is scaled "
-                  "away (pod-deletion-cost), so the controller never starts a cold copy",
+    "ReplicaSet": "a replacement, which a suspend does not make: scale its Deployment or "
+                  "ReplicaSet down instead, or migrate the pod (the ReplicaSet adopts the "
+                  "restored one)",
     "StatefulSet": "the controller's own successor pod (same name and claims) held by a "
                    "scheduling gate until the restore request is on it",
     "Job": "the Job suspended (spec.suspend) and started again elsewhere: a Job's pods "
@@ -50,6 +62,24 @@ def controller_of(pod: Mapping[str, Any]) -> Owner | None:
     return None
 
 
+#: How a pod moves: ``bare`` (delete, then restore) or ``adopt`` (restore beside it, then
+#: hand it to the ReplicaSet).
+BARE, ADOPT = "bare", "adopt"
+#: The verbs that restore the pod elsewhere (a suspend restores nothing).
+RESTORING_VERBS = frozenset({"migrate", "migration", "drain"})
+
+
+def how_moved(pod: Mapping[str, Any], *, verb: str = "migrate",
+              movable: Collection[str] = ()) -> str:
+    """``adopt`` for a ReplicaSet's pod that ``verb`` restores elsewhere, else ``bare``;
+    meaningful only when :func:`why_not_movable` is ``None``."""
+    owner = controller_of(pod)
+    if owner is not None and owner.kind == "ReplicaSet" and owner.kind not in movable \
+            and verb in RESTORING_VERBS:
+        return ADOPT
+    return BARE
+
+
 def why_not_movable(pod: Mapping[str, Any], *, verb: str = "migrate",
                     movable: Collection[str] = ()) -> str | None:
     """Why ``verb`` (an operation that deletes the source) may not take this pod, naming
@@ -57,6 +87,8 @@ def why_not_movable(pod: Mapping[str, Any], *, verb: str = "migrate",
     owner kind the checkpoint class lists as ``movable`` (``owners: {Kind: "move"}``)."""
     owner = controller_of(pod)
     if owner is None or owner.kind in movable:
+        return None
+    if how_moved(pod, verb=verb, movable=movable) == ADOPT:
         return None
     meta = pod.get("metadata") or {}
     where = f"{meta.get('namespace', '?')}/{owner.name}"

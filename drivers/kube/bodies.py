@@ -82,9 +82,14 @@ def _strings(value: object) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
 
-def annotation_patch(uid: str, changes: Mapping[str, str | None]) -> KubeObject:
-    """Set (``str``) or remove (``None``) annotations, only on the pod with ``uid``."""
-    return {"metadata": {"uid": uid, "annotations": dict(changes)}}
+def annotation_patch(uid: str, changes: Mapping[str, str | None],
+                     labels: Mapping[str, str] | None = None) -> KubeObject:
+    """Set (``str``) or remove (``None``) annotations, and set ``labels``, only on the pod
+    with ``uid``."""
+    meta: KubeObject = {"uid": uid, "annotations": dict(changes)}
+    if labels:
+        meta["labels"] = dict(labels)
+    return {"metadata": meta}
 
 
 def event_name(object_name: str, action_key: str) -> str:

@@ -3,7 +3,8 @@
 ==========================  ===============================================================
 action                      request, and what counts as done
 ==========================  ===============================================================
-``AnnotatePod``             strategic merge patch of annotations carrying ``metadata.uid``;
+``AnnotatePod``             strategic merge patch of annotations (and labels, if given)
+                            carrying ``metadata.uid``;
 ``RemovePodAnnotations``    done: applied, 404 (the pod is gone), or 422 on
                             ``metadata.uid`` (the name now belongs to another pod, which
                             must NOT be patched: UID provenance, safety gate 4)
@@ -30,6 +31,7 @@ Called by the worker's ``ActionRunner`` (registered by :mod:`drivers.kube.driver
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from controlplane.clock import Clock, SystemClock
@@ -123,7 +125,8 @@ class PodActions:
 
     async def annotate_pod(self, action: Action, /) -> None:
         changes: dict[str, str | None] = dict(_string_map(action, "annotations"))
-        await self._patch_annotations(action, changes)
+        labels = _string_map(action, "labels") if "labels" in action.params else {}
+        await self._patch_annotations(action, changes, labels)
 
     async def remove_pod_annotations(self, action: Action, /) -> None:
         keys = action.params.get("keys")
@@ -133,12 +136,13 @@ class PodActions:
         changes: dict[str, str | None] = {str(k): None for k in keys}
         await self._patch_annotations(action, changes)
 
-    async def _patch_annotations(self, action: Action, changes: dict[str, str | None]) -> None:
+    async def _patch_annotations(self, action: Action, changes: dict[str, str | None],
+                                 labels: Mapping[str, str] | None = None) -> None:
         namespace, name, uid = (_text(action, "namespace"), _text(action, "name"),
                                 _text(action, "uid"))
         what = f"{action.type} pod {namespace}/{name} (uid {uid})"
         try:
-            await self.api.patch(PODS, name, bodies.annotation_patch(uid, changes),
+            await self.api.patch(PODS, name, bodies.annotation_patch(uid, changes, labels),
                                  namespace=namespace)
         except ApiNotFound:
             log.info("pod gone; nothing to patch", action=action.type, key=action.key)

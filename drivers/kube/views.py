@@ -47,7 +47,16 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
         deleting=meta.get("deletionTimestamp") is not None,
         annotations=_strings(meta.get("annotations")), labels=_strings(meta.get("labels")),
         resource_version=str(meta.get("resourceVersion") or ""),
+        controller=controller_ref(meta),
     )
+
+
+def controller_ref(meta: Mapping[str, Any]) -> str:
+    """``Kind/name`` of the ``ownerReferences`` entry with ``controller: true``, or ``""``."""
+    for ref in meta.get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return f"{ref.get('kind') or '?'}/{ref.get('name') or '?'}"
+    return ""
 
 
 def node_view(obj: Mapping[str, Any]) -> NodeView:

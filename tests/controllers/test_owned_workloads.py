@@ -1,5 +1,6 @@
-"""Against the real kube-controller-manager and kube-scheduler: controller-owned pods are
-refused by name, never half-moved; bare pods beside them still move.
+"""Against the real kube-controller-manager and kube-scheduler: a ReplicaSet's pod moves by
+adoption (no cold copy, the replica count kept, the restored pod owned); other
+controllers' pods are refused by name, never half-moved; bare pods beside them move.
 
 The world is a kube-apiserver of its own with the real ReplicaSet, Deployment and
 StatefulSet controllers and the real scheduler (``Envtest.start_controllers``), the
@@ -12,11 +13,16 @@ workload has exactly its replicas, with the same pods (UIDs) as before.
 from __future__ import annotations
 
 import json
+import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from drivers.agent.sim import FROZEN
+from drivers.sim import MARKER
 from tests.e2e.world import Obj, World, open_world
 from tests.support.envtest import (
     NODES,
@@ -74,8 +80,10 @@ def _uids(pods: list[Obj]) -> set[str]:
     return {p["metadata"]["uid"] for p in pods}
 
 
-def test_a_deployment_pod_is_refused_naming_its_replicaset_and_the_replicas_stay(
+def test_a_deployment_pod_migrates_and_its_replicaset_adopts_the_restored_pod(
         world: World) -> None:
+    """Never a cold replacement, never two running copies, three replicas at the end, the
+    restored pod owned by the ReplicaSet with its marker; judged by the real controller."""
     w = world
     _apply(w, f"/apis/apps/v1/namespaces/{w.namespace}/deployments", {
         "metadata": {"name": "web"},
@@ -83,15 +91,28 @@ def test_a_deployment_pod_is_refused_naming_its_replicaset_and_the_replicas_stay
                  "template": _template("web", pin=False)}})
     before = _running(w, "web", 3)
     pod = before[0]
-    owner = pod["metadata"]["ownerReferences"][0]
+    name, owner = pod["metadata"]["name"], pod["metadata"]["ownerReferences"][0]
     assert owner["kind"] == "ReplicaSet"  # the real controller made it
-    target = next(n for n in ("node-1", "node-2", "node-3") if n != pod["spec"]["nodeName"])
-    done = w.cpctl("migrate", f"{w.namespace}/{pod['metadata']['name']}", "--to", target,
-                   "--repository", "localhost:5000/checkpoints", cluster=True)
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert f"owned by ReplicaSet {w.namespace}/{owner['name']}" in done.stderr
-    after = _running(w, "web", 3)
-    assert _uids(after) == _uids(before)  # nothing deleted, nothing recreated
+    w.kube.request("PATCH", f"/api/v1/namespaces/{w.namespace}/pods/{name}",
+                   {"metadata": {"annotations": {MARKER: "n=7"}}},
+                   "application/merge-patch+json")
+    target = next(n for n in NODES if n != pod["spec"]["nodeName"])
+    with PodWatch(w) as watch:
+        out = w.ok("migrate", f"{w.namespace}/{name}", "--to", target, "--wait",
+                   "--wait-seconds", "120", "--repository", "localhost:5000/checkpoints")
+        after = _running(w, "web", 3)
+    assert "Succeeded" in out, out
+    restored = [p for p in after if p["metadata"]["uid"] not in _uids(before)]
+    assert len(restored) == 1, [p["metadata"]["name"] for p in after]
+    moved = restored[0]
+    assert moved["spec"]["nodeName"] == target
+    assert moved["metadata"]["annotations"][MARKER] == "n=7"  # its state came along
+    ref = moved["metadata"]["ownerReferences"][0]
+    assert (ref["kind"], ref["name"], ref["controller"]) == ("ReplicaSet", owner["name"], True)
+    assert f"(pod {w.namespace}/{moved['metadata']['name']})" in out  # the output names it
+    assert _uids(after) == (_uids(before) - {pod["metadata"]["uid"]}) | {moved["metadata"]["uid"]}
+    assert watch.created() == {moved["metadata"]["uid"]}  # the controller made no cold copy
+    assert watch.most_running_with(MARKER, "n=7") == 1  # never two live copies
 
 
 def test_a_statefulset_pod_is_refused_and_keeps_its_identity(world: World) -> None:
@@ -111,8 +132,7 @@ def test_a_statefulset_pod_is_refused_and_keeps_its_identity(world: World) -> No
     assert _uids(_running(w, "db", 2)) == _uids(before)
 
 
-def test_a_drain_moves_the_bare_pod_and_leaves_the_replicaset_pods_with_the_reason(
-        world: World) -> None:
+def test_a_drain_moves_the_bare_pod_and_hands_the_replicaset_pods_over(world: World) -> None:
     w = world
     _apply(w, f"/apis/apps/v1/namespaces/{w.namespace}/replicasets", {
         "metadata": {"name": "pinned"},
@@ -122,13 +142,108 @@ def test_a_drain_moves_the_bare_pod_and_leaves_the_replicaset_pods_with_the_reas
     bare = w.make_pod(w.name("bare"), "node-1", marker="n=5", labels={"app": "bare-drain"})
     plan = json.loads(w.ok("drain", "node-1", "--dry-run", "-o", "json",
                            "--repository", "localhost:5000/checkpoints"))
-    assert {"pod": f"{w.namespace}/{bare['metadata']['name']}",
-            "how": "bare: restored under its own name"} in plan["how"]
-    assert f"owned by ReplicaSet {w.namespace}/pinned" in json.dumps(plan["refused"])
-    out = w.ok("drain", "node-1", "--repository", "localhost:5000/checkpoints",
-               "--wait", "--wait-seconds", "120")
+    how = {h["pod"]: h["how"] for h in plan["how"]}
+    assert how[f"{w.namespace}/{bare['metadata']['name']}"] == \
+        "bare: restored under its own name"
+    for p in owned:
+        assert how[f"{w.namespace}/{p['metadata']['name']}"].startswith("adopted: ")
+    with PodWatch(w) as watch:
+        out = w.ok("drain", "node-1", "--repository", "localhost:5000/checkpoints",
+                   "--wait", "--wait-seconds", "180")
+        after = _running(w, "pinned", 2)
     assert "drain node-1" in out
     moved = wait_for(lambda: w.running_pods("app=bare-drain") or None, "the bare pod moved")
     assert moved[0]["spec"]["nodeName"] != "node-1"
     assert moved[0]["metadata"]["name"] == bare["metadata"]["name"]  # it kept its name
-    assert _uids(_running(w, "pinned", 2)) == _uids(owned)  # the ReplicaSet's pods: untouched
+    assert not _uids(after) & _uids(owned)  # both restored elsewhere ...
+    assert all(p["spec"]["nodeName"] != "node-1" for p in after)
+    assert all(p["metadata"]["ownerReferences"][0]["name"] == "pinned" for p in after)
+    assert watch.created() == _uids(after) | {moved[0]["metadata"]["uid"]}  # ... no cold copy
+
+
+class PodWatch:
+    """Every pod event in the test namespace, from a real watch, while the block runs:
+    what was created, and at most how many live copies of a marked workload ran at once
+    (Running, not terminating, not stopped by a quiesced checkpoint)."""
+
+    def __init__(self, w: World) -> None:
+        self.w = w
+        self.events: list[tuple[str, Obj]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._response: Any = None
+
+    def __enter__(self) -> PodWatch:
+        listed = self.w.kube.request("GET", f"/api/v1/namespaces/{self.w.namespace}/pods")
+        self._rv = listed["metadata"]["resourceVersion"]
+        self._initial = {p["metadata"]["uid"]: p for p in listed["items"]}
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # Everything up to now: the watch must have seen each pod as a list shows it now.
+        wait_for(self._caught_up, "the watch caught up with a fresh list", 30)
+        self._stop.set()
+        if self._response is not None:
+            self._response.close()
+
+    def _caught_up(self) -> bool:
+        if self._failed:
+            raise AssertionError("the pod watch broke")
+        listed = self.w.kube.request("GET", f"/api/v1/namespaces/{self.w.namespace}/pods")
+        now = {p["metadata"]["uid"]: p["metadata"]["resourceVersion"] for p in listed["items"]}
+        seen = self._current()
+        return {uid: p["metadata"]["resourceVersion"] for uid, p in seen.items()} == now
+
+    def _current(self) -> dict[str, Obj]:
+        pods = dict(self._initial)
+        for kind, obj in list(self.events):
+            if kind == "DELETED":
+                pods.pop(obj["metadata"]["uid"], None)
+            else:
+                pods[obj["metadata"]["uid"]] = obj
+        return pods
+
+    _failed = False
+
+    def _run(self) -> None:
+        kube = self.w.kube
+        url = (f"{kube.server}/api/v1/namespaces/{self.w.namespace}/pods?watch=true"
+               f"&resourceVersion={self._rv}&allowWatchBookmarks=true")
+        headers = {"Authorization": f"Bearer {kube.token}"} if kube.token else {}
+        try:
+            self._response = urllib.request.urlopen(
+                urllib.request.Request(url, headers=headers), timeout=300,
+                context=kube.context)
+            for line in self._response:
+                event = json.loads(line)
+                if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                    self.events.append((event["type"], event["object"]))
+                if self._stop.is_set():
+                    return
+        except Exception:  # the response closed under us at the end
+            if not self._stop.is_set():
+                self._failed = True
+
+    def created(self) -> set[str]:
+        return {o["metadata"]["uid"] for t, o in self.events
+                if t == "ADDED" and o["metadata"]["uid"] not in self._initial}
+
+    def most_running_with(self, annotation: str, value: str) -> int:
+        pods = dict(self._initial)
+        most = 0
+        for kind, obj in self.events:
+            if kind == "DELETED":
+                pods.pop(obj["metadata"]["uid"], None)
+            else:
+                pods[obj["metadata"]["uid"]] = obj
+            most = max(most, sum(1 for p in pods.values() if _live_copy(p, annotation, value)))
+        return most
+
+
+def _live_copy(pod: Obj, annotation: str, value: str) -> bool:
+    meta = pod["metadata"]
+    notes = meta.get("annotations") or {}
+    return (notes.get(annotation) == value and FROZEN not in notes
+            and not meta.get("deletionTimestamp")
+            and (pod.get("status") or {}).get("phase") == "Running")

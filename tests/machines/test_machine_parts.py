@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import pytest
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from controlplane.engine.decider import Event
 from controlplane.engine.kinds import KindRegistry
 from controlplane.engine.observation import Interests
-from controlplane.machines.base.codec import RawJson, decode, encode
+from controlplane.machines.base.codec import OMIT_DEFAULT, RawJson, decode, encode, encode_object
 from controlplane.machines.base.common import backoff, next_poll
 from controlplane.machines.base.events import ENGINE_EVENTS, EventSet, Started, UnknownEvent
 from controlplane.machines.catalog import product_kinds
@@ -230,3 +230,24 @@ def test_initial_states_round_trip_and_ask_to_observe_something() -> None:
         assert decider.load_state(state.to_json()) == state
         assert not state.terminal
         assert isinstance(decider.interests(state), Interests)
+
+
+
+@dataclass(frozen=True)
+class _Item:
+    name: str
+    extra: str = field(default="", metadata=OMIT_DEFAULT)
+
+
+@dataclass(frozen=True)
+class _Holder:
+    items: tuple[_Item, ...]
+
+
+def test_a_marked_field_of_dataclasses_in_a_tuple_is_left_out_while_default() -> None:
+    """A drain's children (a tuple) gained ``successor``: rows written before it fold to
+    the very projection they wrote, and the key appears only when set."""
+    held = _Holder((_Item("a"), _Item("b", extra="x")))
+    encoded = encode_object(held)
+    assert encoded == {"items": [{"name": "a"}, {"name": "b", "extra": "x"}]}
+    assert decode(_Holder, encoded) == held

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.machines.owners import controller_of, why_not_movable
+from controlplane.machines.owners import controller_of, how_moved, why_not_movable
 
 
 def pod(*refs: dict[str, Any]) -> dict[str, Any]:
@@ -27,15 +27,24 @@ def test_an_owner_that_is_not_the_controller_does_not_hold_the_pod() -> None:
 
 
 def test_each_controller_kind_is_refused_with_its_name_and_what_moving_it_needs() -> None:
-    cases = {"ReplicaSet": "adopted by the ReplicaSet",
-             "StatefulSet": "scheduling gate",
-             "Job": "spec.suspend"}
-    for kind, need in cases.items():
-        reason = why_not_movable(pod(ref(kind, "web")), verb="migration")
+    cases = {("ReplicaSet", "suspend"): "scale its Deployment",
+             ("StatefulSet", "migration"): "scheduling gate",
+             ("Job", "migration"): "spec.suspend"}
+    for (kind, verb), need in cases.items():
+        reason = why_not_movable(pod(ref(kind, "web")), verb=verb)
         assert reason is not None
         assert f"owned by {kind} shop/web" in reason
         assert need in reason
-        assert "a migration would leave a cold copy" in reason
+        assert f"a {verb} would leave a cold copy" in reason
+
+
+def test_a_replicaset_pod_migrates_and_drains_by_adoption() -> None:
+    rs_pod = pod(ref("ReplicaSet", "web-5d7f"))
+    for verb in ("migrate", "migration", "drain"):
+        assert why_not_movable(rs_pod, verb=verb) is None
+        assert how_moved(rs_pod, verb=verb) == "adopt"
+    assert how_moved({"metadata": {"name": "p"}}) == "bare"
+    assert how_moved(rs_pod, verb="migrate", movable=("ReplicaSet",)) == "bare"
 
 
 def test_an_unknown_custom_resource_is_refused_naming_its_kind_and_api_group() -> None:
@@ -54,7 +63,7 @@ def test_a_daemonset_pod_is_left_because_it_runs_everywhere() -> None:
 def test_a_class_may_declare_an_owner_kind_movable() -> None:
     sandbox = pod(ref("Sandbox", "sb-1", api_version="agents.example.com/v1"))
     assert why_not_movable(sandbox, movable=("Sandbox",)) is None
-    assert why_not_movable(pod(ref("ReplicaSet", "web")), movable=("Sandbox",)) is not None
+    assert why_not_movable(pod(ref("Job", "web")), movable=("Sandbox",)) is not None
     reason = why_not_movable(sandbox)
     assert reason is not None
     assert "owners: {Sandbox: move}" in reason  # the refusal says how to declare it

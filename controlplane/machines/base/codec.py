@@ -86,20 +86,27 @@ def encode_object(value: object) -> JsonObject:
 def _omit_defaults(value: object, out: JsonObject) -> None:
     for name, default, nested in _omissions(type(value)):
         held = getattr(value, name)
-        if nested:
-            inner = out.get(name)
+        inner = out.get(name)
+        if nested == _SEQUENCE:
+            if isinstance(held, tuple) and isinstance(inner, list):
+                for item, encoded in zip(held, inner, strict=True):
+                    if isinstance(encoded, dict):
+                        _omit_defaults(item, encoded)
+        elif nested:
             if held is not None and isinstance(inner, dict):
                 _omit_defaults(held, inner)
         elif held == default:
             out.pop(name, None)
 
 
-_OMISSIONS: dict[type, tuple[tuple[str, object, bool], ...]] = {}
+_OMISSIONS: dict[type, tuple[tuple[str, object, bool | str], ...]] = {}
+_SEQUENCE = "sequence"  # a tuple of dataclasses with marked fields
 
 
-def _omissions(cls: type) -> tuple[tuple[str, object, bool], ...]:
+def _omissions(cls: type) -> tuple[tuple[str, object, bool | str], ...]:
     """(field, default, nested?) for the fields of ``cls`` that are marked, or that hold a
-    dataclass which has marked fields somewhere below it (worked out once per class)."""
+    dataclass (or a tuple of them) which has marked fields somewhere below it (worked out
+    once per class)."""
     known = _OMISSIONS.get(cls)
     if known is None:
         _OMISSIONS[cls] = ()  # a type that contains itself further down ends here
@@ -107,16 +114,21 @@ def _omissions(cls: type) -> tuple[tuple[str, object, bool], ...]:
     return known
 
 
-def _plan_omissions(cls: type) -> tuple[tuple[str, object, bool], ...]:
+def _plan_omissions(cls: type) -> tuple[tuple[str, object, bool | str], ...]:
     if not dataclasses.is_dataclass(cls):
         return ()
-    plan: list[tuple[str, object, bool]] = []
+    plan: list[tuple[str, object, bool | str]] = []
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
         if f.metadata.get("omit_default"):
             plan.append((f.name, f.default, False))
             continue
         for member in _members(hints[f.name]):
+            items = typing.get_args(member) if typing.get_origin(member) is tuple else ()
+            if len(items) == 2 and items[1] is Ellipsis and isinstance(items[0], type) and \
+                    dataclasses.is_dataclass(items[0]) and _omissions(items[0]):
+                plan.append((f.name, None, _SEQUENCE))
+                break
             if isinstance(member, type) and dataclasses.is_dataclass(member) and \
                     _omissions(member):
                 plan.append((f.name, None, True))

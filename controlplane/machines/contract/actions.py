@@ -63,11 +63,16 @@ class EventType(StrEnum):
 
 
 def annotate_pod(key: str, *, namespace: str, name: str, uid: str,
-                 annotations: Mapping[str, str]) -> Action:
-    """Patch annotations onto the pod ``namespace/name`` only if its UID is ``uid``."""
+                 annotations: Mapping[str, str],
+                 labels: Mapping[str, str] | None = None) -> Action:
+    """Patch annotations (and ``labels``, when given) onto the pod ``namespace/name`` only
+    if its UID is ``uid``."""
     body: JsonObject = {k: v for k, v in sorted(annotations.items())}
-    return Action(ActionType.ANNOTATE_POD, key, {"namespace": namespace, "name": name, "uid": uid,
-                                      "annotations": body})
+    params: JsonObject = {"namespace": namespace, "name": name, "uid": uid,
+                          "annotations": body}
+    if labels:
+        params["labels"] = {k: v for k, v in sorted(labels.items())}
+    return Action(ActionType.ANNOTATE_POD, key, params)
 
 
 def remove_pod_annotations(key: str, *, namespace: str, name: str, uid: str,

@@ -133,7 +133,7 @@ class DrainDecider:
             field = f"spec.children[{i}]"
             if not isinstance(raw, dict):
                 raise InvalidSpec(f"{field} must be an object {{pod, target, template}}")
-            only_known(raw, ("pod", "target", "template"), field=field)
+            only_known(raw, ("pod", "target", "template", "successor"), field=field)
             ref = pod_ref(raw.get("pod"), field=f"{field}.pod")
             target = node_name(raw.get("target"), field=f"{field}.target")
             if target == node:
@@ -141,9 +141,16 @@ class DrainDecider:
             if ref.uid in seen:
                 raise InvalidSpec(f"{field}.pod lists pod uid {ref.uid} twice")
             seen.add(ref.uid)
-            children.append({"pod": ref.to_json(), "target": target,
-                             "template": pod_template(raw.get("template"),
-                                                      field=f"{field}.template")})
+            child: JsonObject = {"pod": ref.to_json(), "target": target,
+                                 "template": pod_template(raw.get("template"),
+                                                          field=f"{field}.template")}
+            successor = raw.get("successor")
+            if successor is not None:
+                if successor != "adopt":
+                    raise InvalidSpec(f"{field}.successor {successor!r} is not 'adopt' (a "
+                                      "ReplicaSet's pod); leave it out for a bare pod")
+                child["successor"] = successor
+            children.append(child)
         left = spec.get("left") or []
         if not isinstance(left, list) or not all(
                 isinstance(x, dict) and isinstance(x.get("pod"), str)
@@ -172,7 +179,8 @@ class DrainDecider:
             template = raw["template"]
             assert isinstance(template, dict)
             children.append(Child(child_id(machine_id, ref.uid), ref.namespace, ref.name,
-                                  ref.uid, str(raw["target"]), template))
+                                  ref.uid, str(raw["target"]), template,
+                                  successor=str(raw.get("successor") or "")))
         max_parallel = spec.get("max_parallel", 4)
         assert isinstance(max_parallel, int)
         return DrainState(machine_id, DrainSpec(str(spec["node"]), max_parallel, klass, left,
@@ -289,7 +297,9 @@ class DrainDecider:
             "pod": {"namespace": c.namespace, "name": c.name, "uid": c.uid},
             "source_node": state.spec.node, "target_node": c.target,
             "template": c.template, "class": state.spec.klass}
-        if state.spec.keep_names:
+        if c.successor:  # a ReplicaSet's pod: handed over, so it cannot keep its name
+            spec["successor"] = c.successor
+        elif state.spec.keep_names:
             spec["keep_name"] = True
         return submit_operation(submit_key(state.machine_id, c.id), machine_id=c.id,
                                 kind="migration", spec=spec, parent=state.machine_id)

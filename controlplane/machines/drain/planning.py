@@ -36,7 +36,7 @@ from typing import Any
 from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.machines.contract.protocol import PREFIX
-from controlplane.machines.owners import why_not_movable
+from controlplane.machines.owners import how_moved, why_not_movable
 
 HOSTNAME = "kubernetes.io/hostname"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
@@ -108,6 +108,7 @@ class PodInfo:
     deleting: bool = False
     owner_kinds: tuple[str, ...] = ()
     owner_refusal: str | None = None  # why its controller forbids a move (machines.owners)
+    moved_by: str = "bare"  # how it moves (machines.owners.how_moved): bare | adopt
     node_selector: Mapping[str, str] = field(default_factory=dict)
     #: REQUIRED node affinity terms (``matchExpressions`` lists), hostname pins dropped.
     affinity_terms: tuple[tuple[Mapping[str, Any], ...], ...] = ()
@@ -218,6 +219,7 @@ def pod_info(obj: Mapping[str, Any], movable: Sequence[str] = ()) -> PodInfo:
         deleting=meta.get("deletionTimestamp") is not None,
         owner_kinds=tuple(str(_map(o).get("kind")) for o in meta.get("ownerReferences") or []),
         owner_refusal=why_not_movable(obj, verb="drain", movable=movable),
+        moved_by=how_moved(obj, verb="drain", movable=movable),
         node_selector=selector, affinity_terms=tuple(terms),
         tolerations=tuple(_map(t) for t in spec.get("tolerations") or []))
 

@@ -88,6 +88,8 @@ class Child:
     reason: str = ""
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    #: The child migration's ``successor`` (``adopt``: a ReplicaSet's pod), or ``""``.
+    successor: str = field(default="", metadata=OMIT_DEFAULT)
 
     @property
     def pod_key(self) -> str:

@@ -57,7 +57,36 @@ class RollbackStarted(DomainEvent):
     node: str
 
 
+@dataclass(frozen=True)
+class AdoptionRequested(DomainEvent):
+    """(``successor: adopt``) The restored pod is verified: the source was made the
+    ReplicaSet's cheapest pod to delete and the restored pod given its labels back, so
+    the ReplicaSet adopts it. ``attempt`` > 1 re-issues the same patches."""
+
+    at: datetime
+    attempt: int
+    deadline: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Adopted(DomainEvent):
+    """The restored pod was observed owned by ``owner`` (``ReplicaSet/name``)."""
+
+    at: datetime
+    owner: str
+
+
+@dataclass(frozen=True)
+class AdoptionAbandoned(DomainEvent):
+    """(``successor: adopt``) No restore could be verified while the source was kept:
+    the source is woken in place instead."""
+
+    at: datetime
+    reason: str
+    message: str
+
+
 MIGRATION_EVENTS = EventSet(
     ENGINE_EVENTS, (Started, MigrationFinished, Retargeted, MigrationCancelRequested,
-                    RollbackStarted),
+                    RollbackStarted, AdoptionRequested, Adopted, AdoptionAbandoned),
     CAPTURE_EVENTS, SOURCE_EVENTS, RESTORE_EVENTS, COLLECT_EVENTS)

@@ -7,6 +7,9 @@ One machine, one history; it composes the capture, source, restore and collectio
         Succeeded | RolledBack | Cancelled
     Restoring --RestoreFailed .. RestoreCleanedUp--> RollingBack (restore on the source
         node) --> ... ; out of attempts --> Failed (artifact preserved)
+    (successor: adopt) Checkpointing --ArtifactVerified--> Restoring (beside the source)
+        --RestoreVerified--> Adopting --Adopted, SourceDeleted--> CollectingGarbage ...;
+        out of restore attempts --AdoptionAbandoned--> WakingInPlace --> Failed
     Checkpointing --CaptureFailed--> Unsticking --> Failed
     Checkpointing/DeletingSource --Retarget(source node) | Cancel | abort--> WakingInPlace
         --SourceReleased--> Cancelled | Failed
@@ -21,7 +24,9 @@ garbage collection; a GC that keeps failing ends in ``GarbageCollectionFailed``,
 in a clean success (gate 7). Which node the workload ended on is ``final_node``.
 
 Spec: ``pod`` ``{namespace, name, uid}``, ``source_node``, ``target_node``, ``template``
-(the saved pod), optional ``artifact``, ``containers``, ``restore_name``, ``class``.
+(the saved pod), optional ``artifact``, ``containers``, ``restore_name``, ``keep_name``,
+``successor`` (``adopt``: a ReplicaSet's pod, restored beside its quiesced source and
+handed to the ReplicaSet before the source is deleted), ``class``.
 Commands: ``Retarget`` ``{"node"}``, ``Cancel``. Registered by
 :func:`controlplane.machines.catalog.product_kinds`. Pure.
 """
@@ -57,6 +62,7 @@ from controlplane.machines.contract.actions import EventType, emit_event
 from controlplane.machines.migration.events import MigrationCancelRequested, Retargeted
 from controlplane.machines.migration.phases import decide_migration
 from controlplane.machines.migration.state import (
+    ADOPT,
     KIND,
     MigrationPhase,
     MigrationSpec,
@@ -73,7 +79,7 @@ class MigrationDecider:
 
     def validate_spec(self, spec: JsonObject) -> JsonObject:
         only_known(spec, ("pod", "source_node", "target_node", "template", "artifact",
-                          "containers", "restore_name", "keep_name", "class"))
+                          "containers", "restore_name", "keep_name", "successor", "class"))
         out = validate_capture_fields(spec)
         source = node_name(require(spec, "source_node"), field="spec.source_node")
         target = node_name(require(spec, "target_node"), field="spec.target_node")
@@ -94,6 +100,17 @@ class MigrationDecider:
                                   "the restored pod restore_name (default: the source's "
                                   "name) once that name is free")
             out["keep_name"] = keep
+        successor = spec.get("successor")
+        if successor is not None:
+            if successor != ADOPT:
+                raise InvalidSpec(f"spec.successor {successor!r} is not 'adopt': 'adopt' "
+                                  "hands the restored pod to the source's ReplicaSet; leave "
+                                  "it out for a bare pod")
+            if keep is True:
+                raise InvalidSpec("spec.keep_name and spec.successor 'adopt' exclude each "
+                                  "other: an adopted pod runs beside the source, so it "
+                                  "cannot take its name")
+            out["successor"] = successor
         return out
 
     def initial_state(self, machine_id: str, spec: JsonObject) -> MigrationState:
@@ -104,7 +121,8 @@ class MigrationDecider:
         name = spec.get("restore_name")
         mspec = MigrationSpec(cspec, str(spec["source_node"]), template,
                               name if isinstance(name, str) else cspec.name,
-                              keep_name=spec.get("keep_name") is True)
+                              keep_name=spec.get("keep_name") is True,
+                              successor=str(spec.get("successor") or ""))
         return MigrationState(machine_id, mspec, klass, target=str(spec["target_node"]))
 
     def interests(self, state: MigrationState) -> Interests:
@@ -122,6 +140,9 @@ class MigrationDecider:
         if s is MigrationPhase.COLLECTING_GARBAGE:
             assert state.pinned is not None
             return Interests(tags=frozenset({state.pinned}))
+        if s is MigrationPhase.ADOPTING:
+            assert state.restore is not None
+            return Interests(pods=source | {state.restore.plan.key})
         r = state.restore
         if r is None or r.status is rs_.RestoreStatus.CLEANED:
             if state.spec.keep_name:  # is the name free yet?
@@ -151,7 +172,7 @@ class MigrationDecider:
                now: datetime) -> Sequence[Event]:
         if state.terminal:
             raise CommandRejected(f"migration {state.machine_id} is already {state.phase}")
-        if state.status is MigrationPhase.COLLECTING_GARBAGE:
+        if state.status in (MigrationPhase.COLLECTING_GARBAGE, MigrationPhase.ADOPTING):
             raise CommandRejected(f"migration {state.machine_id} already restored the workload "
                                   f"on {state.target}; start a new migration to move it")
         ending = state.status in (MigrationPhase.UNSTICKING, MigrationPhase.WAKING_IN_PLACE)

@@ -6,6 +6,10 @@ into the engine's ``Decision``. The source deletion guard is
 
 - ``_restore``: once the source is gone the restore finishes somewhere: a failed target
   attempt rolls back to the source node; the artifact is kept until a restore is verified.
+  With ``successor: adopt`` the source is still there (quiesced) while the restore runs:
+  out of attempts, the source is woken in place instead.
+- ``_adopt``: hand a verified restored pod to the source's ReplicaSet, then delete the
+  source (see :class:`~controlplane.machines.migration.state.Adoption`).
 
 Called by :class:`controlplane.machines.migration.machine.MigrationDecider`. Pure.
 """
@@ -14,21 +18,31 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from controlplane.engine.observation import Observation, ProbeError
+from controlplane.engine.observation import Observation, PodView, ProbeError
 from controlplane.machines.base.common import (
+    REISSUE_AFTER,
     Step,
     action_key,
     emit,
+    merge_facts,
+    next_poll,
     pod_facts,
     seconds,
     wait,
 )
 from controlplane.machines.config.classes import OnFailure
-from controlplane.machines.contract.actions import EventType, emit_event
-from controlplane.machines.migration.events import MigrationFinished, RollbackStarted
+from controlplane.machines.contract.actions import EventType, annotate_pod, emit_event
+from controlplane.machines.migration.events import (
+    Adopted,
+    AdoptionAbandoned,
+    AdoptionRequested,
+    MigrationFinished,
+    RollbackStarted,
+)
 from controlplane.machines.migration.state import (
     MigrationPhase,
     MigrationState,
+    template_labels,
 )
 from controlplane.machines.steps import capture as cap_
 from controlplane.machines.steps import collect as gc_
@@ -55,6 +69,8 @@ def decide_migration(state: MigrationState, obs: Observation, now: datetime) -> 
         return _delete_source(state, obs, now)
     if s in (MigrationPhase.RESTORING, MigrationPhase.ROLLING_BACK):
         return _restore(state, obs, now)
+    if s is MigrationPhase.ADOPTING:
+        return _adopt(state, obs, now)
     if s is MigrationPhase.COLLECTING_GARBAGE:
         return _collect(state, obs, now)
     return Step()
@@ -93,6 +109,12 @@ def _unstick(state: MigrationState, obs: Observation, now: datetime) -> Step:
 def _wake(state: MigrationState, obs: Observation, now: datetime) -> Step:
     since = state.started_at
     assert since is not None
+    r = state.restore
+    if r is not None and r.status not in (RestoreStatus.CLEANED, RestoreStatus.VERIFIED):
+        # An adoption's restore beside the source: take its pod away first.
+        if r.in_flight:
+            return rs_.abandon_restore(r, now, "the source is woken in place")
+        return rs_.decide_restore(r, state.context(), obs, now, machine_id=state.machine_id)
     result = src_.decide_unstick(
         state.source_op, state.source, obs, now, machine_id=state.machine_id, kill=False,
         timeout=state.klass.timeouts.release, since=since, reason="wake the workload in place")
@@ -169,6 +191,13 @@ def _restore(state: MigrationState, obs: Observation, now: datetime) -> Step:
         return rs_.decide_restore(r, ctx, obs, now, machine_id=mid)
     if r is not None and not r.superseded:
         assert r.failure is not None
+        if state.spec.adopts and not state.source_gone and \
+                state.failures >= state.klass.restore_attempts:
+            return emit(AdoptionAbandoned(
+                at=now, reason="RestoreFailed",
+                message=f"{state.failures} restore attempt(s) failed, the last on "
+                        f"{r.plan.node}: {r.failure.reason}: {r.failure.message}",
+            ).recorded())
         if state.failures >= state.klass.restore_attempts:
             return _finish(state, now, MigrationPhase.FAILED, "RestoreFailed",
                            f"{state.failures} restore attempt(s) failed, the last on "
@@ -177,7 +206,8 @@ def _restore(state: MigrationState, obs: Observation, now: datetime) -> Step:
     name = _kept_name(state, obs, now)
     if isinstance(name, Step):
         return name
-    if r is not None and not r.superseded and state.target != state.spec.source_node:
+    if r is not None and not r.superseded and state.target != state.spec.source_node \
+            and not (state.spec.adopts and not state.source_gone):
         assert r.failure is not None
         rollback = RollbackStarted(
             at=now, failed_node=r.plan.node, reason=r.failure.reason,
@@ -211,3 +241,92 @@ def _collect(state: MigrationState, obs: Observation, now: datetime) -> Step:
     return gc_.decide_collection(c, obs, now, machine_id=state.machine_id,
                                  keep=not state.klass.retention.delete_after_migration,
                                  notify=notify)
+
+
+#: The ``controller.kubernetes.io/pod-deletion-cost`` a source gets before the hand-over:
+#: the lowest an int32 holds, so its ReplicaSet scales it away before any other pod.
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+CHEAPEST = str(-2**31)
+
+
+def _adopt(state: MigrationState, obs: Observation, now: datetime) -> Step:
+    """Hand the verified restored pod to the source's ReplicaSet, then delete the source.
+
+    The restored pod ran with its labels parked, so the ReplicaSet neither counted it nor
+    deleted it while it started. Now the source (quiesced, kept until this moment) gets
+    the lowest ``pod-deletion-cost`` and the restored pod its labels back, both with UID
+    preconditions: the ReplicaSet adopts the matching orphan and, counting one pod too
+    many, scales away the cheapest, the source. Once the restored pod is observed owned,
+    the source is deleted here too (UID precondition), so the hand-over never depends on
+    the controller's choice. Not adopted by the deadline: both pods are left as they are
+    and the migration fails loudly, the artifact kept.
+    """
+    r, a, c = state.restore, state.adoption, state.spec.capture
+    assert r is not None
+    assert r.uid is not None
+    restored = obs.pods.get(r.plan.key, _NOT_OBSERVED)
+    source = obs.pods.get(c.pod_key, _NOT_OBSERVED)
+    facts = merge_facts(pod_facts(r.plan.key, restored), pod_facts(c.pod_key, source))
+    if a is not None and a.owner:
+        return _retire_source(state, a.owner, obs, now)
+    labels = template_labels(state.spec.template)
+    if isinstance(restored, PodView) and restored.uid == r.uid and \
+            restored.controller.startswith("ReplicaSet/") and \
+            all(restored.labels.get(k) == v for k, v in labels.items()):
+        return emit(Adopted(at=now, owner=restored.controller).recorded(facts))
+    if restored is None or (isinstance(restored, PodView) and (
+            restored.uid != r.uid or restored.deleting)):
+        return _finish(state, now, MigrationPhase.FAILED, "RestoredPodLost",
+                       f"restored pod {r.plan.key} went away before its ReplicaSet took it; "
+                       f"the source {c.pod_key} is kept stopped and {state.pinned} is "
+                       "preserved: delete the source to let the ReplicaSet replace it, or "
+                       "restore from the artifact")
+    if a is not None and now >= a.deadline:
+        return _finish(state, now, MigrationPhase.FAILED, "NotAdopted",
+                       f"restored pod {r.plan.key} (running on {state.final_node}) was not "
+                       f"adopted by {state.spec.capture.pod_key}'s ReplicaSet in time: is its "
+                       "selector still matching the pod's labels? The source is kept "
+                       f"stopped and {state.pinned} preserved; delete whichever pod you do "
+                       "not want")
+    if a is not None and now < a.requested_at + REISSUE_AFTER:
+        return wait(a.deadline, next_poll(a.requested_at, now))
+    if not isinstance(restored, PodView):
+        return wait(a.deadline if a else now + REISSUE_AFTER, now + seconds(1))
+    attempt = 1 if a is None else a.attempt + 1
+    deadline = now + seconds(state.klass.timeouts.delete) if a is None else None
+    mid = state.machine_id
+    cheapest = annotate_pod(action_key(mid, "adopt", str(attempt), "cost"),
+                            namespace=c.namespace, name=c.name, uid=c.uid,
+                            annotations={DELETION_COST: CHEAPEST})
+    handback = annotate_pod(action_key(mid, "adopt", str(attempt), "labels"),
+                            namespace=r.plan.namespace, name=r.plan.pod_name, uid=r.uid,
+                            annotations={}, labels=labels)
+    event = AdoptionRequested(at=now, attempt=attempt, deadline=deadline).recorded(facts)
+    return emit(event, actions=[cheapest, handback])
+
+
+def _retire_source(state: MigrationState, owner: str, obs: Observation,
+                   now: datetime) -> Step:
+    """After the adoption: the source goes (its ReplicaSet may have deleted it already)."""
+    src, mid = state.source, state.machine_id
+    op = state.source_op if state.deletion_requested else None
+    pod = obs.pods.get(src.key, _NOT_OBSERVED)
+    if op is None:
+        if pod is None or (isinstance(pod, PodView) and (pod.uid != src.uid or pod.deleting)):
+            return emit(SourceVanished(at=now, during="adopt").recorded(
+                pod_facts(src.key, pod)))
+        if isinstance(pod, ProbeError):
+            return wait(now + seconds(1))
+        return src_.start_source_op(
+            src_.SourceOpKind.DELETE, src, obs, now, machine_id=mid,
+            timeout=state.klass.timeouts.delete,
+            reason=f"the restored pod {state.restore.plan.pod_name if state.restore else '?'} "
+                   f"is owned by {owner}")
+    if op.status is src_.SourceOpStatus.FAILED:
+        assert op.failure is not None
+        return _finish(state, now, MigrationPhase.FAILED, "SourceNotDeleted",
+                       f"the restored pod runs on {state.final_node}, owned by {owner}, but "
+                       f"the stopped source {src.key} could not be deleted: "
+                       f"{op.failure.message}; its ReplicaSet scales it away as the "
+                       "cheapest pod, or delete it", final_node=state.final_node)
+    return src_.decide_source_op(op, src, obs, now, machine_id=mid)

@@ -27,6 +27,9 @@ from controlplane.machines.base.states import PhasedState
 from controlplane.machines.config.classes import CheckpointClass
 from controlplane.machines.migration.events import (
     MIGRATION_EVENTS,
+    Adopted,
+    AdoptionAbandoned,
+    AdoptionRequested,
     MigrationCancelRequested,
     MigrationFinished,
     Retargeted,
@@ -63,6 +66,7 @@ from controlplane.machines.steps.source import (
 )
 
 KIND = "migration"
+ADOPT = "adopt"
 GC_CONDITION = "GarbageCollectionFailed"
 
 
@@ -72,6 +76,7 @@ class MigrationPhase(StrEnum):
     WAKING_IN_PLACE = "WakingInPlace"
     DELETING_SOURCE = "DeletingSource"
     RESTORING = "Restoring"
+    ADOPTING = "Adopting"
     ROLLING_BACK = "RollingBack"
     COLLECTING_GARBAGE = "CollectingGarbage"
     SUCCEEDED = "Succeeded"
@@ -93,11 +98,33 @@ class MigrationSpec:
     restore_name: str
     #: The restored pod is named ``restore_name`` itself (no suffix), once no pod holds it.
     keep_name: bool = field(default=False, metadata=OMIT_DEFAULT)
+    #: How the source's controller takes the restored pod: ``""`` (a bare pod: delete the
+    #: source, then restore) or ``"adopt"`` (a ReplicaSet's pod: restore beside the
+    #: quiesced source with the labels parked, then hand the labels back so the
+    #: ReplicaSet adopts it, then delete the source; see ``phases._adopt``).
+    successor: str = field(default="", metadata=OMIT_DEFAULT)
+
+    @property
+    def adopts(self) -> bool:
+        return self.successor == ADOPT
 
     @property
     def name_key(self) -> str:
         """``namespace/restore_name``: the pod that must be gone before a kept name is used."""
         return f"{self.capture.namespace}/{self.restore_name}"
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """The hand-over of a restored pod to the source's ReplicaSet: requested (the source
+    made the cheapest to delete, the restored pod given its labels back) at
+    ``requested_at``, bounded by ``deadline``; ``owner`` (``ReplicaSet/name``) once the
+    restored pod was observed owned."""
+
+    requested_at: datetime
+    deadline: datetime
+    attempt: int = 1
+    owner: str = ""
 
 
 @dataclass(frozen=True)
@@ -128,7 +155,8 @@ class MigrationState(PhasedState):
     #: With a kept name: since when the next restore attempt is due (the wait for the
     #: name is bounded from here).
     restore_due_at: datetime | None = field(default=None, metadata=OMIT_DEFAULT)
-
+    #: Adoption (``successor: adopt``): the labels handed back, and who took the pod.
+    adoption: Adoption | None = field(default=None, metadata=OMIT_DEFAULT)
 
     @property
     def wake_keys(self) -> frozenset[str]:
@@ -157,11 +185,29 @@ class MigrationState(PhasedState):
 
     def context(self) -> RestoreContext:
         t = self.klass.timeouts
-        return RestoreContext(template=self.spec.template,
+        template = self.spec.template
+        if self.spec.adopts and not self.source_gone:
+            template = parked(template)
+        return RestoreContext(template=template,
                               loader=self.klass.loader_annotation(),
                               schedule_timeout=t.schedule, restore_timeout=t.restore,
                               cleanup_timeout=t.release)
 
+
+
+def parked(template: RawJson) -> RawJson:
+    """The template without its labels: a restored pod its ReplicaSet must not count (or
+    Services route to) until it is verified and handed over."""
+    meta = template.get("metadata")
+    if not isinstance(meta, dict) or not meta.get("labels"):
+        return template
+    return {**template, "metadata": {k: v for k, v in meta.items() if k != "labels"}}
+
+
+def template_labels(template: RawJson) -> dict[str, str]:
+    meta = template.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
 
 
 def evolve_migration(state: MigrationState, event: EventLike | DomainEvent) -> MigrationState:
@@ -180,7 +226,8 @@ def evolve_migration(state: MigrationState, event: EventLike | DomainEvent) -> M
                 failure = Failure(e.reason, e.message)
             return replace(state, status=phase, failure=failure, final_node=e.final_node)
         case Retargeted() | MigrationCancelRequested() | SourceDeletionAborted() | \
-                SourceVanished() | RollbackStarted():
+                SourceVanished() | RollbackStarted() | AdoptionRequested() | Adopted() | \
+                AdoptionAbandoned():
             return _evolve_own(state, e)
     mid = state.machine_id
     capture = cap_.evolve_capture(state.capture, e, machine_id=mid)
@@ -211,24 +258,42 @@ def _evolve_own(state: MigrationState, e: DomainEvent) -> MigrationState:
         case SourceDeletionAborted():
             return replace(state, status=MigrationPhase.WAKING_IN_PLACE,
                            abort=Failure(e.reason, e.message))
+        case SourceVanished() if state.status is MigrationPhase.ADOPTING:
+            return _collecting(replace(state, source_gone=True), e.at)
         case SourceVanished():
             return replace(state, source_gone=True, status=MigrationPhase.RESTORING,
                            target=e.target or state.target, restore_due_at=_due(state, e.at))
         case RollbackStarted():
             return replace(state, rollback=True, target=state.spec.source_node,
                            status=MigrationPhase.ROLLING_BACK)
+        case AdoptionRequested(attempt=1):
+            assert e.deadline is not None
+            return replace(state, adoption=Adoption(requested_at=e.at, deadline=e.deadline))
+        case AdoptionRequested() if state.adoption is not None:
+            return replace(state, adoption=replace(state.adoption, requested_at=e.at,
+                                                   attempt=e.attempt))
+        case Adopted() if state.adoption is not None:
+            return replace(state, adoption=replace(state.adoption, owner=e.owner))
+        case AdoptionAbandoned():
+            return replace(state, status=MigrationPhase.WAKING_IN_PLACE,
+                           abort=Failure(e.reason, e.message))
     return state
 
 
 def _evolve_steps(state: MigrationState, e: DomainEvent) -> MigrationState:
     match e:
         case ArtifactVerified() if state.status is MigrationPhase.CHECKPOINTING:
-            return replace(state, status=MigrationPhase.DELETING_SOURCE, verified_at=e.at)
+            # Adoption restores beside the (quiesced) source; a bare pod's goes first.
+            after = MigrationPhase.RESTORING if state.spec.adopts else \
+                MigrationPhase.DELETING_SOURCE
+            return replace(state, status=after, verified_at=e.at)
         case CaptureFailed() if state.status is MigrationPhase.CHECKPOINTING:
             return replace(state, status=MigrationPhase.UNSTICKING,
                            failure=state.capture.failure)
         case SourceDeletionRequested():
             return replace(state, deletion_requested=True)
+        case SourceDeleted() if state.status is MigrationPhase.ADOPTING:
+            return _collecting(replace(state, source_gone=True), e.at)
         case SourceDeleted() if state.status is MigrationPhase.DELETING_SOURCE:
             return replace(state, source_gone=True, status=MigrationPhase.RESTORING,
                            restore_due_at=_due(state, e.at))
@@ -243,18 +308,25 @@ def _evolve_steps(state: MigrationState, e: DomainEvent) -> MigrationState:
         case RestoreFailed() if state.restore is not None and not state.restore.superseded:
             return replace(state, failures=state.failures + 1)
         case RestoreVerified() if state.restore is not None:
-            pinned = state.pinned  # parses the artifact reference: once
-            assert pinned is not None
-            deadline = e.at + seconds(state.klass.timeouts.gc)
-            return replace(state, status=MigrationPhase.COLLECTING_GARBAGE,
-                           final_node=state.restore.node or state.restore.plan.node,
-                           collection=Collection(pinned=pinned, deadline=deadline))
+            final = state.restore.node or state.restore.plan.node
+            if state.spec.adopts and not state.source_gone:
+                return replace(state, status=MigrationPhase.ADOPTING, final_node=final)
+            return _collecting(replace(state, final_node=final), e.at)
         case ArtifactDeletionFailed() if state.collection is not None:
             return replace(state, conditions=set_condition(state.conditions, Condition(
                 GC_CONDITION, e.error_class, e.message, e.at)))
         case ArtifactDeleted():
             return replace(state, conditions=clear_condition(state.conditions, GC_CONDITION))
     return state
+
+
+def _collecting(state: MigrationState, at: datetime) -> MigrationState:
+    """The workload runs restored: collect the artifact (gate 2)."""
+    pinned = state.pinned  # parses the artifact reference: once
+    assert pinned is not None
+    deadline = at + seconds(state.klass.timeouts.gc)
+    return replace(state, status=MigrationPhase.COLLECTING_GARBAGE,
+                   collection=Collection(pinned=pinned, deadline=deadline))
 
 
 def _due(state: MigrationState, at: datetime) -> datetime | None:
