@@ -17,6 +17,8 @@ Called by :mod:`drivers.sim.store`. Pure.
 
 from __future__ import annotations
 
+from typing import Any
+
 from drivers.sim import validation
 from drivers.sim.objects import (
     ApiError,
@@ -154,6 +156,23 @@ def _check_pod_spec(resource: Resource, name: str, old: Obj, new: Obj) -> None:
                              for c in spec.get("containers") or [] if isinstance(c, dict)]
         return out
 
+    gates = [g.get("name") for g in old.get("schedulingGates") or [] if isinstance(g, dict)]
+    added = [(i, g.get("name")) for i, g in enumerate(new.get("schedulingGates") or [])
+             if isinstance(g, dict) and g.get("name") not in gates]
+    if added:
+        i, gate = added[0]
+        raise validation.invalid_object(resource, name, [(
+            f"spec.schedulingGates[{i}].name", f"Forbidden: only deletion is allowed, but "
+            f"found new scheduling gate '{gate}'", "FieldValueForbidden")])
+    if new.get("schedulingGates") == []:
+        del new["schedulingGates"]  # stored as absent, as the real server's omitempty does
+    if gates:  # KEP-3838: a gated pod's scheduling constraints may be narrowed
+        problem = _widened(old, new)
+        if problem is not None:
+            raise validation.invalid_object(resource, name, [
+                (*problem, "FieldValueInvalid")])
+        old = {k: v for k, v in old.items() if k not in ("affinity", "nodeSelector")}
+        new = {k: v for k, v in new.items() if k not in ("affinity", "nodeSelector")}
     if frozen(old) != frozen(new):
         raise validation.invalid_object(resource, name, [(
             "spec", "Forbidden: pod updates may not change fields other than "
@@ -161,6 +180,35 @@ def _check_pod_spec(resource: Resource, name: str, old: Obj, new: Obj) -> None:
             "`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing "
             "tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it "
             "was previously negative)", "FieldValueForbidden")])
+
+
+def _widened(old: Obj, new: Obj) -> tuple[str, str] | None:
+    """Why a gated pod's new ``nodeSelector``/required node affinity is not a narrowing of
+    the old (the real server's rule: keys only added, terms only extended), or ``None``."""
+    before, after = old.get("nodeSelector") or {}, new.get("nodeSelector") or {}
+    if any(after.get(k) != v for k, v in before.items()):
+        return ("spec.nodeSelector", "Invalid value: only additions are allowed "
+                "(no mutations or deletions)")
+
+    def terms(spec: Obj) -> list[Any]:
+        node = ((spec.get("affinity") or {}).get("nodeAffinity") or {})
+        required = node.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+        return list(required.get("nodeSelectorTerms") or [])
+
+    was, now = terms(old), terms(new)
+    if not was:
+        return None
+    field = ("spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution."
+             "nodeSelectorTerms")
+    if len(was) != len(now):
+        return (field, "Invalid value: no additions/deletions to non-empty NodeSelectorTerms "
+                "list are allowed")
+    for i, (a, b) in enumerate(zip(was, now, strict=True)):
+        exprs = list((a or {}).get("matchExpressions") or [])
+        if list((b or {}).get("matchExpressions") or [])[:len(exprs)] != exprs:
+            return (f"{field}[{i}]", "Invalid value: only additions to matchExpressions "
+                    "are allowed")
+    return None
 
 
 def deletion_grace(resource: Resource, obj: Obj, requested: int | None) -> int:

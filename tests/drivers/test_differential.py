@@ -497,6 +497,59 @@ async def dry_run_unsupported_value(api: Api) -> Answer:
 
 
 #: case -> why the simulator answers differently on purpose; asserted to still differ.
+GATE = "checkpoint.controlplane.dev/restore"
+HOST_TERM = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                   "values": ["node-2"]}]}
+
+
+def _required(*terms: Any) -> dict[str, Any]:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": list(terms)}}}
+
+
+async def _gated(api: Api, name: str, affinity: Any = None) -> None:
+    body = pod(name)
+    body["spec"]["schedulingGates"] = [{"name": GATE}]
+    if affinity is not None:
+        body["spec"]["affinity"] = affinity
+    answer, created = await api.call("POST", api.pods(), body)
+    assert answer.code == 201, (answer, created)
+
+
+@case
+async def gated_pod_gets_node_affinity_and_loses_its_gate(api: Api) -> Answer:
+    """KEP-3838: how a migration claims a StatefulSet's gated successor."""
+    await _gated(api, "web-1")
+    answer, body = await api.call("PATCH", api.pods("web-1"), {
+        "metadata": {"annotations": {"claimed": "yes"}},
+        "spec": {"affinity": _required(HOST_TERM), "schedulingGates": []}},
+        content_type=MERGE)
+    spec = body.get("spec") or {}
+    return Answer(answer.code, answer.reason, [spec.get("schedulingGates"), spec.get(
+        "affinity")])
+
+
+@case
+async def gated_pod_required_terms_may_only_be_extended(api: Api) -> Answer:
+    zone = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    await _gated(api, "web-1", _required(zone))
+    extended = {"matchExpressions": [*zone["matchExpressions"],
+                                     *HOST_TERM["matchExpressions"]]}
+    ok, _ = await api.call("PATCH", api.pods("web-1"), {
+        "spec": {"affinity": _required(extended)}}, content_type=MERGE)
+    refused, body = await api.call("PATCH", api.pods("web-1"), {
+        "spec": {"affinity": _required(HOST_TERM)}}, content_type=MERGE)
+    return Answer(refused.code, refused.reason, [ok.code, _causes(body)])
+
+
+@case
+async def a_scheduling_gate_cannot_be_added_after_creation(api: Api) -> Answer:
+    await api.make_pod("web")
+    answer, body = await api.call("PATCH", api.pods("web"), {
+        "spec": {"schedulingGates": [{"name": GATE}]}}, content_type=MERGE)
+    return Answer(answer.code, answer.reason, _causes(body))
+
+
 KNOWN_DIFFERENCES: dict[str, str] = {
     "list-at-a-compacted-version-exactly": (
         "the simulator keeps no old versions: a LIST always answers the current state and "
