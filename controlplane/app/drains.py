@@ -22,7 +22,7 @@ from controlplane.machines.drain.planning import (
     pod_info,
 )
 from controlplane.machines.drain.state import ChildStatus
-from controlplane.machines.owners import ADOPT, BARE
+from controlplane.machines.owners import ADOPT, BARE, GATED
 from controlplane.store import queries
 from controlplane.store.database import Database
 from controlplane.store.errors import MachineNotFound
@@ -111,6 +111,8 @@ HOW = {
     BARE: "bare: restored under its own name",
     ADOPT: "adopted: restored beside its stopped source, then handed to its ReplicaSet, "
            "which scales the source away (no cold copy, the replica count kept)",
+    GATED: "gated: its StatefulSet recreates it under the same name and claims, held by "
+           "a scheduling gate until the restore request is on it",
 }
 
 

@@ -17,7 +17,7 @@ from controlplane.app.ports import ClusterAccess
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
 from controlplane.machines.config.classes import parse_class
-from controlplane.machines.owners import ADOPT, how_moved, why_not_movable
+from controlplane.machines.owners import BARE, how_moved, why_not_movable
 from controlplane.store.database import Database
 
 #: The kinds submitted for a workload (``namespace/name``), by their CLI verb.
@@ -88,8 +88,9 @@ async def workload_spec(db: Database, access: ClusterAccess | None, *, kind: str
             "pod": pod_ref(pod), "source_node": (pod.get("spec") or {}).get("nodeName"),
             "target_node": target_node, "template": template_of(pod), "class": klass,
             "restore_name": restore_name or name}
-        if how_moved(pod, verb="migration", movable=movable) == ADOPT:
-            spec["successor"] = ADOPT  # restored beside it, handed to its ReplicaSet
+        how = how_moved(pod, verb="migration", movable=movable)
+        if how != BARE:
+            spec["successor"] = how  # its controller (ReplicaSet, StatefulSet) names it
         else:
             spec["keep_name"] = True
         return spec

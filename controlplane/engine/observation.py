@@ -51,6 +51,9 @@ class PodView:
     #: ``Kind/name`` of the pod's controller (the ``ownerReferences`` entry with
     #: ``controller: true``); empty for a bare pod.
     controller: str = ""
+    #: The names in ``spec.schedulingGates``: the scheduler leaves the pod alone while any
+    #: is there.
+    gates: tuple[str, ...] = ()
 
     def to_json(self) -> JsonObject:
         pod: JsonObject = {
@@ -61,6 +64,8 @@ class PodView:
         }
         if self.controller:  # only when set: older recorded inputs read the same
             pod["controller"] = self.controller
+        if self.gates:
+            pod["gates"] = list(self.gates)
         return {"pod": pod}
 
 
@@ -181,6 +186,10 @@ def _object(value: JsonValue) -> dict[str, JsonValue]:
     return value
 
 
+def _list(value: JsonValue) -> list[JsonValue]:
+    return value if isinstance(value, list) else []
+
+
 def _str_map(value: JsonValue) -> dict[str, str]:
     return {k: str(v) for k, v in _object(value).items()}
 
@@ -205,6 +214,7 @@ def _pod_fact(value: JsonValue) -> PodFact:
         annotations=_str_map(p.get("annotations")), labels=_str_map(p.get("labels")),
         resource_version=str(p.get("resource_version", "")),
         controller=str(p.get("controller", "")),
+        gates=tuple(str(g) for g in _list(p.get("gates"))),
     )
 
 

@@ -14,9 +14,14 @@ be needed (:func:`how_moved`):
   ReplicaSet once verified; the source goes only after the adoption (see the migration
   machine's ``Adopting``). A suspend is still refused: nothing would take the pod's place
   but a cold copy (scale the Deployment instead);
+- a StatefulSet: ``gated`` for a migration or a drain: the source is deleted, the
+  controller recreates the same name (same ordinal, same claims), the control plane's
+  admission webhook holds that successor with a scheduling gate, and the migration
+  claims it (node affinity to the target, the restore request) and lifts the gate. A
+  suspend is refused (the controller would start the successor cold);
 - a kind the checkpoint class declares (``owners: {Kind: move}``): ``bare``;
-- anything else (StatefulSet, Job, ReplicationController, unknown custom resources,
-  DaemonSets): refused.
+- anything else (Job, ReplicationController, unknown custom resources, DaemonSets):
+  refused.
 
 :func:`controller_of` reads the controller reference; :func:`why_not_movable` answers
 the reason or ``None``. A checkpoint (which deletes nothing) is never refused for its
@@ -34,8 +39,9 @@ NEEDS: Mapping[str, str] = {
     "ReplicaSet": "a replacement, which a suspend does not make: scale its Deployment or "
                   "ReplicaSet down instead, or migrate the pod (the ReplicaSet adopts the "
                   "restored one)",
-    "StatefulSet": "the controller's own successor pod (same name and claims) held by a "
-                   "scheduling gate until the restore request is on it",
+    "StatefulSet": "a successor its controller would start cold, which a suspend cannot "
+                   "hold: scale the StatefulSet down instead (its claims stay), or migrate "
+                   "the pod (the successor is held by a scheduling gate and restored)",
     "Job": "the Job suspended (spec.suspend) and started again elsewhere: a Job's pods "
            "run to completion, they are not moved",
     "ReplicationController": "the same as a ReplicaSet's (adoption), not supported",
@@ -62,21 +68,24 @@ def controller_of(pod: Mapping[str, Any]) -> Owner | None:
     return None
 
 
-#: How a pod moves: ``bare`` (delete, then restore) or ``adopt`` (restore beside it, then
-#: hand it to the ReplicaSet).
-BARE, ADOPT = "bare", "adopt"
+#: How a pod moves: ``bare`` (delete, then restore), ``adopt`` (restore beside it, then
+#: hand it to the ReplicaSet) or ``gated`` (delete, then claim the StatefulSet's gated
+#: successor).
+BARE, ADOPT, GATED = "bare", "adopt", "gated"
+#: The mechanism for each controller kind that has one (for the restoring verbs).
+MECHANISMS: Mapping[str, str] = {"ReplicaSet": ADOPT, "StatefulSet": GATED}
 #: The verbs that restore the pod elsewhere (a suspend restores nothing).
 RESTORING_VERBS = frozenset({"migrate", "migration", "drain"})
 
 
 def how_moved(pod: Mapping[str, Any], *, verb: str = "migrate",
               movable: Collection[str] = ()) -> str:
-    """``adopt`` for a ReplicaSet's pod that ``verb`` restores elsewhere, else ``bare``;
-    meaningful only when :func:`why_not_movable` is ``None``."""
+    """``adopt`` for a ReplicaSet's pod and ``gated`` for a StatefulSet's that ``verb``
+    restores elsewhere, else ``bare``; meaningful only when :func:`why_not_movable` is
+    ``None``."""
     owner = controller_of(pod)
-    if owner is not None and owner.kind == "ReplicaSet" and owner.kind not in movable \
-            and verb in RESTORING_VERBS:
-        return ADOPT
+    if owner is not None and owner.kind not in movable and verb in RESTORING_VERBS:
+        return MECHANISMS.get(owner.kind, BARE)
     return BARE
 
 
@@ -88,7 +97,7 @@ def why_not_movable(pod: Mapping[str, Any], *, verb: str = "migrate",
     owner = controller_of(pod)
     if owner is None or owner.kind in movable:
         return None
-    if how_moved(pod, verb=verb, movable=movable) == ADOPT:
+    if how_moved(pod, verb=verb, movable=movable) != BARE:
         return None
     meta = pod.get("metadata") or {}
     where = f"{meta.get('namespace', '?')}/{owner.name}"

@@ -9,6 +9,10 @@
 - :func:`annotation_patch`: a strategic merge patch of annotations that carries
   ``metadata.uid``: the API server refuses (422, ``metadata.uid`` is immutable) to apply
   it to a pod recreated under the same name with another UID.
+- :func:`claim_patch`: the merge patch a ``ClaimPod`` sends to a controller's gated pod:
+  the restore annotations, the required node affinity narrowed to the target (only
+  appended to, the one change a gated pod accepts, KEP-3838) and the gate removed, with
+  ``metadata.uid`` and ``resourceVersion`` as preconditions.
 - :func:`event_body` / :func:`event_name`: a core/v1 Event whose name is derived from the
   action key, so performing the action twice is ``AlreadyExists``, i.e. done.
 
@@ -90,6 +94,27 @@ def annotation_patch(uid: str, changes: Mapping[str, str | None],
     if labels:
         meta["labels"] = dict(labels)
     return {"metadata": meta}
+
+
+def claim_patch(pod: Mapping[str, Any], *, node: str | None, gate: str,
+                annotations: Mapping[str, str]) -> KubeObject:
+    """The merge patch that claims gated ``pod`` (as read) for a restore on ``node``."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    gates = [g for g in spec.get("schedulingGates") or []
+             if isinstance(g, dict) and g.get("name") != gate]
+    patch_spec: KubeObject = {"schedulingGates": gates}
+    if node:
+        pin = {"key": HOSTNAME, "operator": "In", "values": [node]}
+        required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                    .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+        terms = [{**t, "matchExpressions": [*(t.get("matchExpressions") or []), pin]}
+                 for t in required.get("nodeSelectorTerms") or [] if isinstance(t, dict)]
+        patch_spec["affinity"] = {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": terms or [{"matchExpressions": [pin]}]}}}
+    return {"metadata": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion"),
+                         "annotations": dict(annotations)},
+            "spec": patch_spec}
 
 
 def event_name(object_name: str, action_key: str) -> str:

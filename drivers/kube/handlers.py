@@ -15,6 +15,11 @@ action                      request, and what counts as done
                             checked with one GET: done if that UID is gone, else retryable
 ``CreatePod``               POST of the deterministic name with REQUIRED node affinity;
                             done: created, or 409 ``AlreadyExists``
+``ClaimPod``                GET of the gated pod, then a merge patch (``metadata.uid`` and
+                            ``resourceVersion`` preconditions): restore annotations, node
+                            affinity narrowed to the target, the gate removed; done:
+                            applied, 404, another UID, or already claimed (the gate gone
+                            and the annotations on it). A 409 (it changed) is retried
 ``EmitEvent``               POST of a core/v1 Event named from the action key; done:
                             created, or 409 ``AlreadyExists``
 ``SetNodeUnschedulable``    strategic merge patch of the node's ``spec.unschedulable`` (cordon
@@ -49,7 +54,7 @@ from drivers.kube.errors import (
     KubeApiError,
     action_error,
 )
-from drivers.kube.resources import EVENTS, NODES, PODS, CoreV1, Kind
+from drivers.kube.resources import EVENTS, MERGE, NODES, PODS, CoreV1, Kind
 
 log = get_logger("drivers.kube.handlers")
 
@@ -121,6 +126,7 @@ class PodActions:
         return {ActionType.ANNOTATE_POD: self.annotate_pod,
                 ActionType.REMOVE_POD_ANNOTATIONS: self.remove_pod_annotations,
                 ActionType.DELETE_POD: self.delete_pod, ActionType.CREATE_POD: self.create_pod,
+                ActionType.CLAIM_POD: self.claim_pod,
                 ActionType.EMIT_EVENT: self.emit_event}
 
     async def annotate_pod(self, action: Action, /) -> None:
@@ -194,6 +200,39 @@ class PodActions:
         except ValueError as exc:
             raise TerminalActionError(f"CreatePod {action.key}: {exc}") from exc
         await self._create(PODS, body, namespace, f"CreatePod {namespace}/{name}")
+
+    async def claim_pod(self, action: Action, /) -> None:
+        namespace, name, uid = (_text(action, "namespace"), _text(action, "name"),
+                                _text(action, "uid"))
+        gate, node = _text(action, "gate"), action.params.get("node")
+        annotations = _string_map(action, "annotations")
+        what = f"ClaimPod {namespace}/{name} (uid {uid})"
+        try:
+            pod = await self.api.get(PODS, name, namespace=namespace)
+        except ApiNotFound:
+            log.info("pod gone; nothing to claim", key=action.key)
+            return
+        except KubeApiError as exc:
+            raise action_error(exc, what) from exc
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        if meta.get("uid") != uid:
+            log.info("pod recreated under the same name; not claimed", key=action.key)
+            return
+        gated = any(isinstance(g, dict) and g.get("name") == gate
+                    for g in spec.get("schedulingGates") or [])
+        have = meta.get("annotations") or {}
+        if not gated and all(have.get(k) == v for k, v in annotations.items()):
+            return  # claimed already (a repeat after a crash)
+        body = bodies.claim_patch(pod, node=node if isinstance(node, str) else None,
+                                  gate=gate, annotations=annotations)
+        try:
+            await self.api.patch(PODS, name, body, namespace=namespace, patch_type=MERGE)
+        except ApiNotFound:
+            return
+        except KubeApiError as exc:
+            if uid_mismatch(exc):
+                return
+            raise action_error(exc, what) from exc
 
     async def emit_event(self, action: Action, /) -> None:
         namespace = _text(action, "namespace")

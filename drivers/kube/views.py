@@ -48,6 +48,8 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
         annotations=_strings(meta.get("annotations")), labels=_strings(meta.get("labels")),
         resource_version=str(meta.get("resourceVersion") or ""),
         controller=controller_ref(meta),
+        gates=tuple(str(g.get("name")) for g in spec.get("schedulingGates") or []
+                    if isinstance(g, Mapping)),
     )
 
 

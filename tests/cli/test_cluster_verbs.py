@@ -231,7 +231,7 @@ def test_migrate_and_suspend_refuse_a_controller_owned_pod_naming_its_owner(
     d = deployment
     d.api("/api/v1/namespaces/default/pods", {
         "metadata": {"name": "web-5d7f-x2", "labels": {"app": "web"}, "ownerReferences": [{
-            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5d7f",
+            "apiVersion": "batch/v1", "kind": "Job", "name": "web-5d7f",
             "uid": "0b5e6c1e-0000-4000-8000-000000000001", "controller": True}]},
         "spec": {"nodeName": "node-1", "containers": [{"name": "main", "image": "pause"}]}})
     d.wait(lambda: any(p["metadata"]["name"] == "web-5d7f-x2" and
@@ -240,7 +240,7 @@ def test_migrate_and_suspend_refuse_a_controller_owned_pod_naming_its_owner(
                  ("suspend", "default/web-5d7f-x2")):
         result = d.cpctl(*verb, "--repository", REPO, *d.cluster_args())
         assert result.returncode == 2, result.stdout + result.stderr
-        assert "owned by ReplicaSet default/web-5d7f" in result.stderr
+        assert "owned by Job default/web-5d7f" in result.stderr
         assert "cold copy" in result.stderr  # what would go wrong
         assert "cpctl checkpoint default/web-5d7f-x2" in result.stderr  # what to do instead
         assert "Traceback" not in result.stderr

@@ -85,14 +85,28 @@ def test_given_pods_that_cannot_move_then_each_is_left_with_its_reason() -> None
 
 def test_a_pod_whose_controller_would_recreate_it_is_left_naming_the_owner() -> None:
     owned = pod_info({"metadata": {"namespace": "default", "name": "web-1", "uid": "u1",
-                                   "ownerReferences": [{"kind": "StatefulSet", "name": "web",
+                                   "ownerReferences": [{"kind": "Job", "name": "web",
                                                         "controller": True}]},
                       "spec": {"nodeName": "src"}, "status": {"phase": "Running"}})
     plan = plan_drain("src", [node("src"), node("a")], [owned, pod("bare", 1)])
     [left] = plan.left
-    assert "owned by StatefulSet default/web" in left.reason
+    assert "owned by Job default/web" in left.reason
     assert "a drain would leave a cold copy" in left.reason
     assert [m.pod.name for m in plan.moves] == ["bare"]
+
+
+def test_replicaset_and_statefulset_pods_move_each_by_their_mechanism() -> None:
+    def owned(name: str, kind: str) -> PodInfo:
+        return pod_info({"metadata": {"namespace": "default", "name": name, "uid": name,
+                                      "ownerReferences": [{"kind": kind, "name": "web",
+                                                           "controller": True}]},
+                         "spec": {"nodeName": "src"}, "status": {"phase": "Running"}})
+    plan = plan_drain("src", [node("src"), node("a")],
+                      [owned("rs-1", "ReplicaSet"), owned("web-0", "StatefulSet"),
+                       pod("bare", 1)])
+    assert plan.left == ()
+    assert {m.pod.name: m.pod.moved_by for m in plan.moves} == {
+        "rs-1": "adopt", "web-0": "gated", "bare": "bare"}
 
 
 @pytest.mark.parametrize(("source", "targets", "selector", "fragment"), [

@@ -28,7 +28,7 @@ def test_an_owner_that_is_not_the_controller_does_not_hold_the_pod() -> None:
 
 def test_each_controller_kind_is_refused_with_its_name_and_what_moving_it_needs() -> None:
     cases = {("ReplicaSet", "suspend"): "scale its Deployment",
-             ("StatefulSet", "migration"): "scheduling gate",
+             ("StatefulSet", "suspend"): "scale the StatefulSet down",
              ("Job", "migration"): "spec.suspend"}
     for (kind, verb), need in cases.items():
         reason = why_not_movable(pod(ref(kind, "web")), verb=verb)
@@ -45,6 +45,14 @@ def test_a_replicaset_pod_migrates_and_drains_by_adoption() -> None:
         assert how_moved(rs_pod, verb=verb) == "adopt"
     assert how_moved({"metadata": {"name": "p"}}) == "bare"
     assert how_moved(rs_pod, verb="migrate", movable=("ReplicaSet",)) == "bare"
+
+
+def test_a_statefulset_pod_migrates_and_drains_into_its_gated_successor() -> None:
+    sts_pod = pod(ref("StatefulSet", "db"))
+    for verb in ("migrate", "drain"):
+        assert why_not_movable(sts_pod, verb=verb) is None
+        assert how_moved(sts_pod, verb=verb) == "gated"
+    assert why_not_movable(sts_pod, verb="suspend") is not None
 
 
 def test_an_unknown_custom_resource_is_refused_naming_its_kind_and_api_group() -> None:

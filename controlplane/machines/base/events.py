@@ -32,7 +32,7 @@ from typing import Any, ClassVar, TypeVar
 
 from controlplane.engine.decider import ACTION_FAILED, ADMITTED, QUEUED, Event, EventLike
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
-from controlplane.machines.base.codec import RawJson, encode, field_decoders
+from controlplane.machines.base.codec import RawJson, encode, encode_object, field_decoders
 
 E = TypeVar("E", bound="DomainEvent")
 
@@ -76,7 +76,12 @@ def _encoder(cls: type[DomainEvent]) -> Callable[[DomainEvent], JsonObject]:
             value = getattr(event, f.name)
             if value is None and f.name in optional:
                 continue
-            out[f.name] = value if isinstance(value, str | bool | int) else encode(value)
+            if isinstance(value, str | bool | int):
+                out[f.name] = value
+            elif dataclasses.is_dataclass(value):
+                out[f.name] = encode_object(value)  # fields marked OMIT_DEFAULT left out
+            else:
+                out[f.name] = encode(value)
         return out
 
     _ENCODERS[cls] = encode_event

@@ -49,6 +49,7 @@ class ActionType(StrEnum):
     REMOVE_POD_ANNOTATIONS = "RemovePodAnnotations"
     DELETE_POD = "DeletePod"
     CREATE_POD = "CreatePod"
+    CLAIM_POD = "ClaimPod"
     DELETE_MANIFEST = "DeleteManifest"
     EMIT_EVENT = "EmitEvent"
     SET_NODE_UNSCHEDULABLE = "SetNodeUnschedulable"
@@ -96,6 +97,17 @@ def create_pod(key: str, *, namespace: str, name: str, template: JsonObject, nod
         "namespace": namespace, "name": name, "template": template, "node": node,
         "annotations": {k: v for k, v in sorted(annotations.items())},
         "labels": {k: v for k, v in sorted(labels.items())},
+    })
+
+
+def claim_pod(key: str, *, namespace: str, name: str, uid: str, node: str | None,
+              annotations: Mapping[str, str], gate: str) -> Action:
+    """Take a controller's gated pod for a restore, only if its UID is ``uid``: put the
+    ``annotations`` on it, narrow its required node affinity to ``node`` and remove the
+    scheduling ``gate`` (what a gated pod may still receive, KEP-3838)."""
+    return Action(ActionType.CLAIM_POD, key, {
+        "namespace": namespace, "name": name, "uid": uid, "node": node, "gate": gate,
+        "annotations": {k: v for k, v in sorted(annotations.items())},
     })
 
 

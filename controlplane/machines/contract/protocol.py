@@ -68,6 +68,10 @@ RESTORE_LOADER = PREFIX + "restore-loader"
 RESTORED_FROM_DIGEST = PREFIX + "restored-from-digest"
 INSTANCE_ID = PREFIX + "instance-id"
 RESTORE_FAILURE = PREFIX + "restore-failure"
+#: The scheduling gate the control plane's admission webhook puts on a StatefulSet's
+#: successor pod while a migration of that pod is in flight; the migration removes it
+#: when the restore request is on the pod (``steps.restore``, claim mode).
+RESTORE_GATE = PREFIX + "restore"
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "checkpoint-controlplane"

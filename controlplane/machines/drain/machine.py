@@ -146,9 +146,10 @@ class DrainDecider:
                                                           field=f"{field}.template")}
             successor = raw.get("successor")
             if successor is not None:
-                if successor != "adopt":
+                if successor not in ("adopt", "gated"):
                     raise InvalidSpec(f"{field}.successor {successor!r} is not 'adopt' (a "
-                                      "ReplicaSet's pod); leave it out for a bare pod")
+                                      "ReplicaSet's pod) or 'gated' (a StatefulSet's); "
+                                      "leave it out for a bare pod")
                 child["successor"] = successor
             children.append(child)
         left = spec.get("left") or []
@@ -297,7 +298,7 @@ class DrainDecider:
             "pod": {"namespace": c.namespace, "name": c.name, "uid": c.uid},
             "source_node": state.spec.node, "target_node": c.target,
             "template": c.template, "class": state.spec.klass}
-        if c.successor:  # a ReplicaSet's pod: handed over, so it cannot keep its name
+        if c.successor:  # its controller names the restored pod
             spec["successor"] = c.successor
         elif state.spec.keep_names:
             spec["keep_name"] = True

@@ -88,7 +88,8 @@ class Child:
     reason: str = ""
     started_at: datetime | None = None
     finished_at: datetime | None = None
-    #: The child migration's ``successor`` (``adopt``: a ReplicaSet's pod), or ``""``.
+    #: The child migration's ``successor`` (``adopt``: a ReplicaSet's pod, ``gated``: a
+    #: StatefulSet's), or ``""``.
     successor: str = field(default="", metadata=OMIT_DEFAULT)
 
     @property

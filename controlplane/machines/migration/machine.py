@@ -26,7 +26,9 @@ in a clean success (gate 7). Which node the workload ended on is ``final_node``.
 Spec: ``pod`` ``{namespace, name, uid}``, ``source_node``, ``target_node``, ``template``
 (the saved pod), optional ``artifact``, ``containers``, ``restore_name``, ``keep_name``,
 ``successor`` (``adopt``: a ReplicaSet's pod, restored beside its quiesced source and
-handed to the ReplicaSet before the source is deleted), ``class``.
+handed to the ReplicaSet before the source is deleted; ``gated``: a StatefulSet's pod,
+restored into the successor its controller recreates, held by a scheduling gate),
+``class``.
 Commands: ``Retarget`` ``{"node"}``, ``Cancel``. Registered by
 :func:`controlplane.machines.catalog.product_kinds`. Pure.
 """
@@ -62,8 +64,8 @@ from controlplane.machines.contract.actions import EventType, emit_event
 from controlplane.machines.migration.events import MigrationCancelRequested, Retargeted
 from controlplane.machines.migration.phases import decide_migration
 from controlplane.machines.migration.state import (
-    ADOPT,
     KIND,
+    SUCCESSORS,
     MigrationPhase,
     MigrationSpec,
     MigrationState,
@@ -102,14 +104,14 @@ class MigrationDecider:
             out["keep_name"] = keep
         successor = spec.get("successor")
         if successor is not None:
-            if successor != ADOPT:
-                raise InvalidSpec(f"spec.successor {successor!r} is not 'adopt': 'adopt' "
-                                  "hands the restored pod to the source's ReplicaSet; leave "
-                                  "it out for a bare pod")
+            if successor not in SUCCESSORS:
+                raise InvalidSpec(f"spec.successor {successor!r} is not 'adopt' or 'gated': "
+                                  "'adopt' hands the restored pod to the source's "
+                                  "ReplicaSet, 'gated' claims the StatefulSet's successor "
+                                  "pod; leave it out for a bare pod")
             if keep is True:
-                raise InvalidSpec("spec.keep_name and spec.successor 'adopt' exclude each "
-                                  "other: an adopted pod runs beside the source, so it "
-                                  "cannot take its name")
+                raise InvalidSpec(f"spec.keep_name and spec.successor {successor!r} exclude "
+                                  "each other: the source's controller names the pod")
             out["successor"] = successor
         return out
 

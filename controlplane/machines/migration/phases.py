@@ -175,12 +175,15 @@ def _kept_name(state: MigrationState, obs: Observation, now: datetime) -> str | 
 def _plan(state: MigrationState, node: str, name: str | None) -> RestorePlan:
     attempt = state.attempts + 1
     c = state.spec.capture
+    if state.spec.claims:  # the StatefulSet's successor: its name, claimed, not created
+        name = c.name
     return RestorePlan(
         attempt=attempt, namespace=c.namespace,
         pod_name=name or rs_.restore_pod_name(state.spec.restore_name, state.machine_id,
                                               attempt),
         node=node, artifact=state.pinned, checkpoint_id=c.checkpoint_id,
-        not_fresh=(state.capture.source_instance,) if state.capture.source_instance else ())
+        not_fresh=(state.capture.source_instance,) if state.capture.source_instance else (),
+        claim_from=c.uid if state.spec.claims else "")
 
 
 def _restore(state: MigrationState, obs: Observation, now: datetime) -> Step:

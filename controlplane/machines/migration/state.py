@@ -67,6 +67,8 @@ from controlplane.machines.steps.source import (
 
 KIND = "migration"
 ADOPT = "adopt"
+GATED = "gated"
+SUCCESSORS = (ADOPT, GATED)
 GC_CONDITION = "GarbageCollectionFailed"
 
 
@@ -99,14 +101,21 @@ class MigrationSpec:
     #: The restored pod is named ``restore_name`` itself (no suffix), once no pod holds it.
     keep_name: bool = field(default=False, metadata=OMIT_DEFAULT)
     #: How the source's controller takes the restored pod: ``""`` (a bare pod: delete the
-    #: source, then restore) or ``"adopt"`` (a ReplicaSet's pod: restore beside the
+    #: source, then restore), ``"adopt"`` (a ReplicaSet's pod: restore beside the
     #: quiesced source with the labels parked, then hand the labels back so the
-    #: ReplicaSet adopts it, then delete the source; see ``phases._adopt``).
+    #: ReplicaSet adopts it, then delete the source; see ``phases._adopt``) or ``"gated"``
+    #: (a StatefulSet's pod: delete the source, then claim the successor the controller
+    #: recreates under the same name, held by the webhook's scheduling gate; see
+    #: ``steps.restore``, claim mode).
     successor: str = field(default="", metadata=OMIT_DEFAULT)
 
     @property
     def adopts(self) -> bool:
         return self.successor == ADOPT
+
+    @property
+    def claims(self) -> bool:
+        return self.successor == GATED
 
     @property
     def name_key(self) -> str:

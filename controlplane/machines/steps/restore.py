@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
 from controlplane.engine.decider import Action
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Observation, PodFact, PodView, ProbeError
-from controlplane.machines.base.codec import RawJson
+from controlplane.machines.base.codec import OMIT_DEFAULT, RawJson
 from controlplane.machines.base.common import (
     REISSUE_AFTER,
     ActionError,
@@ -52,7 +52,13 @@ from controlplane.machines.base.common import (
 from controlplane.machines.base.events import ActionFailed, DomainEvent
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.contract import protocol
-from controlplane.machines.contract.actions import EventType, create_pod, delete_pod, emit_event
+from controlplane.machines.contract.actions import (
+    EventType,
+    claim_pod,
+    create_pod,
+    delete_pod,
+    emit_event,
+)
 
 SUPERSEDED = "Superseded"  # failure reason of an attempt abandoned by retarget/cancel
 _NOT_OBSERVED = ProbeError("NotObserved", "the pod was not observed")
@@ -90,6 +96,9 @@ class RestorePlan:
     artifact: str | None  # registry/repo@sha256:...; None is a cold boot
     checkpoint_id: str | None = None
     not_fresh: tuple[str, ...] = ()  # instance ids that do not prove a fresh restore
+    #: Claim mode (a StatefulSet's pod): the pod is not created but the controller's own
+    #: successor of the source (this UID) is claimed: gated, same name, another UID.
+    claim_from: str = field(default="", metadata=OMIT_DEFAULT)
 
     @property
     def key(self) -> str:
@@ -231,13 +240,14 @@ def restore_key(machine_id: str, attempt: int) -> str:
 
 def start_restore(plan: RestorePlan, ctx: RestoreContext, now: datetime, *,
                   machine_id: str, facts: JsonObject | None = None) -> Step:
-    """Create the attempt's pod."""
+    """Create the attempt's pod (in claim mode: wait for the controller's, to claim it)."""
+    claim = bool(plan.claim_from)
+    mode = "claim" if claim else "cold-boot" if plan.artifact is None else "restore"
     event = RestorePodRequested(
-        at=now, attempt=plan.attempt, create_attempt=1, plan=plan,
-        mode="cold-boot" if plan.artifact is None else "restore",
-        schedule_deadline=now + seconds(ctx.schedule_timeout),
+        at=now, attempt=plan.attempt, create_attempt=0 if claim else 1, plan=plan,
+        mode=mode, schedule_deadline=now + seconds(ctx.schedule_timeout),
         deadline=now + seconds(ctx.restore_timeout)).recorded(facts)
-    return emit(event, actions=[_create(plan, ctx, machine_id, 1)])
+    return emit(event, actions=[] if claim else [_create(plan, ctx, machine_id, 1)])
 
 
 def abandon_restore(restore: Restore, now: datetime, why: str) -> Step:
@@ -272,6 +282,10 @@ def _watch(r: Restore, ctx: RestoreContext, pod: PodFact, obs: Observation, now:
     if r.action_error is not None:
         return _fail(r, now, "CreateRejected", r.action_error.message,
                      merge_facts(facts, r.action_error.facts()))
+    if plan.claim_from and r.uid is None:
+        claimed = _claim(r, ctx, pod, now, machine_id, facts)
+        if claimed is not None:
+            return claimed
     if isinstance(pod, PodView):
         verdict = _judge(r, pod, now, facts, machine_id)
         if verdict is not None:
@@ -303,6 +317,45 @@ def _watch(r: Restore, ctx: RestoreContext, pod: PodFact, obs: Observation, now:
                      facts)
     return wait(r.deadline, None if scheduled else r.schedule_deadline,
                 next_poll(r.issued_at, now) if r.uid is None else None)
+
+
+def _claim(r: Restore, ctx: RestoreContext, pod: PodFact, now: datetime, machine_id: str,
+           facts: JsonObject) -> Step | None:
+    """Claim mode, before the pod is ours: wait for the controller's successor, claim it
+    when it carries the gate (again after ``REISSUE_AFTER`` if the claim is not seen),
+    fail when it came without the gate (it would start without the state). ``None``:
+    the pod is ours, go on as for a created one."""
+    plan = r.plan
+    if isinstance(pod, PodView) and _ours(r, pod, machine_id):
+        return None
+    if isinstance(pod, PodView) and pod.uid != plan.claim_from and not pod.deleting:
+        if protocol.RESTORE_GATE not in pod.gates:
+            return _fail(r, now, "SuccessorNotGated", f"its controller recreated {plan.key} "
+                         f"(uid {pod.uid}) without the {protocol.RESTORE_GATE} scheduling "
+                         "gate, so it starts without the checkpointed state: is the "
+                         "control plane's admission webhook installed (docs/webhook.md)? "
+                         "The pod is left alone", facts)
+        if r.create_attempt == 0 or now >= r.issued_at + REISSUE_AFTER:
+            attempt = r.create_attempt + 1
+            event = RestorePodRequested(at=now, attempt=plan.attempt,
+                                        create_attempt=attempt).recorded(facts)
+            return emit(event, actions=[_claim_action(plan, ctx, pod.uid, machine_id,
+                                                      attempt)])
+        return wait(r.deadline, r.issued_at + REISSUE_AFTER)
+    if not isinstance(pod, ProbeError) and now >= r.schedule_deadline:
+        return _fail(r, now, "SuccessorNotCreated", f"its controller did not recreate "
+                     f"{plan.key} within {ctx.schedule_timeout}s", facts)
+    return wait(r.deadline, r.schedule_deadline, next_poll(r.issued_at, now))
+
+
+def _claim_action(plan: RestorePlan, ctx: RestoreContext, uid: str, machine_id: str,
+                  attempt: int) -> Action:
+    annotations = protocol.restore_request(
+        artifact=plan.artifact, restore_key=restore_key(machine_id, plan.attempt),
+        checkpoint_id=plan.checkpoint_id, loader=ctx.loader)
+    return claim_pod(create_key(machine_id, plan.attempt, attempt), namespace=plan.namespace,
+                     name=plan.pod_name, uid=uid, node=plan.node, annotations=annotations,
+                     gate=protocol.RESTORE_GATE)
 
 
 def _judge(r: Restore, pod: PodView, now: datetime, facts: JsonObject,
@@ -413,7 +466,7 @@ def evolve_restore(r: Restore | None, event: DomainEvent, *,
                                  schedule_deadline=datetime() as schedule_deadline,
                                  deadline=datetime() as deadline):
             return Restore(plan=plan, issued_at=event.at, schedule_deadline=schedule_deadline,
-                           deadline=deadline)
+                           deadline=deadline, create_attempt=event.create_attempt)
     if r is None:
         return r
     if isinstance(event, RestoreAttemptEvent):
