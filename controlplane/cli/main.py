@@ -228,7 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
         ("checkpoint", "checkpoint a pod into an OCI artifact (the workload keeps running "
          "unless --quiesce)"),
         ("migrate", "move a pod to another node: checkpoint, delete the source, restore on "
-         "the target, verify, collect the artifact"),
+         "the target, verify, collect the artifact (a ReplicaSet's pod is restored beside "
+         "its source and adopted by the ReplicaSet; a StatefulSet's is restored into the "
+         "successor its controller recreates, held by the webhook's scheduling gate: "
+         "docs/owners.md)"),
         ("suspend", "checkpoint a pod and delete it, keeping its spec and checkpoint"),
         ("resume", "restore a suspended pod from its latest checkpoint"),
     ]:
@@ -238,8 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "migrate":
             op.add_argument("--to", required=True, metavar="NODE", help="target node")
             op.add_argument("--name", default=None, metavar="POD",
-                            help="name of the restored pod (default: the source's own name, "
-                                 "taken once the source is gone)")
+                            help="name of the restored bare pod (default: the source's own "
+                                 "name, taken once the source is gone; a controller's pod "
+                                 "is named by its controller)")
         if name == "checkpoint":
             op.add_argument("--quiesce", action="store_true",
                             help="leave the workload stopped after the capture")
