@@ -17,7 +17,7 @@ from controlplane.app.ports import ClusterAccess
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
 from controlplane.machines.config.classes import parse_class
-from controlplane.machines.owners import BARE, how_moved, why_not_movable
+from controlplane.machines.owners import BARE, controller_of, how_moved, why_not_movable
 from controlplane.store.database import Database
 
 #: The kinds submitted for a workload (``namespace/name``), by their CLI verb.
@@ -89,6 +89,11 @@ async def workload_spec(db: Database, access: ClusterAccess | None, *, kind: str
             "target_node": target_node, "template": template_of(pod), "class": klass,
             "restore_name": restore_name or name}
         how = how_moved(pod, verb="migration", movable=movable)
+        if how != BARE and restore_name is not None and restore_name != name:
+            owner = controller_of(pod)
+            raise UsageError(f"--name {restore_name}: pod {namespace}/{name} belongs to "
+                             f"{owner}, which names the restored pod",
+                             hint="leave out --name; cpctl get prints the restored pod's name")
         if how != BARE:
             spec["successor"] = how  # its controller (ReplicaSet, StatefulSet) names it
         else:

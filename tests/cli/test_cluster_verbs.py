@@ -311,3 +311,19 @@ def test_an_operation_over_the_limit_queues_and_the_worker_admits_it_when_a_slot
     d.wait(succeeded, "the queued checkpoint to be admitted and succeed", limit=60)
     history = json.loads(d.cpctl("history", second_id, "-o", "json").stdout)
     assert [e["type"] for e in history][:3] == ["Submitted", "Queued", "Admitted"]
+
+
+def test_migrate_refuses_a_name_for_a_pod_its_controller_names(deployment: Deployment) -> None:
+    d = deployment
+    d.api("/api/v1/namespaces/default/pods", {
+        "metadata": {"name": "db-1", "labels": {"app": "db"}, "ownerReferences": [{
+            "apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db",
+            "uid": "0b5e6c1e-0000-4000-8000-000000000002", "controller": True}]},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "main", "image": "pause"}]}})
+    d.wait(lambda: any(p["metadata"]["name"] == "db-1" and
+                       p["status"].get("phase") == "Running" for p in d.pods()), "db-1 running")
+    result = d.cpctl("migrate", "default/db-1", "--to", "node-2", "--name", "db-9",
+                     "--repository", REPO, *d.cluster_args())
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--name db-9: pod default/db-1 belongs to StatefulSet db" in result.stderr
+    assert "Traceback" not in result.stderr
