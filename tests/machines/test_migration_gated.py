@@ -124,3 +124,12 @@ def test_a_successor_that_never_comes_fails_the_attempt_at_the_schedule_deadline
 def test_the_terminating_source_is_never_claimed() -> None:
     then = restoring().when(seen(src(deleting=True)), at(8))
     then.then_idle().then_no_action("ClaimPod")
+
+
+def test_out_of_attempts_the_failure_says_the_successor_may_be_held_by_the_gate() -> None:
+    g = restoring(restore_attempts=1).decided(
+        seen(successor(gated=False, node_name=TARGET, phase="Running")), at(8))
+    assert g.state.phase == "Failed"
+    message = g.state.failure.message
+    assert "preserved for a manual restore" in message
+    assert "held by the scheduling gate checkpoint.controlplane.dev/restore" in message

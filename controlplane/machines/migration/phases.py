@@ -153,6 +153,12 @@ def _delete_source(state: MigrationState, obs: Observation, now: datetime) -> St
         timeout=state.klass.timeouts.delete)
 
 
+#: What a failed StatefulSet migration adds: its successor may wait, gated, for a person.
+_HELD = ("; a successor of {key} its controller recreated is held by the scheduling gate "
+         "checkpoint.controlplane.dev/restore (so it never starts without the state): "
+         "restore into it by hand, or remove the gate to start it cold")
+
+
 #: How often a kept name is looked at again while a pod still holds it.
 NAME_POLL = seconds(1)
 
@@ -205,7 +211,8 @@ def _restore(state: MigrationState, obs: Observation, now: datetime) -> Step:
             return _finish(state, now, MigrationPhase.FAILED, "RestoreFailed",
                            f"{state.failures} restore attempt(s) failed, the last on "
                            f"{r.plan.node}: {r.failure.reason}: {r.failure.message}; the "
-                           f"artifact {state.pinned} is preserved for a manual restore")
+                           f"artifact {state.pinned} is preserved for a manual restore"
+                           + (_HELD.format(key=r.plan.key) if state.spec.claims else ""))
     name = _kept_name(state, obs, now)
     if isinstance(name, Step):
         return name
