@@ -1,8 +1,10 @@
 """A simulated Kubernetes cluster for tests, demos and benchmarks (loopback only).
 
 ``SimCluster`` serves the core/v1 REST subset the control plane uses (namespaces, pods,
-nodes, events: get, list, watch, create, update, patch, delete, the status subresource)
-with a simulated scheduler and kubelets, fault hooks and a workload marker. See
+nodes, events, persistentvolumeclaims: get, list, watch, create, update, patch, delete,
+the status subresource) and apps/v1 deployments, replicasets and statefulsets, with a
+simulated scheduler and kubelets, the workload controllers and garbage collector, fault
+hooks and a workload marker. See
 ``docs/simulator.md``. Run it as a process with ``python -m drivers.sim up``.
 """
 

@@ -29,17 +29,42 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 @dataclass(frozen=True)
 class Resource:
-    """One served resource of core/v1."""
+    """One served resource: of core/v1 (``group`` empty) or of ``apps/v1``."""
 
     plural: str
     kind: str
     namespaced: bool
     has_status: bool
+    group: str = ""
 
     @property
     def list_kind(self) -> str:
         return f"{self.kind}List"
 
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/v1" if self.group else "v1"
+
+    @property
+    def qualified_plural(self) -> str:
+        """``pods``, ``deployments.apps``: how a real server's messages name the resource."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def qualified_kind(self) -> str:
+        """``Pod``, ``Deployment.apps``: how a real server's ``Invalid`` names the kind."""
+        return f"{self.kind}.{self.group}" if self.group else self.kind
+
+    def details(self, name: str, kind: str) -> Obj:
+        """A ``Status``'s ``details``: the group only when there is one, as on the wire."""
+        out: Obj = {"name": name}
+        if self.group:
+            out["group"] = self.group
+        out["kind"] = kind
+        return out
+
+
+APPS = "apps"
 
 RESOURCES: dict[str, Resource] = {
     r.plural: r for r in (
@@ -47,6 +72,11 @@ RESOURCES: dict[str, Resource] = {
         Resource("nodes", "Node", namespaced=False, has_status=True),
         Resource("namespaces", "Namespace", namespaced=False, has_status=True),
         Resource("events", "Event", namespaced=True, has_status=False),
+        Resource("persistentvolumeclaims", "PersistentVolumeClaim", namespaced=True,
+                 has_status=True),
+        Resource("deployments", "Deployment", namespaced=True, has_status=True, group=APPS),
+        Resource("replicasets", "ReplicaSet", namespaced=True, has_status=True, group=APPS),
+        Resource("statefulsets", "StatefulSet", namespaced=True, has_status=True, group=APPS),
     )
 }
 
@@ -85,26 +115,27 @@ class ApiError(Exception):
 
 
 def not_found(resource: Resource, name: str) -> ApiError:
-    return ApiError(404, f'{resource.plural} "{name}" not found',
-                    details={"name": name, "kind": resource.plural})
+    return ApiError(404, f'{resource.qualified_plural} "{name}" not found',
+                    details=resource.details(name, resource.plural))
 
 
 def already_exists(resource: Resource, name: str) -> ApiError:
-    return ApiError(409, f'{resource.plural} "{name}" already exists', reason="AlreadyExists",
-                    details={"name": name, "kind": resource.plural})
+    return ApiError(409, f'{resource.qualified_plural} "{name}" already exists',
+                    reason="AlreadyExists", details=resource.details(name, resource.plural))
 
 
 def conflict(resource: Resource, name: str, why: str, *, by_kind: bool = False) -> ApiError:
     """``by_kind``: name the object by its kind (``Pod``), as a failed DELETE precondition
     does, rather than by its resource (``pods``), as an update conflict does."""
-    what = resource.kind if by_kind else resource.plural
+    what = resource.qualified_kind if by_kind else resource.qualified_plural
     return ApiError(409, f'Operation cannot be fulfilled on {what} "{name}": {why}',
-                    details={"name": name, "kind": what})
+                    details=resource.details(name, resource.kind if by_kind
+                                             else resource.plural))
 
 
 def invalid(resource: Resource, name: str, field: str, why: str) -> ApiError:
-    return ApiError(422, f'{resource.kind} "{name}" is invalid: {field}: {why}',
-                    details={"name": name, "kind": resource.kind,
+    return ApiError(422, f'{resource.qualified_kind} "{name}" is invalid: {field}: {why}',
+                    details={**resource.details(name, resource.kind),
                              "causes": [{"reason": "FieldValueInvalid", "message": why,
                                          "field": field}]})
 

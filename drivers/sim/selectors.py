@@ -148,3 +148,28 @@ def _field_term(path: tuple[str, ...], value: str, *, negate: bool) -> Predicate
     if negate:
         return lambda obj: field_value(obj, path) != value
     return lambda obj: field_value(obj, path) == value
+
+
+def label_selector_matches(selector: Mapping[str, Any] | None,
+                           labels: Mapping[str, str]) -> bool:
+    """A ``metav1.LabelSelector`` (``matchLabels`` + ``matchExpressions``) over ``labels``,
+    as ``LabelSelectorAsSelector`` reads it: ``None`` matches nothing, ``{}`` everything."""
+    if selector is None:
+        return False
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for term in selector.get("matchExpressions") or []:
+        key, op = term.get("key"), term.get("operator")
+        values = term.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+        if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            return False
+    return True

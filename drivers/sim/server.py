@@ -1,11 +1,14 @@
-"""The simulated API server's HTTP face: the core/v1 REST subset over aiohttp.web.
+"""The simulated API server's HTTP face: the core/v1 and apps/v1 subset over aiohttp.web.
 
-Serves ``/api/v1`` for ``namespaces``, ``pods``, ``nodes`` and ``events`` like a real
+Serves ``/api/v1`` for ``namespaces``, ``pods``, ``nodes``, ``events`` and
+``persistentvolumeclaims``, and ``/apis/apps/v1`` for ``deployments``, ``replicasets``
+and ``statefulsets`` like a real
 API server: GET (one or LIST with ``labelSelector``, ``fieldSelector``, ``limit`` +
 ``continue``), WATCH (``?watch=1``, see :mod:`drivers.sim.watch`), POST, PUT, PATCH
 (strategic merge, merge, JSON patch), DELETE (``DeleteOptions`` with
 ``preconditions`` and ``gracePeriodSeconds``, in the body or the query), the ``status``
-subresource, plus ``/version``, ``/api``, ``/apis``, ``/api/v1`` discovery and
+subresource, plus ``/version``, ``/api``, ``/apis``, ``/apis/apps``, ``/api/v1``,
+``/apis/apps/v1`` discovery and
 ``/healthz``. Every refusal is a ``Status`` object with the real ``reason`` and ``code``
 (429 carries ``Retry-After``). ``pods/NAME/eviction`` deletes like a DELETE (no
 disruption budgets). ``dryRun=All`` validates and answers without storing;
@@ -36,7 +39,7 @@ from aiohttp import web
 from controlplane.logs import get_logger
 from drivers.sim import selectors, validation
 from drivers.sim.faults import Faults, Request
-from drivers.sim.objects import RESOURCES, ApiError, Obj, Resource, dumps, meta
+from drivers.sim.objects import APPS, RESOURCES, ApiError, Obj, Resource, dumps, meta
 from drivers.sim.store import Store
 from drivers.sim.watch import WatchHub, parse_resource_version, stream, stream_error
 
@@ -55,7 +58,8 @@ class Target:
     subresource: str | None
 
 
-def parse_path(tail: str) -> Target:
+def parse_path(tail: str, group: str = "") -> Target:
+    """What ``/api/v1/{tail}`` (``group`` empty) or ``/apis/{group}/v1/{tail}`` names."""
     parts = [p for p in tail.strip("/").split("/") if p]
     if not parts:
         raise ApiError(404, "the server could not find the requested resource")
@@ -64,6 +68,8 @@ def parse_path(tail: str) -> Target:
     else:
         namespace, rest = None, parts
     resource = RESOURCES.get(rest[0])
+    if resource is not None and resource.group != group:
+        resource = None
     if resource is None or len(rest) > 3 or (namespace is not None and not resource.namespaced):
         raise ApiError(404, "the server could not find the requested resource")
     name = rest[1] if len(rest) > 1 else None
@@ -136,23 +142,30 @@ class SimServer:
         app.router.add_get("/api", _static(
             {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}))
         app.router.add_get("/apis", _static(
-            {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}))
-        app.router.add_get("/api/v1", _static(self._discovery()))
+            {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group(APPS)]}))
+        app.router.add_get(f"/apis/{APPS}", _static(
+            {"kind": "APIGroup", "apiVersion": "v1", **_group(APPS)}))
+        app.router.add_get("/api/v1", _static(self._discovery("")))
+        app.router.add_get(f"/apis/{APPS}/v1", _static(self._discovery(APPS)))
         app.router.add_get("/sim/audit", self._audit)
         app.router.add_route("*", "/api/v1/{tail:.+}", self._dispatch)
+        app.router.add_route("*", f"/apis/{APPS}/v1/{{tail:.+}}", self._dispatch)
         return app
 
-    def _discovery(self) -> Obj:
+    def _discovery(self, group: str) -> Obj:
         verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
+        served = [r for r in RESOURCES.values() if r.group == group]
         listed = [{"name": r.plural, "singularName": r.kind.lower(), "namespaced": r.namespaced,
-                   "kind": r.kind, "verbs": verbs} for r in RESOURCES.values()]
+                   "kind": r.kind, "verbs": verbs} for r in served]
         listed += [{"name": f"{r.plural}/status", "singularName": "", "namespaced": r.namespaced,
                     "kind": r.kind, "verbs": ["get", "patch", "update"]}
-                   for r in RESOURCES.values() if r.has_status]
-        listed.append({"name": "pods/eviction", "singularName": "", "namespaced": True,
-                       "group": "policy", "version": "v1", "kind": "Eviction",
-                       "verbs": ["create"]})
-        return {"kind": "APIResourceList", "groupVersion": "v1", "resources": listed}
+                   for r in served if r.has_status]
+        if not group:
+            listed.append({"name": "pods/eviction", "singularName": "", "namespaced": True,
+                           "group": "policy", "version": "v1", "kind": "Eviction",
+                           "verbs": ["create"]})
+        return {"kind": "APIResourceList", "groupVersion": f"{group}/v1" if group else "v1",
+                "resources": listed}
 
     async def _audit(self, _: web.Request) -> web.StreamResponse:
         keys = ("user", "verb", "resource", "subresource", "namespace")
@@ -161,7 +174,8 @@ class SimServer:
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         try:
-            target = parse_path(request.match_info["tail"])
+            group = APPS if request.path.startswith("/apis/") else ""
+            target = parse_path(request.match_info["tail"], group)
             query = request.query
             verb = verb_of(request.method, target, _flag(query.get("watch")))
             self.requests[verb] += 1
@@ -309,12 +323,18 @@ class SimServer:
         metadata: Obj = {"resourceVersion": str(self.store.rv if rv is None else rv)}
         if token:
             metadata["continue"] = token
-        return {"kind": resource.list_kind, "apiVersion": "v1", "metadata": metadata,
+        return {"kind": resource.list_kind, "apiVersion": resource.api_version,
+                "metadata": metadata,
                 "items": items}
 
     def _list_response(self, resource: Resource, items: list[Obj],
                        token: str | None) -> web.Response:
         return _json(self._list_body(resource, items, None, token))
+
+
+def _group(name: str) -> Obj:
+    version = {"groupVersion": f"{name}/v1", "version": "v1"}
+    return {"name": name, "versions": [version], "preferredVersion": version}
 
 
 def _strict(resource: Resource, body: Obj) -> None:

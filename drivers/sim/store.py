@@ -29,6 +29,7 @@ scheduler/kubelet and :class:`~drivers.sim.cluster.SimCluster`.
 from __future__ import annotations
 
 import dataclasses
+import random
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -59,6 +60,14 @@ JSON_PATCH = "application/json-patch+json"
 PATCH_TYPES = (STRATEGIC, MERGE, JSON_PATCH)
 
 Key = tuple[str, str]  # (namespace or "", name)
+
+# apimachinery's utilrand alphabet: no vowels (no words) and no 0, 1, 3 (no look-alikes).
+_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+
+def generated_suffix() -> str:
+    """The 5 characters a real server's ``generateName`` appends (SimpleNameGenerator)."""
+    return "".join(random.choice(_NAME_ALPHABET) for _ in range(5))
 
 
 @dataclass(frozen=True)
@@ -154,7 +163,7 @@ class Store:
             if not m.get("generateName"):
                 raise ApiError(422, f"{resource.kind} is invalid: metadata.name: Required value",
                                reason="Invalid")
-            m["name"] = f"{m['generateName']}{uuid.uuid4().hex[:5]}"
+            m["name"] = f"{m['generateName']}{generated_suffix()}"
         key = (namespace if resource.namespaced else "", str(m["name"]))
         if key in self._objects[plural]:
             raise already_exists(resource, key[1])

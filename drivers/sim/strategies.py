@@ -8,6 +8,7 @@
   ``name``, ``creationTimestamp`` and ``deletionTimestamp`` are immutable (422), a pod's
   spec may change only where Kubernetes allows it (images, tolerations, deadlines,
   scheduling gates), never ``nodeName`` (binding sets it).
+- the workload kinds (apps/v1 and claims) follow :mod:`drivers.sim.workloads`.
 - :func:`deletion_grace`: how long a DELETE waits before the object may go: pods bound
   to a node get their grace period (the simulated kubelet stops them), everything else
   goes at once.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drivers.sim import validation
+from drivers.sim import validation, workloads
 from drivers.sim.objects import (
     ApiError,
     Obj,
@@ -59,9 +60,11 @@ def validate_meta(resource: Resource, obj: Obj, *, check_name: bool = False) -> 
 def prepare_create(resource: Resource, obj: Obj) -> None:
     """Validate ``obj`` (its metadata already named) and fill the kind's defaults."""
     validate_meta(resource, obj, check_name=True)
-    obj["kind"], obj["apiVersion"] = resource.kind, "v1"
+    obj["kind"], obj["apiVersion"] = resource.kind, resource.api_version
     name = str(meta(obj)["name"])
-    if resource.plural == "pods":
+    if resource.group or resource.plural == "persistentvolumeclaims":
+        workloads.prepare_create(resource, obj)
+    elif resource.plural == "pods":
         _prepare_pod(resource, name, obj)
     elif resource.plural == "nodes":
         obj.setdefault("spec", {})
@@ -129,7 +132,7 @@ def prepare_update(resource: Resource, old: Obj, new: Obj, *, subresource: str |
         return out
     validate_meta(resource, new)
     out = clone(new)
-    out["kind"], out["apiVersion"] = resource.kind, "v1"
+    out["kind"], out["apiVersion"] = resource.kind, resource.api_version
     for field in ("uid", "name", "creationTimestamp", "deletionTimestamp",
                   "deletionGracePeriodSeconds", "generation"):
         if field in old_meta:
@@ -145,6 +148,8 @@ def prepare_update(resource: Resource, old: Obj, new: Obj, *, subresource: str |
             out.pop("status", None)
     if resource.plural == "pods":
         _check_pod_spec(resource, name, old.get("spec") or {}, out.get("spec") or {})
+    elif resource.group or resource.plural == "persistentvolumeclaims":
+        workloads.prepare_update(resource, old, out)
     return out
 
 

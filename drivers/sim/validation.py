@@ -120,8 +120,8 @@ def invalid_object(resource: Resource, name: str, causes: list[Cause]) -> ApiErr
     """``422 Invalid`` listing ``causes``, worded as a real server joins them."""
     texts = [f"{field}: {message}" for field, message, _ in causes]
     joined = texts[0] if len(texts) == 1 else f"[{', '.join(texts)}]"
-    return ApiError(422, f'{resource.kind} "{name}" is invalid: {joined}',
-                    details={"name": name, "kind": resource.kind, "causes": [
+    return ApiError(422, f'{resource.qualified_kind} "{name}" is invalid: {joined}',
+                    details={**resource.details(name, resource.kind), "causes": [
                         {"reason": reason, "message": message, "field": field}
                         for field, message, reason in causes]})
 

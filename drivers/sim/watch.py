@@ -134,7 +134,7 @@ class WatchHub:
         up to that version: the client resumes from it."""
         at = self.store.rv if version is None else version
         return {"type": "BOOKMARK", "object": {
-            "kind": resource.kind, "apiVersion": "v1",
+            "kind": resource.kind, "apiVersion": resource.api_version,
             "metadata": {"resourceVersion": str(at)}}}
 
     def send_bookmarks(self) -> int:
