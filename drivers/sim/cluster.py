@@ -3,16 +3,18 @@
 Starts the simulated API server (:mod:`drivers.sim.server`) on ``127.0.0.1:0`` with the
 namespaces ``default`` and ``kube-system`` and ``nodes`` Ready nodes (``node-1``...,
 4 CPUs and 8Gi each unless told otherwise), plus the simulated scheduler and kubelets
-(:mod:`drivers.sim.kubelet`); ``kubelets=False`` leaves both out (no nodes either), for
-the kubelet role (:mod:`drivers.kubelet`) to do their job through the API. Point any
-Kubernetes client at it with :meth:`SimCluster.write_kubeconfig`.
+(:mod:`drivers.sim.kubelet`) and the workload controllers (:mod:`drivers.sim.controllers`;
+``controllers=False`` leaves them out); ``kubelets=False`` leaves all of them out (no
+nodes either), for the kubelet role (:mod:`drivers.kubelet`) to do their job through the
+API. Point any Kubernetes client at it with :meth:`SimCluster.write_kubeconfig`.
 
 Test conveniences act on the store directly (not counted as API requests): pods
 (:meth:`create_pod`, :meth:`pod`), the simulated workload state (:meth:`set_marker`,
 :meth:`marker`: the ``sim.controlplane.dev/marker`` annotation a migration must carry
 over), node operations (:meth:`fail_node`, :meth:`drain`...), fault hooks
 (:attr:`faults`), :meth:`wait_for` (await a condition on store changes, no polling) and
-:meth:`settle` (run the kubelets until quiescent, when transitions take no time).
+:meth:`settle` (run the kubelets and controllers until quiescent, when transitions take
+no time).
 
 Called by tests, demos, benchmarks and ``python -m drivers.sim up``.
 """
@@ -29,6 +31,7 @@ from types import TracebackType
 
 from aiohttp import web
 
+from drivers.sim.controllers import Controllers
 from drivers.sim.faults import Faults
 from drivers.sim.kubelet import Kubelets
 from drivers.sim.objects import MARKER, Obj, meta
@@ -47,7 +50,7 @@ class SimCluster:
                  node_pods: int = 110, namespaces: Sequence[str] = ("default", "kube-system"),
                  start_seconds: float = 0.0, stop_seconds: float = 0.0,
                  bookmark_seconds: float = 30.0, history_limit: int = 100_000,
-                 seed: int = 0, kubelets: bool = True) -> None:
+                 seed: int = 0, kubelets: bool = True, controllers: bool = True) -> None:
         if host not in ("127.0.0.1", "::1", "localhost"):
             raise ValueError("the simulator serves loopback only")
         self.node_names = ([f"node-{i}" for i in range(1, nodes + 1)] if isinstance(nodes, int)
@@ -66,6 +69,9 @@ class SimCluster:
         # (drivers.kubelet, ``cpctl sim nodes``) registers node_names and does their job
         # through the API, as it does against a real API server.
         self.in_process_kubelets = kubelets
+        # The workload controllers run where the kubelets do: without them the world is
+        # the kubelet role's, and a real control plane's controllers are not there either.
+        self.controllers = Controllers(self.store) if kubelets and controllers else None
         self._runner: web.AppRunner | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -86,6 +92,8 @@ class SimCluster:
                 self.kubelets.add_node(name, cpu=self._node_size[0],
                                        memory=self._node_size[1], pods=self._node_pods)
             self.kubelets.start()
+        if self.controllers is not None:
+            self.controllers.start()
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -99,6 +107,8 @@ class SimCluster:
         self.server.closing.set()
         self.hub.shutdown()
         await self.kubelets.stop()
+        if self.controllers is not None:
+            await self.controllers.stop()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -191,9 +201,19 @@ class SimCluster:
         finally:
             unsubscribe()
 
-    def settle(self) -> int:
-        """Run the scheduler and kubelets until nothing changes (see ``Kubelets.settle``)."""
-        return self.kubelets.settle()
+    def settle(self, *, max_passes: int = 50) -> int:
+        """Run the scheduler, kubelets and controllers until nothing changes; returns the
+        passes that wrote (see ``Kubelets.settle``: with zero-time transitions the cluster
+        is then quiescent, a ReplicaSet's pods created, running and counted)."""
+        if self.controllers is None:
+            return self.kubelets.settle(max_passes=max_passes)
+        for done in range(max_passes):
+            before = self.store.rv
+            self.kubelets.reconcile()
+            self.controllers.reconcile()
+            if self.store.rv == before:
+                return done
+        raise RuntimeError(f"the simulated cluster did not settle in {max_passes} passes")
 
     def fail_node(self, name: str) -> Obj:
         return self.kubelets.fail_node(name)
