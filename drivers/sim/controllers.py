@@ -209,8 +209,12 @@ class Controllers:
 
     def _sync_replicaset(self, rs: Obj) -> None:
         namespace, now = meta(rs)["namespace"], self.clock()
-        active = [p for p in self._in("pods", namespace) if rules.is_active(p)]
-        pods = self._claim(rs, "pods", active)
+        every = self._in("pods", namespace)
+        pods = self._claim(rs, "pods", [p for p in every if rules.is_active(p)])
+        terminating = sum(1 for p in every if (rules.controller_ref(p) or {}).get("uid") ==
+                          meta(rs)["uid"] and meta(p).get("deletionTimestamp") is not None
+                          and (p.get("status") or {}).get("phase") not in ("Succeeded",
+                                                                           "Failed"))
         spec = rs.get("spec") or {}
         wanted = int(spec.get("replicas", 1))
         template_labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
@@ -222,7 +226,8 @@ class Controllers:
             "readyReplicas": sum(1 for p in pods if is_true(p, "Ready")),
             "availableReplicas": sum(1 for p in pods if rules.is_available(p, min_ready, now)),
             "observedGeneration": meta(rs).get("generation"),
-        }, keep=("replicas",))
+            "terminatingReplicas": terminating,  # v1.33+: a count, 0 included
+        }, keep=("replicas", "terminatingReplicas"))
         self._write_status("replicasets", rs, status)
         if meta(rs).get("deletionTimestamp") is not None:
             return
@@ -286,7 +291,14 @@ class Controllers:
             "readyReplicas": total("readyReplicas", every),
             "availableReplicas": available,
             "unavailableReplicas": max(0, wanted - available),
-        }))
+            "terminatingReplicas": total("terminatingReplicas", every),
+        }, keep=("terminatingReplicas",)))
+        revision = (meta(current).get("annotations") or {}).get(REVISION_ANNOTATION) \
+            if current is not None else None
+        if revision and (meta(d).get("annotations") or {}).get(REVISION_ANNOTATION) != revision:
+            fresh = self.store.get("deployments", namespace, meta(d)["name"])
+            meta(fresh).setdefault("annotations", {})[REVISION_ANNOTATION] = revision
+            self.store.update("deployments", namespace, meta(d)["name"], fresh)
 
     def _new_replicaset(self, d: Obj, old: list[Obj]) -> Obj:
         spec = d.get("spec") or {}

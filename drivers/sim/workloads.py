@@ -32,6 +32,7 @@ def prepare_create(resource: Resource, obj: Obj) -> None:
     """Default and validate a new workload or claim (metadata already checked)."""
     if resource.plural == "persistentvolumeclaims":
         _check_claim(resource, obj)
+        obj["spec"].setdefault("volumeMode", "Filesystem")
         obj["status"] = {"phase": "Pending"}
         return
     spec = obj.setdefault("spec", {})

@@ -67,7 +67,8 @@ async def test_a_replicaset_creates_pods_up_to_its_replicas_and_reports_them(
             "uid": meta(rs)["uid"], "controller": True, "blockOwnerDeletion": True}]
     status = sim.store.get("replicasets", "default", "web")["status"]
     assert status == {"replicas": 3, "fullyLabeledReplicas": 3, "readyReplicas": 3,
-                      "availableReplicas": 3, "observedGeneration": 1}
+                      "availableReplicas": 3, "observedGeneration": 1,
+                      "terminatingReplicas": 0}
 
 
 async def test_a_replicaset_adopts_a_matching_orphan_then_deletes_the_cheapest_pod(
@@ -128,7 +129,8 @@ async def test_a_replicaset_never_counts_a_terminating_pod() -> None:
         assert terminating is not None
         assert meta(terminating).get("deletionTimestamp")
         assert len(_running_owned(sim, meta(rs)["uid"])) == 2
-        assert sim.store.get("replicasets", "default", "web")["status"]["replicas"] == 2
+        status = sim.store.get("replicasets", "default", "web")["status"]
+        assert (status["replicas"], status["terminatingReplicas"]) == (2, 1)
 
 
 async def test_scaling_a_replicaset_down_deletes_unscheduled_pods_first(
@@ -178,6 +180,8 @@ async def test_a_deployment_runs_its_pods_through_a_replicaset_named_by_the_temp
     assert sets[meta(rs)["name"]]["spec"]["replicas"] == 0
     [new] = [r for n, r in sets.items() if n != meta(rs)["name"]]
     assert meta(new)["annotations"]["deployment.kubernetes.io/revision"] == "2"
+    assert meta(sim.store.get("deployments", "default", "api"))["annotations"][
+        "deployment.kubernetes.io/revision"] == "2"
     assert [p["spec"]["containers"][0]["image"] for p in _running_owned(
         sim, meta(new)["uid"])] == ["pause:2", "pause:2"]
     assert _running_owned(sim, meta(rs)["uid"]) == []
