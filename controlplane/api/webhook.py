@@ -14,9 +14,13 @@ Called by ``cpctl webhook serve`` (:func:`serve_webhook`) and by tests
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import shutil
 import signal
 import ssl
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
@@ -38,6 +42,10 @@ Lookup = Callable[[str, str], Awaitable[str | None]]
 #: Well under the webhook's ``timeoutSeconds: 2`` (deploy/), so the API server hears
 #: our fail-open answer instead of timing out on its side.
 LOOKUP_TIMEOUT = 1.0
+
+#: How often a serving certificate's files are checked for a renewal (cert-manager
+#: renews days before expiry, so a minute is plenty).
+CERT_CHECK_SECONDS = 60.0
 
 #: AdmissionReviews are small; a pod with a huge spec is still far under this.
 MAX_REVIEW_BYTES = 4 * 1024 * 1024
@@ -113,6 +121,51 @@ def server_ssl_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     return context
 
 
+class ServingCertificate:
+    """The TLS context of PEM files that get replaced while we serve (cert-manager renews
+    the Secret, the kubelet swaps the mounted files): :meth:`reload_if_changed` loads
+    them into the same context, so new connections get the new certificate."""
+
+    def __init__(self, cert_file: str, key_file: str) -> None:
+        self.cert_file, self.key_file = cert_file, key_file
+        self.context = server_ssl_context(cert_file, key_file)
+        self._seen = self._stamp()
+
+    def _stamp(self) -> tuple[tuple[int, int], ...]:
+        # stat() follows the Secret volume's symlinks to the current files.
+        return tuple((st.st_ino, st.st_mtime_ns)
+                     for st in (os.stat(self.cert_file), os.stat(self.key_file)))
+
+    def reload_if_changed(self) -> bool:
+        """Load the files again if they changed since the last load; ``True`` if it did.
+        A half-written pair (a key not matching the certificate) is left for next time,
+        the old certificate still served."""
+        try:
+            stamp = self._stamp()
+            if stamp == self._seen:
+                return False
+            with tempfile.TemporaryDirectory() as scratch:
+                # One snapshot of the pair, checked on a scratch context first: a failed
+                # load into the live context would leave it with a mismatched key.
+                cert = shutil.copy(self.cert_file, os.path.join(scratch, "tls.crt"))
+                key = shutil.copy(self.key_file, os.path.join(scratch, "tls.key"))
+                ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+                self.context.load_cert_chain(cert, key)
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("serving certificate not reloaded (kept the previous one): %s", exc)
+            return False
+        self._seen = stamp
+        log.info("serving certificate reloaded from %s", self.cert_file)
+        return True
+
+    async def follow(self, *, every: float = CERT_CHECK_SECONDS) -> None:
+        """Reload on change, checking every ``every`` seconds, until cancelled (files
+        have no event to await that survives the kubelet's symlink swap)."""
+        while True:
+            await asyncio.sleep(every)
+            self.reload_if_changed()
+
+
 @asynccontextmanager
 async def running_webhook(app: web.Application, *, host: str, port: int,
                           ssl_context: ssl.SSLContext | None) -> AsyncIterator[tuple[str, int]]:
@@ -133,11 +186,18 @@ async def serve_webhook(db: Database, *, host: str, port: int, cert_file: str,
                         key_file: str, lookup_timeout: float = LOOKUP_TIMEOUT) -> None:
     """``cpctl webhook serve``: serve over TLS until SIGTERM or SIGINT."""
     app = make_webhook_app(partial(awaiting_successor, db), lookup_timeout=lookup_timeout)
-    context = server_ssl_context(cert_file, key_file)
-    async with running_webhook(app, host=host, port=port, ssl_context=context) as bound:
+    certificate = ServingCertificate(cert_file, key_file)
+    async with running_webhook(app, host=host, port=port,
+                               ssl_context=certificate.context) as bound:
         print(f"admission webhook on https://{bound[0]}:{bound[1]}/mutate/pods", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        follower = asyncio.create_task(certificate.follow())
+        try:
+            await stop.wait()
+        finally:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower

@@ -19,6 +19,7 @@ from controlplane import logs
 from controlplane.cli import commands, demo
 from controlplane.cli import sim as sim_module
 from controlplane.cli.options import add_cluster_options
+from controlplane.cli.webhook import add_webhook_parser
 from controlplane.errors import ControlPlaneError
 from controlplane.store.database import default_url
 
@@ -301,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "against it instead")
     up.set_defaults(handler=sim_module.sim_cmd)
     sim_module.add_nodes_parser(simsub)
+    add_webhook_parser(sub, _Parser)
 
     d = verb("demo", _demo, "run the product end to end on the embedded default "
              "(SQLite + simulated cluster + node agents + OCI layout on disk): checkpoint, "

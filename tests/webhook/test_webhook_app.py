@@ -1,18 +1,32 @@
 """The webhook's HTTP surface on loopback: it patches what the lookup says, fails open on
-any lookup error or timeout, refuses non-reviews with 400, and reports counters."""
+any lookup error or timeout, refuses non-reviews with 400, reports counters, and serves a
+renewed certificate without a restart."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
 import json
+import os
+import ssl
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from cryptography import x509
 
-from controlplane.api.webhook import STATS_KEY, Lookup, make_webhook_app, running_webhook
+from controlplane.api.webhook import (
+    STATS_KEY,
+    Lookup,
+    ServingCertificate,
+    make_webhook_app,
+    running_webhook,
+)
+from controlplane.cli.webhook import make_certificates
+from controlplane.clock import FakeClock
 from controlplane.machines.contract.protocol import RESTORE_GATE
 from tests.webhook.test_successor_gate import review
 
@@ -101,3 +115,52 @@ async def test_a_lookup_slower_than_its_timeout_fails_open() -> None:
         assert "patch" not in body["response"]
         assert "timed out" in body["response"]["warnings"][0]
         assert (await client.health())["failed_open"] == 1
+
+
+def _write_pair(folder: Path, common_name: str) -> None:
+    _, cert, key = make_certificates([common_name], [ipaddress.ip_address("127.0.0.1")],
+                                     now=FakeClock().now())
+    (folder / "tls.crt").write_bytes(cert)
+    (folder / "tls.key").write_bytes(key)
+
+
+async def _served_name(host: str, port: int) -> str:
+    """The first DNS name of the certificate a new TLS connection is served."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    _, writer = await asyncio.open_connection(host, port, ssl=context)
+    try:
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    cert = x509.load_der_x509_certificate(der)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return str(names.get_values_for_type(x509.DNSName)[0])
+
+
+async def test_a_renewed_certificate_is_served_to_new_connections_without_a_restart(
+    tmp_path: Path,
+) -> None:
+    """cert-manager renews the Secret and the kubelet swaps the mounted files: the
+    webhook picks them up; an unchanged or half-written pair changes nothing."""
+    _write_pair(tmp_path, "old.example.svc")
+    certificate = ServingCertificate(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
+    assert certificate.reload_if_changed() is False
+
+    async def nobody(namespace: str, name: str) -> str | None:
+        return None
+    app = make_webhook_app(nobody)
+    async with running_webhook(app, host="127.0.0.1", port=0,
+                               ssl_context=certificate.context) as (host, port):
+        assert await _served_name(host, port) == "old.example.svc"
+        renewed = tmp_path / "renewed"
+        renewed.mkdir()
+        _write_pair(renewed, "new.example.svc")
+        os.replace(renewed / "tls.crt", tmp_path / "tls.crt")  # the key not yet
+        assert certificate.reload_if_changed() is False
+        assert await _served_name(host, port) == "old.example.svc"
+        os.replace(renewed / "tls.key", tmp_path / "tls.key")
+        assert certificate.reload_if_changed() is True
+        assert await _served_name(host, port) == "new.example.svc"
