@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import shutil
 import signal
@@ -31,10 +30,11 @@ from aiohttp import web
 
 from controlplane.api.serving import make_runner
 from controlplane.app.successor_gate import admission_response, needs_gate_lookup
+from controlplane.logs import get_logger
 from controlplane.store.database import Database
 from controlplane.store.successors import awaiting_successor
 
-log = logging.getLogger(__name__)
+log = get_logger("controlplane.webhook")
 
 #: ``(namespace, name) -> the id of the migration awaiting that pod, or None``.
 Lookup = Callable[[str, str], Awaitable[str | None]]
@@ -84,7 +84,7 @@ def make_webhook_app(lookup: Lookup, *, lookup_timeout: float = LOOKUP_TIMEOUT
             operation, warning = await _look_up(lookup, target, lookup_timeout, stats)
             if operation is not None:
                 stats.gated += 1
-                log.info("pod %s/%s gated for migration %s", *target, operation)
+                log.info("pod gated", pod="/".join(target), migration=operation)
         return web.json_response(admission_response(review, operation, warning=warning))
 
     async def healthz(_: web.Request) -> web.Response:
@@ -107,8 +107,8 @@ async def _look_up(lookup: Lookup, target: tuple[str, str], seconds: float,
     except Exception as exc:  # any failure: the pod is admitted ungated, never refused
         stats.failed_open += 1
         reason = "timed out" if isinstance(exc, TimeoutError) else type(exc).__name__
-        log.warning("pod %s/%s admitted without the restore gate: the lookup %s (%s)",
-                    namespace, name, reason, exc)
+        log.warning("pod admitted without the restore gate", pod=f"{namespace}/{name}",
+                    lookup=reason, error=str(exc))
         return None, (f"checkpoint control plane: {namespace}/{name} admitted without the "
                       f"restore gate, the migration lookup {reason}")
 
@@ -152,10 +152,11 @@ class ServingCertificate:
                 ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
                 self.context.load_cert_chain(cert, key)
         except (OSError, ssl.SSLError) as exc:
-            log.warning("serving certificate not reloaded (kept the previous one): %s", exc)
+            log.warning("serving certificate not reloaded, the previous one kept",
+                        error=str(exc))
             return False
         self._seen = stamp
-        log.info("serving certificate reloaded from %s", self.cert_file)
+        log.info("serving certificate reloaded", cert=self.cert_file)
         return True
 
     async def follow(self, *, every: float = CERT_CHECK_SECONDS) -> None:

@@ -7,14 +7,25 @@ import base64
 import ipaddress
 import ssl
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from cryptography import x509
 
 from controlplane.cli.main import main
 
 LONG = "s" * 63  # the longest DNS label: the names exceed a common name's 64 characters
+
+
+@pytest.fixture(autouse=True)
+def _logs_restored() -> Iterator[None]:
+    """main() points the logs at this test's captured stderr, closed after it: put the
+    configuration back, or later tests' loggers write to a closed file (and raise)."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 def _certs(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> str:
