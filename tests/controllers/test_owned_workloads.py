@@ -13,6 +13,8 @@ workload has exactly its replicas, with the same pods (UIDs) as before.
 from __future__ import annotations
 
 import json
+import ssl
+import subprocess
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -20,14 +22,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from controlplane.machines.contract.protocol import RESTORE_ARTIFACT
 from drivers.agent.sim import FROZEN
 from drivers.sim import MARKER
+from tests.deploy.manifests import KUBECTL
 from tests.e2e.world import Obj, World, open_world
 from tests.support.envtest import (
     NODES,
+    ROOT,
     RealCluster,
     find_real_cluster,
+    free_port,
     running_envtest,
     start_kubelet_role,
 )
@@ -52,9 +59,47 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         try:
             real = RealCluster(kubeconfig, list(NODES), env, role)
             with open_world("real", tmp, real) as w:
+                _serve_webhook(w, kubeconfig)
                 yield w
         finally:
             role.stop()
+
+
+def _serve_webhook(w: World, kubeconfig: Path) -> None:
+    """The control plane's restore-gate webhook as a process over the world's database,
+    registered as deploy/ registers it (by loopback URL), once the API server calls it."""
+    certs = w.tmp / "webhook-certs"
+    made = w.cpctl("webhook", "certs", "--out", str(certs), "--service", "controlplane-webhook",
+                   "--namespace", "checkpoint-system", "--ip", "127.0.0.1")
+    assert made.returncode == 0, made.stderr
+    port = free_port()
+    w.start("webhook", "controlplane.cli.main", "--db", w.db, "webhook", "serve", "--cert",
+            str(certs / "tls.crt"), "--key", str(certs / "tls.key"), "--host", "127.0.0.1",
+            "--port", str(port))
+    [config] = [d for d in yaml.safe_load_all(subprocess.run(
+        [KUBECTL, "kustomize", "deploy/overlays/dev/webhook"], cwd=ROOT, check=True,
+        capture_output=True, text=True).stdout) if d and d["kind"] ==
+        "MutatingWebhookConfiguration"]
+    config["webhooks"][0]["clientConfig"] = {"url": f"https://127.0.0.1:{port}/mutate/pods",
+                                             "caBundle": made.stdout.strip()}
+    w.kube.request("POST", "/apis/admissionregistration.k8s.io/v1/"
+                   "mutatingwebhookconfigurations", config)
+    probe = {"metadata": {"name": "probe-0", "ownerReferences": [{
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "name": "probe",
+        "uid": "00000000-0000-4000-8000-000000000001", "controller": True}]},
+        "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.9"}]}}
+    context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+
+    def called() -> bool:
+        w.kube.request("POST", f"/api/v1/namespaces/{w.namespace}/pods?dryRun=All", probe)
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", timeout=5,
+                                        context=context) as resp:
+                return int(json.loads(resp.read())["reviews"]) > 0
+        except OSError:  # not listening yet
+            assert w.procs["webhook"].poll() is None, w.stderr("webhook")
+            return False
+    wait_for(called, "the API server to call the webhook", 60)
 
 
 def _apply(w: World, path: str, body: Obj) -> None:
@@ -115,21 +160,73 @@ def test_a_deployment_pod_migrates_and_its_replicaset_adopts_the_restored_pod(
     assert watch.most_running_with(MARKER, "n=7") == 1  # never two live copies
 
 
-def test_a_statefulset_pod_is_refused_and_keeps_its_identity(world: World) -> None:
+def test_a_statefulset_pod_is_refused_a_suspend_and_keeps_its_identity(world: World) -> None:
     w = world
+    _apply(w, f"/apis/apps/v1/namespaces/{w.namespace}/statefulsets", {
+        "metadata": {"name": "kv"},
+        "spec": {"replicas": 2, "serviceName": "kv",
+                 "selector": {"matchLabels": {"app": "kv"}},
+                 "template": _template("kv", pin=False)}})
+    before = _running(w, "kv", 2)
+    assert sorted(p["metadata"]["name"] for p in before) == ["kv-0", "kv-1"]
+    done = w.cpctl("suspend", f"{w.namespace}/kv-1", "--repository",
+                   "localhost:5000/checkpoints", cluster=True)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"owned by StatefulSet {w.namespace}/kv" in done.stderr
+    assert "scale the StatefulSet down" in done.stderr  # what to do instead
+    assert _uids(_running(w, "kv", 2)) == _uids(before)
+
+
+def test_a_statefulset_pod_migrates_into_its_gated_successor_keeping_name_and_claim(
+        world: World) -> None:
+    """Same name on the target node, its marker intact, the same volume claim bound to
+    the same volume; the controller's successor never ran cold (judged by a real watch)."""
+    w = world
+    for i in range(2):
+        w.kube.request("POST", "/api/v1/persistentvolumes", {
+            "metadata": {"name": w.name(f"pv{i}")},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "storageClassName": "manual", "hostPath": {"path": f"/tmp/pv{i}"}}})
     _apply(w, f"/apis/apps/v1/namespaces/{w.namespace}/statefulsets", {
         "metadata": {"name": "db"},
         "spec": {"replicas": 2, "serviceName": "db",
                  "selector": {"matchLabels": {"app": "db"}},
-                 "template": _template("db", pin=False)}})
-    before = _running(w, "db", 2)
-    assert sorted(p["metadata"]["name"] for p in before) == ["db-0", "db-1"]
-    done = w.cpctl("suspend", f"{w.namespace}/db-1", "--repository",
-                   "localhost:5000/checkpoints", cluster=True)
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert f"owned by StatefulSet {w.namespace}/db" in done.stderr
-    assert "scheduling gate" in done.stderr  # what moving it would need
-    assert _uids(_running(w, "db", 2)) == _uids(before)
+                 "template": _template("db", pin=False),
+                 "volumeClaimTemplates": [{
+                     "metadata": {"name": "data"},
+                     "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "manual",
+                              "resources": {"requests": {"storage": "1Gi"}}}}]}})
+    before = {p["metadata"]["name"]: p for p in _running(w, "db", 2)}
+    source = before["db-1"]
+    claim = w.kube.request("GET", f"/api/v1/namespaces/{w.namespace}/persistentvolumeclaims/"
+                           "data-db-1")
+    w.kube.request("PATCH", f"/api/v1/namespaces/{w.namespace}/pods/db-1",
+                   {"metadata": {"annotations": {MARKER: "n=11"}}},
+                   "application/merge-patch+json")
+    target = next(n for n in NODES if n not in (source["spec"]["nodeName"],
+                                                before["db-0"]["spec"]["nodeName"]))
+    with PodWatch(w) as watch:
+        out = w.ok("migrate", f"{w.namespace}/db-1", "--to", target, "--wait",
+                   "--wait-seconds", "120", "--repository", "localhost:5000/checkpoints")
+        after = {p["metadata"]["name"]: p for p in _running(w, "db", 2)}
+    assert "Succeeded" in out, out
+    moved = after["db-1"]
+    assert moved["metadata"]["uid"] != source["metadata"]["uid"]  # the controller's successor
+    assert moved["spec"]["nodeName"] == target
+    assert moved["metadata"]["annotations"][MARKER] == "n=11"
+    assert moved["metadata"]["ownerReferences"][0]["kind"] == "StatefulSet"
+    assert not moved["spec"].get("schedulingGates")
+    volumes = {v["name"]: v for v in moved["spec"]["volumes"]}
+    assert volumes["data"]["persistentVolumeClaim"]["claimName"] == "data-db-1"
+    now = w.kube.request("GET", f"/api/v1/namespaces/{w.namespace}/persistentvolumeclaims/"
+                         "data-db-1")
+    assert (now["metadata"]["uid"], now["spec"]["volumeName"]) == (
+        claim["metadata"]["uid"], claim["spec"]["volumeName"])
+    assert after["db-0"]["metadata"]["uid"] == before["db-0"]["metadata"]["uid"]
+    assert f"(pod {w.namespace}/db-1)" in out
+    assert watch.created() == {moved["metadata"]["uid"]}  # one successor, ours
+    assert watch.most_running_with(MARKER, "n=11") == 1  # never two live copies
+    assert watch.ran_ungated(moved["metadata"]["uid"]) is False
 
 
 def test_a_drain_moves_the_bare_pod_and_hands_the_replicaset_pods_over(world: World) -> None:
@@ -158,7 +255,8 @@ def test_a_drain_moves_the_bare_pod_and_hands_the_replicaset_pods_over(world: Wo
     assert not _uids(after) & _uids(owned)  # both restored elsewhere ...
     assert all(p["spec"]["nodeName"] != "node-1" for p in after)
     assert all(p["metadata"]["ownerReferences"][0]["name"] == "pinned" for p in after)
-    assert watch.created() == _uids(after) | {moved[0]["metadata"]["uid"]}  # ... no cold copy
+    assert watch.created("pinned", "bare-drain") == \
+        _uids(after) | {moved[0]["metadata"]["uid"]}  # ... and no cold copy
 
 
 class PodWatch:
@@ -225,9 +323,20 @@ class PodWatch:
             if not self._stop.is_set():
                 self._failed = True
 
-    def created(self) -> set[str]:
-        return {o["metadata"]["uid"] for t, o in self.events
-                if t == "ADDED" and o["metadata"]["uid"] not in self._initial}
+    def ran_ungated(self, uid: str) -> bool:
+        """Whether pod ``uid`` was ever bound to a node without the restore request."""
+        return any(o["metadata"]["uid"] == uid and o["spec"].get("nodeName") and
+                   RESTORE_ARTIFACT not in (o["metadata"].get("annotations") or {})
+                   for _, o in self.events)
+
+    def created(self, *apps: str) -> set[str]:
+        """The pods created while watching (of ``apps``, by their last labels: a restored
+        ReplicaSet pod starts with its labels parked)."""
+        last = {o["metadata"]["uid"]: o for _, o in self.events}
+        return {uid for t, o in self.events
+                if t == "ADDED" and (uid := o["metadata"]["uid"]) not in self._initial
+                and (not apps or (last[uid]["metadata"].get("labels") or {}).get("app")
+                     in apps)}
 
     def most_running_with(self, annotation: str, value: str) -> int:
         pods = dict(self._initial)
