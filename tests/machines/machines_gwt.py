@@ -217,3 +217,27 @@ class Then:
         """Continue from the state after this decision."""
         g = self.given
         return Given(g.decider, g.machine_id, g.spec, list(self.history))
+
+
+# --- a migration's names, shared by the migration modules ---------------------------------
+
+def migration_artifact(mid: str) -> tuple[str, str, str, TagView]:
+    """(tag ref, digest, pinned ref, the good manifest) of migration ``mid``'s artifact."""
+    digest = digest_of(mid)
+    pinned = f"{REPO}@{digest}"
+    return f"{REPO}:{NS}.{POD}.{mid}", digest, pinned, manifest(pinned, digest,
+                                                                checkpoint_id=mid)
+
+
+def migration_body(klass: Mapping[str, object], **extra: object) -> dict[str, Any]:
+    """A migration spec of ``NS/POD`` from ``SRC_NODE`` to ``TARGET`` (``extra``: more
+    spec fields, e.g. ``successor``)."""
+    return {"pod": {"namespace": NS, "name": POD, "uid": SRC_UID}, "source_node": SRC_NODE,
+            "target_node": TARGET, "template": TEMPLATE, **extra,
+            "class": {"repository": REPO, **klass}}
+
+
+def captured_source(mid: str, **kw: Any) -> PodView:
+    """The source as the agent leaves it after migration ``mid``'s capture."""
+    ann = {protocol.CAPTURE_CHECKPOINT_ID: mid, protocol.INSTANCE_ID: "inst-src"}
+    return pod(annotations=ann, **kw)

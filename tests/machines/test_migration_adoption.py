@@ -27,19 +27,17 @@ from tests.machines.machines_gwt import (
     TEMPLATE,
     Given,
     at,
-    digest_of,
-    manifest,
+    captured_source,
+    migration_artifact,
+    migration_body,
     node,
     observe,
     pod,
 )
 
 MID = "mig-rs"
-ART = f"{REPO}:{NS}.{POD}.{MID}"
-DIGEST = digest_of(MID)
-PINNED = f"{REPO}@{DIGEST}"
+ART, DIGEST, PINNED, GOOD = migration_artifact(MID)
 SRC = f"{NS}/{POD}"
-GOOD = manifest(PINNED, DIGEST, checkpoint_id=MID)
 NAME = restore_pod_name(POD, MID, 1)
 RESTORED = f"{NS}/{NAME}"
 FRESH = {protocol.RESTORED_FROM_DIGEST: DIGEST, protocol.INSTANCE_ID: "inst-new"}
@@ -47,15 +45,11 @@ FRESH = {protocol.RESTORED_FROM_DIGEST: DIGEST, protocol.INSTANCE_ID: "inst-new"
 
 def given(**klass: object) -> Given:
     d = MigrationDecider()
-    body = {"pod": {"namespace": NS, "name": POD, "uid": SRC_UID}, "source_node": SRC_NODE,
-            "target_node": TARGET, "template": TEMPLATE, "successor": "adopt",
-            "class": {"repository": REPO, **klass}}
-    return Given(d, MID, d.validate_spec(body))  # type: ignore[arg-type]
+    return Given(d, MID, d.validate_spec(migration_body(klass, successor="adopt")))
 
 
 def src(**kw: object) -> PodView:
-    ann = {protocol.CAPTURE_CHECKPOINT_ID: MID, protocol.INSTANCE_ID: "inst-src"}
-    return pod(annotations=ann, **kw)  # type: ignore[arg-type]
+    return captured_source(MID, **kw)
 
 
 def restored(*, phase: str = "Running", node_name: str | None = TARGET,

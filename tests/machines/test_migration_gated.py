@@ -15,41 +15,31 @@ from controlplane.machines.migration.machine import MigrationDecider
 from tests.machines.machines_gwt import (
     NS,
     POD,
-    REPO,
-    SRC_NODE,
-    SRC_UID,
     T0,
     TARGET,
-    TEMPLATE,
     Given,
     at,
-    digest_of,
-    manifest,
+    captured_source,
+    migration_artifact,
+    migration_body,
     node,
     observe,
     pod,
 )
 
 MID = "mig-sts"
-ART = f"{REPO}:{NS}.{POD}.{MID}"
-DIGEST = digest_of(MID)
-PINNED = f"{REPO}@{DIGEST}"
+ART, DIGEST, PINNED, GOOD = migration_artifact(MID)
 SRC = f"{NS}/{POD}"
-GOOD = manifest(PINNED, DIGEST, checkpoint_id=MID)
 FRESH = {protocol.RESTORED_FROM_DIGEST: DIGEST, protocol.INSTANCE_ID: "inst-new"}
 
 
 def given(**klass: object) -> Given:
     d = MigrationDecider()
-    body = {"pod": {"namespace": NS, "name": POD, "uid": SRC_UID}, "source_node": SRC_NODE,
-            "target_node": TARGET, "template": TEMPLATE, "successor": "gated",
-            "class": {"repository": REPO, **klass}}
-    return Given(d, MID, d.validate_spec(body))  # type: ignore[arg-type]
+    return Given(d, MID, d.validate_spec(migration_body(klass, successor="gated")))
 
 
 def src(**kw: object) -> PodView:
-    ann = {protocol.CAPTURE_CHECKPOINT_ID: MID, protocol.INSTANCE_ID: "inst-src"}
-    return pod(annotations=ann, **kw)  # type: ignore[arg-type]
+    return captured_source(MID, **kw)
 
 
 def successor(*, gated: bool = True, claimed: bool = False, node_name: str | None = None,

@@ -24,35 +24,28 @@ from tests.machines.machines_gwt import (
     Given,
     action_failed,
     at,
-    digest_of,
+    captured_source,
     error,
-    manifest,
+    migration_artifact,
+    migration_body,
     node,
     observe,
     pod,
 )
 
 MID = "mig-1"
-ART = f"{REPO}:{NS}.{POD}.{MID}"
-DIGEST = digest_of(MID)
-PINNED = f"{REPO}@{DIGEST}"
+ART, DIGEST, PINNED, GOOD = migration_artifact(MID)
 SRC = f"{NS}/{POD}"
-GOOD = manifest(PINNED, DIGEST, checkpoint_id=MID)
 
 
 def given(keep_name: bool | None = None, **klass: object) -> Given:
     d = MigrationDecider()
-    body = {"pod": {"namespace": NS, "name": POD, "uid": SRC_UID}, "source_node": SRC_NODE,
-            "target_node": TARGET, "template": TEMPLATE,
-            "class": {"repository": REPO, **klass}}
-    if keep_name is not None:
-        body["keep_name"] = keep_name
-    return Given(d, MID, d.validate_spec(body))  # type: ignore[arg-type]
+    extra = {} if keep_name is None else {"keep_name": keep_name}
+    return Given(d, MID, d.validate_spec(migration_body(klass, **extra)))
 
 
 def src(**kw: object) -> PodView:
-    ann = {protocol.CAPTURE_CHECKPOINT_ID: MID, protocol.INSTANCE_ID: "inst-src"}
-    return pod(annotations=ann, **kw)  # type: ignore[arg-type]
+    return captured_source(MID, **kw)
 
 
 def name(attempt: int) -> str:
