@@ -74,11 +74,13 @@ bench-criu: $(STAMP)
 	scripts/ensure-registry
 	eval "$$(scripts/ensure-criu)" && $(BIN)/python -m bench.criu_migration --sizes 1,64,512
 
-# Reliability soak (never in CI): 5,000 migrations, 3 workers SIGKILLed at random
-# (docs/reliability.md). SOAK_ARGS adds options, e.g. SOAK_ARGS="--profile faults".
+# Reliability soak (never in CI): 5,000 migrations, 3 workers SIGKILLed at random, the
+# API/registry/node fault mix and one PostgreSQL restart (a throwaway server of its own);
+# docs/reliability.md. SOAK_ARGS adds options, e.g. SOAK_ARGS="--seed 7".
 soak: $(STAMP)
 	scripts/ensure-postgres
-	$(BIN)/python -m tests.reliability.campaign --migrations 5000 --workers 3 $(SOAK_ARGS)
+	$(BIN)/python -m tests.reliability.campaign --profile soak --migrations 5000 --workers 3 \
+		--workloads 48 $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -67,6 +67,7 @@ KUBE = KubeSettings(backoff_initial=0.05, backoff_max=0.5, sync_timeout=20)
 VERIFIED, DELETE_SOURCE = "ArtifactVerified", "SourceDeletionRequested"
 RESTORE_VERIFIED, DELETE_ARTIFACT = "RestoreVerified", "ArtifactDeletionRequested"
 TAKEOVER = "performing actions left by a previous owner"
+FAULTY = ("faults", "soak")  # the profiles whose world injects API and registry faults
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,9 @@ class CampaignConfig:
     migrations: int = 200
     workers: int = 3
     seed: int = 0
-    profile: str = "crash"  # "crash": kills only; "faults": kills + API/registry/node faults
+    #: "crash": kills only; "faults": + API/registry/node faults; "soak": faults + one
+    #: PostgreSQL restart (main() gives it a throwaway server and the outage)
+    profile: str = "crash"
     workloads: int = 24
     nodes: int = 3
     lease_seconds: float = 3.0
@@ -137,7 +140,7 @@ class CampaignResult:
         if self.gc_refusals_visible:
             lines.append("  GC refusals visible: " + ", ".join(
                 f"{k}={v}" for k, v in sorted(self.gc_refusals_visible.items())))
-        if self.config.profile == "faults":
+        if self.config.profile in FAULTY:
             lines.append(f"  secrets found in logs, events, decisions, pods: "
                          f"{len(self.secret_leaks)}")
         lines.append(f"  replay --verify exit {self.replay_exit}; invariant violations: "
@@ -246,8 +249,10 @@ class Fleet:
 
 
 async def chaos(fleet: Fleet, rng: random.Random, cfg: CampaignConfig,
-                result: CampaignResult, stop: asyncio.Event) -> None:
-    """SIGKILL a random worker every little while and restart it."""
+                result: CampaignResult, stop: asyncio.Event,
+                database_up: asyncio.Event) -> None:
+    """SIGKILL a random worker every little while and restart it: never while the database
+    is down (a worker that starts against a stopped database exits 3, by design)."""
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(rng.uniform(*cfg.kill_every)):
@@ -260,6 +265,7 @@ async def chaos(fleet: Fleet, rng: random.Random, cfg: CampaignConfig,
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(rng.uniform(*cfg.restart_after)):
                 await stop.wait()
+        await database_up.wait()
         fleet.start(slot)
         result.restarts += 1
 
@@ -296,9 +302,11 @@ class Poller:
 
 class Campaign:
     def __init__(self, cfg: CampaignConfig, workdir: Path,
-                 disturbers: Sequence[Disturber] = ()) -> None:
+                 disturbers: Sequence[Disturber] = (),
+                 database_up: asyncio.Event | None = None) -> None:
         self.cfg, self.workdir = cfg, workdir
         self.disturbers = list(disturbers)
+        self.database_up = database_up  # cleared by a disturber while the server is down
         self.rng = random.Random(cfg.seed)
         self.result = CampaignResult(cfg)
         self.deleted_pods: list[tuple[str, str]] = []  # (uid, name) of every pod deleted
@@ -323,9 +331,12 @@ class Campaign:
             background = [asyncio.create_task(world.disturb(self.rng, stop, self.result)),
                           *(asyncio.create_task(d(self.result, stop)) for d in self.disturbers)]
             if self.cfg.kills:
+                up = self.database_up or asyncio.Event()
+                if self.database_up is None:
+                    up.set()
                 background.append(asyncio.create_task(
                     chaos(fleet, random.Random(self.cfg.seed + 1), self.cfg, self.result,
-                          stop)))
+                          stop, up)))
             try:
                 async with asyncio.timeout(self.cfg.limit_seconds):
                     await self.drive(db, db_url, world, fleet)
@@ -691,7 +702,7 @@ class World:
 @contextlib.asynccontextmanager
 async def open_world(cfg: CampaignConfig, workdir: Path,
                      deleted: list[tuple[str, str]]) -> AsyncIterator[World]:
-    if cfg.profile == "faults":
+    if cfg.profile in FAULTY:
         from tests.reliability.fault_world import open_fault_world
 
         async with open_fault_world(cfg, workdir, deleted) as world:
@@ -734,14 +745,20 @@ async def agents(cluster: SimCluster, kube: KubeDriver, registry: Registry,
 # --- command line (make soak) ---------------------------------------------------------------
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.reliability.campaign",
-                                description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m tests.reliability.campaign", description=__doc__.split("\n\n")[0],
+        epilog="The soak profile (make soak) runs the fault world with worker kills on a "
+               "throwaway PostgreSQL server of its own, stopped once for --outage-seconds "
+               "when half the migrations have finished.")
     p.add_argument("--migrations", type=int, default=5000)
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--profile", choices=["crash", "faults"], default="crash")
-    p.add_argument("--workloads", type=int, default=24)
+    p.add_argument("--profile", choices=["crash", "faults", "soak"], default="crash")
+    p.add_argument("--workloads", type=int, default=24,
+                   help="pods kept migrating at once (default 24)")
     p.add_argument("--no-kills", action="store_true")
+    p.add_argument("--outage-seconds", type=float, default=5.0,
+                   help="soak profile: how long the database stays down (default 5)")
     p.add_argument("--workdir", type=Path, default=ROOT / "var" / "soak")
     p.add_argument("--limit-seconds", type=float, default=6 * 3600)
     args = p.parse_args()
@@ -754,9 +771,28 @@ def main() -> int:
     if args.workdir.exists():
         shutil.rmtree(args.workdir)  # a previous run's logs would count as this one's
     args.workdir.mkdir(parents=True)
-    result = asyncio.run(Campaign(cfg, args.workdir).run())
+    if cfg.profile == "soak":
+        result = asyncio.run(_soak(cfg, args.workdir, args.outage_seconds))
+    else:
+        result = asyncio.run(Campaign(cfg, args.workdir).run())
     print(result.summary(), flush=True)
     return 0 if not result.violations else 1
+
+
+async def _soak(cfg: CampaignConfig, workdir: Path, outage_seconds: float) -> CampaignResult:
+    """The fault campaign with kills on a throwaway server, restarted once half-way."""
+    from dataclasses import replace
+
+    from tests.reliability.outages import outages
+    from tests.reliability.throwaway_pg import throwaway_postgres
+
+    with throwaway_postgres() as server:
+        up = asyncio.Event()
+        up.set()
+        outage = outages(server, after=(max(1, cfg.migrations // 2),),
+                         down_seconds=outage_seconds, database_up=up)
+        return await Campaign(replace(cfg, pg_admin_url=server.admin_url), workdir,
+                              disturbers=[outage], database_up=up).run()
 
 
 if __name__ == "__main__":

@@ -10,40 +10,15 @@ lost or duplicated, ``replay --verify`` clean — the crash campaign's invariant
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.reliability.campaign import Campaign, CampaignConfig, CampaignResult, Disturber
-from tests.reliability.throwaway_pg import ThrowawayPostgres, throwaway_postgres
+from tests.reliability.campaign import Campaign, CampaignConfig
+from tests.reliability.outages import outages
+from tests.reliability.throwaway_pg import throwaway_postgres
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
-
-
-def outages(server: ThrowawayPostgres, *, after: tuple[int, ...],
-            down_seconds: float) -> Disturber:
-    """Stop the server once ``after[i]`` migrations have finished (so the workers are up
-    and busy: a worker that STARTS against a stopped database exits 3, by design)."""
-    async def disturb(result: CampaignResult, stop: asyncio.Event) -> None:
-        for finished in after:
-            while sum(result.outcomes.values()) < finished and not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(0.1):
-                        await stop.wait()  # polls the campaign's progress
-            if stop.is_set():
-                return
-            started = time.monotonic()
-            await asyncio.to_thread(server.stop)
-            result.db_outages += 1
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(down_seconds):
-                    await stop.wait()  # the outage itself: nothing to wait for but time
-            await asyncio.to_thread(server.start)
-            result.db_down_seconds += time.monotonic() - started
-    return disturb
 
 
 @pytest.mark.timeout(240)
