@@ -101,7 +101,8 @@ async def product(db: Database, clock: Clock, *, registry: Registry, config: Wor
             **driver.handlers(), **ManifestActions(registry).handlers(), WORK_ACTION: _noop,
             ActionType.SUBMIT_OPERATION: ChildSubmitter(db, kinds, fresh, clock, config.limits)}
         worker = Worker(db, kinds, observer,
-                        ActionRunner(handlers, RetryPolicy(attempts=3)), clock, config)
+                        ActionRunner(handlers, RetryPolicy(attempts=3)), clock, config,
+                        confirm=driver.fresh_observer)
         workers.append(worker)
         task = asyncio.create_task(worker.run()) if run_worker else None
         try:

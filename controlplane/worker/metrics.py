@@ -25,6 +25,8 @@ class WorkerMetrics:
     conflicts: int = 0
     step_crashes: int = 0
     claims: int = 0
+    confirmations: int = 0  # decisions that would end a machine, read through first
+    overturned: int = 0  # ... whose fresh read differed from the cache's
     action_failures: Counter[tuple[str, str]] = field(default_factory=Counter)
     started: float = field(default_factory=time.monotonic)
     last_loop: float = field(default_factory=time.monotonic)  # the claim loop's last turn
@@ -48,6 +50,10 @@ class WorkerMetrics:
             ("controlplane_worker_step_crashes_total", self.step_crashes,
              "Steps that raised (a bug in a decider, observer or handler); retried later."),
             ("controlplane_worker_claims_total", self.claims, "Machines claimed."),
+            ("controlplane_worker_confirmations_total", self.confirmations,
+             "Decisions that would end a machine, confirmed by reading its pods through."),
+            ("controlplane_worker_overturned_total", self.overturned,
+             "Confirmations where the server's pods differed from the watch cache's."),
         ]:
             out.family(name, "counter", text)
             out.sample(name, value, **w)

@@ -24,6 +24,14 @@ outbox column ``pending_actions``, written by the same commit). A worker killed 
 commit and action, or mid-action, loses only its lease: the next owner first performs the
 pending actions (idempotent by key), then decides again. A stale worker's commit is
 refused by the lease fence (``LeaseLost``) or the version check (``ConcurrencyConflict``).
+
+A decision that would end the machine (its folded state terminal) is not taken on a
+cache's word: given a ``confirm`` observer (pods and nodes read from the API server), the
+worker reads the machine's pods and nodes through once more and decides again on that.
+A watch cache can lag what this very process has already read (a resumed watch that
+says "synced" before its backlog is applied): a capture failed as ``SourceGone`` from a
+stale ``Pending`` copy of a pod that was Running. The cost is a GET per pod of interest,
+once per operation, at its end.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -41,7 +49,7 @@ from controlplane.clock import Clock, new_id
 from controlplane.engine.decider import ACTION_FAILED, Action, Decider, Decision, Event, fold
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.kinds import KindRegistry
-from controlplane.engine.observation import EMPTY_OBSERVATION, Observation
+from controlplane.engine.observation import EMPTY_OBSERVATION, Interests, Observation
 from controlplane.logs import get_logger
 from controlplane.machines.submission import Limits
 from controlplane.store import event_store, leases
@@ -114,10 +122,13 @@ class Worker:
         actions: ActionRunner,
         clock: Clock,
         config: WorkerConfig | None = None,
+        *,
+        confirm: Observer | None = None,
     ) -> None:
         self.db = db
         self.kinds = kinds
         self.observer = observer
+        self.confirm = confirm  # pods and nodes read through, for a decision that ends
         self.actions = actions
         self.clock = clock
         self.config = config or WorkerConfig()
@@ -306,6 +317,8 @@ class Worker:
                        else await self.observer.observe(interests))
         now = self.clock.now()
         decision = decider.decide(held.state, observation, now)
+        if self._ends(held, decision) and (interests.pods or interests.nodes):
+            observation, decision = await self._confirmed(held, interests, observation, now)
         if decision.events:
             await self._commit(held, decision.events, now, "observation",
                                {"observation": observation.to_json()}, outbox=decision.actions)
@@ -316,6 +329,24 @@ class Worker:
             held.log.warning("action failed", action=failure.action.type,
                              key=failure.action.key, error=failure.message)
         return _Stepped(decision, observation, now, failure)
+
+    def _ends(self, held: _Held, decision: Decision) -> bool:
+        return (self.confirm is not None and bool(decision.events)
+                and fold(held.decider, held.state, decision.events).terminal)
+
+    async def _confirmed(self, held: _Held, interests: Interests, observation: Observation,
+                         now: datetime) -> tuple[Observation, Decision]:
+        """Decide again on the machine's pods and nodes as the API server has them now."""
+        assert self.confirm is not None
+        fresh = await self.confirm.observe(Interests(pods=interests.pods,
+                                                     nodes=interests.nodes))
+        confirmed = replace(observation, pods=fresh.pods, nodes=fresh.nodes)
+        self.metrics.confirmations += 1
+        if confirmed == observation:
+            return observation, held.decider.decide(held.state, observation, now)
+        self.metrics.overturned += 1
+        held.log.info("cache disagreed with the server; decided again on a fresh read")
+        return confirmed, held.decider.decide(held.state, confirmed, now)
 
     async def _release_after(self, held: _Held, step: _Stepped) -> bool:
         """Release the lease if ``step`` ends this turn: the machine is terminal, the worker

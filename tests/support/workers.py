@@ -51,10 +51,11 @@ class ScriptedObserver:
 
 def make_worker(db: Database, clock: Clock, handler: RecordingHandler,
                 observer: ScriptedObserver | None = None, worker_id: str = "w1",
-                **config: object) -> Worker:
+                confirm: ScriptedObserver | None = None, **config: object) -> Worker:
     cfg = WorkerConfig(worker_id=worker_id, poll_seconds=0.01, **config)  # type: ignore[arg-type]
     return Worker(db, KINDS, observer or ScriptedObserver(),
-                  ActionRunner({WORK_ACTION: handler}, FAST_RETRIES), clock, cfg)
+                  ActionRunner({WORK_ACTION: handler}, FAST_RETRIES), clock, cfg,
+                  confirm=confirm)
 
 
 async def drive_due_once(db: Database, clock: Clock, *, limit: int = 20,

@@ -290,3 +290,49 @@ async def test_a_worker_fills_every_slot_even_when_batches_are_small(
         stuck.set()
         worker.stop()
         await task
+
+
+def _stale_and_fresh() -> tuple[ScriptedObserver, ScriptedObserver]:
+    """The watch cache still holds the gate pod ``Pending``; the API server has it Running
+    (a resumed watch that said "synced" before applying its backlog)."""
+    cache = ScriptedObserver({"ns/p": PodView("ns", "p", "uid-1", "node-a", "Pending")})
+    server = ScriptedObserver({"ns/p": PodView("ns", "p", "uid-1", "node-a", "Running")})
+    return cache, server
+
+
+async def _armed_then_past_deadline(db: Database, clock: FakeClock,
+                                    cache: ScriptedObserver) -> None:
+    await submit_steps(db, clock, "g1", steps=1, gate_pod="ns/p", gate_pod_uid="uid-1",
+                       deadline_seconds=60)
+
+    async def armed() -> bool:
+        r = await queries.get_machine(db, "g1")
+        return r.state["deadline"] is not None and r.lease_owner is None
+
+    await run_until(make_worker(db, clock, RecordingHandler(), cache), armed)
+    clock.advance(61)
+
+
+async def test_a_decision_that_ends_a_machine_is_taken_on_a_fresh_read_not_the_cache(
+    db: Database, clock: FakeClock
+) -> None:
+    cache, server = _stale_and_fresh()
+    await _armed_then_past_deadline(db, clock, cache)
+    worker = make_worker(db, clock, RecordingHandler(), cache, confirm=server)
+    await run_until(worker, all_terminal(db))
+    history = [e.type for e in await queries.history(db, "g1")]
+    assert "GateOpened" in history
+    assert "GateTimedOut" not in history
+    assert (await queries.get_machine(db, "g1")).phase == "Succeeded"
+    assert server.looks == 1  # one read through, for the one decision that would end it
+    assert (worker.metrics.confirmations, worker.metrics.overturned) == (1, 1)
+
+
+async def test_without_a_confirming_read_the_stale_cache_would_have_failed_it(
+    db: Database, clock: FakeClock
+) -> None:
+    """The control for the test above: the same cache alone times the gate out."""
+    cache, _ = _stale_and_fresh()
+    await _armed_then_past_deadline(db, clock, cache)
+    await run_until(make_worker(db, clock, RecordingHandler(), cache), all_terminal(db))
+    assert (await queries.get_machine(db, "g1")).phase == "Failed"
