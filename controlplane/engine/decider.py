@@ -82,11 +82,19 @@ class Decision:
     again at once (the world likely changed); otherwise it sleeps until ``wake_at`` or an
     external wake (a pod watch event on one of its wake keys). A waiting phase must set
     ``wake_at`` to its deadline (hang guard).
+
+    ``needs_tags``: registry tags this decision cannot be made without. A machine's
+    interests name what it watches on every wake (pods, from the watch cache: free); a
+    tag costs a registry request, so a machine asks for it only at the moment a decision
+    rests on it. The worker then observes those tags and decides again, on the same
+    ``now``; only that second decision (and the observation with the tags) is recorded,
+    so replaying it needs nothing more.
     """
 
     events: tuple[Event, ...] = ()
     actions: tuple[Action, ...] = ()
     wake_at: datetime | None = None
+    needs_tags: frozenset[str] = frozenset()
 
     @property
     def idle(self) -> bool:

@@ -316,7 +316,7 @@ class Worker:
         observation = (EMPTY_OBSERVATION if interests.empty
                        else await self.observer.observe(interests))
         now = self.clock.now()
-        decision = decider.decide(held.state, observation, now)
+        observation, decision = await self._decide(held, observation, now)
         if self._ends(held, decision) and (interests.pods or interests.nodes):
             observation, decision = await self._confirmed(held, interests, observation, now)
         if decision.events:
@@ -330,6 +330,20 @@ class Worker:
                              key=failure.action.key, error=failure.message)
         return _Stepped(decision, observation, now, failure)
 
+    async def _decide(self, held: _Held, observation: Observation,
+                      now: datetime) -> tuple[Observation, Decision]:
+        """Decide; when the decision names registry tags it cannot do without, observe
+        them and decide again (twice at most: a decider asks for what it lacks at once)."""
+        decision = held.decider.decide(held.state, observation, now)
+        for _ in range(2):
+            wanted = decision.needs_tags - observation.tags.keys()
+            if not wanted or not decision.idle:
+                break
+            looked = await self.observer.observe(Interests(tags=frozenset(wanted)))
+            observation = replace(observation, tags={**observation.tags, **looked.tags})
+            decision = held.decider.decide(held.state, observation, now)
+        return observation, decision
+
     def _ends(self, held: _Held, decision: Decision) -> bool:
         return (self.confirm is not None and bool(decision.events)
                 and fold(held.decider, held.state, decision.events).terminal)
@@ -342,11 +356,10 @@ class Worker:
                                                      nodes=interests.nodes))
         confirmed = replace(observation, pods=fresh.pods, nodes=fresh.nodes)
         self.metrics.confirmations += 1
-        if confirmed == observation:
-            return observation, held.decider.decide(held.state, observation, now)
-        self.metrics.overturned += 1
-        held.log.info("cache disagreed with the server; decided again on a fresh read")
-        return confirmed, held.decider.decide(held.state, confirmed, now)
+        if confirmed != observation:
+            self.metrics.overturned += 1
+            held.log.info("cache disagreed with the server; decided again on a fresh read")
+        return await self._decide(held, confirmed, now)
 
     async def _release_after(self, held: _Held, step: _Stepped) -> bool:
         """Release the lease if ``step`` ends this turn: the machine is terminal, the worker

@@ -111,7 +111,10 @@ def check_contract(decider: Decider[Any], state: Any, obs: Observation, now: dat
         json.dumps(event.facts)
     for action in decision.actions:
         json.dumps(action.params)
-    if decision.idle and not state.terminal:
+    if decision.needs_tags:
+        assert decision.idle, "a decision that needs a tag looked up must not act yet"
+        assert not decision.needs_tags & obs.tags.keys(), "it asked for a tag it was given"
+    elif decision.idle and not state.terminal:
         assert decision.wake_at is not None, f"phase {state.phase} waits without a deadline"
         assert decision.wake_at > now, "a waiting machine must wake in the future"
     if state.terminal:

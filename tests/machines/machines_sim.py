@@ -198,6 +198,14 @@ class Run:
             obs = self.world.observe(self.decider.interests(self.state))
             decision = self.decider.decide(self.state, obs, self.world.now)
             check_contract(self.decider, self.state, obs, self.world.now, decision)
+            for _ in range(2):  # the worker's rule: look up the tags it needs, decide again
+                if not decision.needs_tags:
+                    break
+                looked = self.world.observe(Interests(tags=decision.needs_tags))
+                obs = replace(obs, tags={**obs.tags, **looked.tags})
+                decision = self.decider.decide(self.state, obs, self.world.now)
+                check_contract(self.decider, self.state, obs, self.world.now, decision)
+            assert not decision.needs_tags, "a decision asked for tags twice"
             self.check_safety(obs, decision.actions, decision.events)
             if self.faults.discard:  # crash before the commit: nothing happened
                 self.faults.discard = False

@@ -230,23 +230,31 @@ def with_facts(decision: Decision, obs: Observation) -> Decision:
     summary = observation_facts(obs)
     events = tuple(e if e.facts else Event(e.type, e.data, dict(summary))
                    for e in decision.events)
-    return Decision(events, decision.actions, decision.wake_at)
+    return Decision(events, decision.actions, decision.wake_at, decision.needs_tags)
 
 
 @dataclass(frozen=True)
 class Step:
-    """What one sub-step decided: events, actions and when to look again."""
+    """What one sub-step decided: events, actions and when to look again, or the registry
+    tags it must see before it can decide (``needs_tags``)."""
 
     events: tuple[Event, ...] = ()
     actions: tuple[Action, ...] = ()
     wake_at: datetime | None = None
+    needs_tags: frozenset[str] = frozenset()
 
     @property
     def idle(self) -> bool:
         return not self.events and not self.actions
 
     def decision(self) -> Decision:
-        return Decision(self.events, self.actions, None if not self.idle else self.wake_at)
+        return Decision(self.events, self.actions, None if not self.idle else self.wake_at,
+                        self.needs_tags)
+
+
+def need(*tags: str) -> Step:
+    """No decision yet: look these registry tags up first (see ``Decision.needs_tags``)."""
+    return Step(needs_tags=frozenset(tags))
 
 
 def wait(*moments: datetime | None) -> Step:

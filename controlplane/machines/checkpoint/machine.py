@@ -172,10 +172,8 @@ class CheckpointDecider:
     def interests(self, state: CheckpointState) -> Interests:
         if state.terminal:
             return Interests()
-        pods = frozenset({state.spec.pod_key})
-        if state.status in (CheckpointPhase.REQUESTED, CheckpointPhase.CAPTURED):
-            return Interests(pods=pods, tags=frozenset({state.spec.artifact}))
-        return Interests(pods=pods)
+        # The artifact's tag: when the capture's decision needs it (needs_tags).
+        return Interests(pods=frozenset({state.spec.pod_key}))
 
     def decide(self, state: CheckpointState, observation: Observation, now: datetime) -> Decision:
         if state.terminal:

@@ -132,16 +132,13 @@ class MigrationDecider:
         s = state.status
         if state.terminal:
             return Interests()
-        if s is MigrationPhase.CHECKPOINTING:
-            return Interests(pods=source, tags=frozenset({state.spec.capture.artifact}))
-        if s in (MigrationPhase.UNSTICKING, MigrationPhase.WAKING_IN_PLACE):
+        # The artifact's tag is asked for by the decision that needs it (needs_tags): a
+        # wake while the agent works or the source goes needs only the pod.
+        if s in (MigrationPhase.CHECKPOINTING, MigrationPhase.UNSTICKING,
+                 MigrationPhase.WAKING_IN_PLACE, MigrationPhase.DELETING_SOURCE):
             return Interests(pods=source)
-        if s is MigrationPhase.DELETING_SOURCE:
-            assert state.pinned is not None
-            return Interests(pods=source, tags=frozenset({state.pinned}))
         if s is MigrationPhase.COLLECTING_GARBAGE:
-            assert state.pinned is not None
-            return Interests(tags=frozenset({state.pinned}))
+            return Interests()
         if s is MigrationPhase.ADOPTING:
             assert state.restore is not None
             return Interests(pods=source | {state.restore.plan.key})

@@ -38,6 +38,7 @@ from controlplane.machines.base.common import (
     emit,
     may_reissue,
     merge_facts,
+    need,
     next_poll,
     pod_facts,
     reissue_backoff,
@@ -208,8 +209,12 @@ def _watch(spec: CaptureSpec, cap: Capture, pod: PodFact, obs: Observation, now:
            *, machine_id: str) -> Step:
     assert cap.issued_at is not None
     assert cap.deadline is not None
+    if spec.artifact not in obs.tags and _tag_matters(spec, cap, pod, now):
+        return need(spec.artifact)
     tag = obs.tags.get(spec.artifact, _NOT_OBSERVED)
-    facts = merge_facts(pod_facts(spec.pod_key, pod), tag_facts(spec.artifact, tag))
+    facts = pod_facts(spec.pod_key, pod)
+    if spec.artifact in obs.tags:
+        facts = merge_facts(facts, tag_facts(spec.artifact, tag))
     if isinstance(tag, TagView):
         problem = protocol.provenance_problem(tag, checkpoint_id=spec.checkpoint_id,
                                               source_uid=spec.uid)
@@ -268,6 +273,22 @@ def _reissue(spec: CaptureSpec, cap: Capture, now: datetime, facts: JsonObject,
     action = annotate_pod(request_key(machine_id, attempt), namespace=spec.namespace,
                           name=spec.name, uid=spec.uid, annotations=annotations)
     return emit(event, actions=[action])
+
+
+def _tag_matters(spec: CaptureSpec, cap: Capture, pod: PodFact, now: datetime) -> bool:
+    """Whether this decision rests on the registry: the agent reported the push (or does
+    so in this very observation), the source went away, or the deadline came. While the
+    agent works, its progress annotations wake the machine often; none of those looks
+    needs the tag, and probing it on each cost ~9 registry requests per migration."""
+    assert cap.deadline is not None
+    if cap.status is CaptureStatus.REPORTED or now >= cap.deadline:
+        return True
+    if not isinstance(pod, PodView) or pod.uid != spec.uid:
+        return not isinstance(pod, ProbeError)  # gone: a push may still prove it
+    if pod.deleting or pod.phase in ("Succeeded", "Failed"):
+        return True
+    report = protocol.capture_report(pod, spec.checkpoint_id)
+    return report is not None and report.state is protocol.ReportState.PUSHED
 
 
 def _fail(spec: CaptureSpec, now: datetime, reason: str, message: str, facts: JsonObject,

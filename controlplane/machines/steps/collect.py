@@ -29,6 +29,7 @@ from controlplane.machines.base.common import (
     backoff,
     emit,
     merge_facts,
+    need,
     next_poll,
     tag_facts,
     wait,
@@ -128,8 +129,11 @@ def decide_collection(c: Collection, obs: Observation, now: datetime, *, machine
     if keep:
         return emit(ArtifactKept(at=now, artifact=c.pinned,
                                  reason="retention keeps the artifact").recorded())
+    looked = c.pinned in obs.tags
+    if not looked and (c.attempt or c.action_error is not None):
+        return need(c.pinned)  # the first delete needs no look; each later step does
     tag = obs.tags.get(c.pinned, _NOT_OBSERVED)
-    facts = tag_facts(c.pinned, tag)
+    facts = tag_facts(c.pinned, tag) if looked else {}
     if tag is None:
         return emit(ArtifactDeleted(at=now, artifact=c.pinned).recorded(facts))
     if c.action_error is not None:
@@ -145,14 +149,14 @@ def decide_collection(c: Collection, obs: Observation, now: datetime, *, machine
                                              f"({c.action_error.error_class}: "
                                              f"{c.action_error.message}); retrying at "
                                              f"{retry_at.isoformat()}")])
-    if now >= c.deadline:
+    if now >= c.deadline and looked:
         message = (f"artifact {c.pinned} still exists at the GC deadline"
                    + (f"; last error: {c.last_error}" if c.last_error else ""))
         return emit(GarbageCollectionAbandoned(at=now, artifact=c.pinned,
                                                message=message).recorded(facts),
                     actions=[_warning(machine_id, notify, "abandoned",
                                       "GarbageCollectionAbandoned", message)])
-    if isinstance(tag, ProbeError):
+    if isinstance(tag, ProbeError) and looked:
         return wait(c.deadline, next_poll(c.issued_at or now, now))
     due = c.attempt == 0 or (c.retry_at is not None and now >= c.retry_at) or (
         c.retry_at is None and c.issued_at is not None and now >= c.issued_at + REISSUE_AFTER)

@@ -36,6 +36,7 @@ from controlplane.machines.base.common import (
     emit,
     may_reissue,
     merge_facts,
+    need,
     next_poll,
     pod_facts,
     reissue_backoff,
@@ -234,8 +235,9 @@ def effect(kind: SourceOpKind, src: SourcePod, pod: PodFact) -> str | None:
 
 
 def decide_source_op(op: SourceOp, src: SourcePod, obs: Observation, now: datetime, *,
-                     machine_id: str, may_act: bool = True) -> Step:
-    """Verify, re-issue or fail the operation in flight."""
+                     machine_id: str, may_act: bool = True, check: str | None = None) -> Step:
+    """Verify, re-issue or fail the operation in flight. ``check``: a registry tag not
+    looked up yet that re-issuing rests on (``may_act`` is then decided on it)."""
     if op.finished:
         return Step()
     assert op.issued_at is not None
@@ -256,12 +258,15 @@ def decide_source_op(op: SourceOp, src: SourcePod, obs: Observation, now: dateti
     if error is not None:  # retryable, attempts left: issue it again, later
         reissue_at = op.issued_at + reissue_backoff(op.attempt)
         facts = merge_facts(facts, error.facts())
+    if isinstance(pod, PodView) and check is not None and now >= reissue_at:
+        return need(check)
     if isinstance(pod, PodView) and may_act and now >= reissue_at:
         attempt = op.attempt + 1
         event = _REQUESTED[op.kind](at=now, op=op.kind, attempt=attempt,
                                     reissue=True).recorded(facts)
         return emit(event, actions=[_action(op.kind, src, machine_id, attempt, "reissue")])
-    return wait(op.deadline, reissue_at if isinstance(pod, PodView) and may_act else None)
+    acts = may_act or check is not None
+    return wait(op.deadline, reissue_at if isinstance(pod, PodView) and acts else None)
 
 
 @dataclass(frozen=True)
@@ -314,16 +319,22 @@ def decide_deletion(op: SourceOp | None, src: SourcePod, pinned: str, obs: Obser
     """
     pod = obs.pods.get(src.key, _NOT_OBSERVED)
     tag = obs.tags.get(pinned, _NOT_OBSERVED)
-    facts = merge_facts(pod_facts(src.key, pod), tag_facts(pinned, tag))
+    looked = pinned in obs.tags
+    facts = pod_facts(src.key, pod)
+    if looked:
+        facts = merge_facts(facts, tag_facts(pinned, tag))
     problem = "it is gone" if tag is None else None
     if isinstance(tag, TagView):
         problem = protocol.provenance_problem(tag, checkpoint_id=src.checkpoint_id,
                                               source_uid=src.uid)
     if op is not None:
         guard = isinstance(pod, PodView) and isinstance(tag, TagView) and problem is None
-        return decide_source_op(op, src, obs, now, machine_id=machine_id, may_act=guard)
+        return decide_source_op(op, src, obs, now, machine_id=machine_id, may_act=guard,
+                                check=None if looked else pinned)
     if pod is None or (isinstance(pod, PodView) and (pod.uid != src.uid or pod.deleting)):
         return emit(SourceVanished(at=now, during="delete").recorded(facts))
+    if not looked and isinstance(pod, PodView):
+        return need(pinned)  # gate 1: the artifact, seen in this very decision
     deadline = verified_at + seconds(timeout)
     if isinstance(pod, ProbeError) or isinstance(tag, ProbeError):
         if now >= deadline:

@@ -137,11 +137,7 @@ class SuspendDecider:
         if state.terminal:
             return Interests()
         pods = frozenset({state.spec.pod_key})
-        if state.status is SuspendPhase.CHECKPOINTING:
-            return Interests(pods=pods, tags=frozenset({state.spec.artifact}))
-        if state.status is SuspendPhase.DELETING_SOURCE and state.artifact:
-            return Interests(pods=pods, tags=frozenset({state.artifact}))
-        return Interests(pods=pods)
+        return Interests(pods=pods)  # the registry: when a decision needs it (needs_tags)
 
     def decide(self, state: SuspendState, observation: Observation, now: datetime) -> Decision:
         if state.terminal:
