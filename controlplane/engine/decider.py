@@ -89,12 +89,18 @@ class Decision:
     rests on it. The worker then observes those tags and decides again, on the same
     ``now``; only that second decision (and the observation with the tags) is recorded,
     so replaying it needs nothing more.
+
+    ``confirm``: the decision gives up on something (a step fails) on what the pods and
+    nodes looked like. A watch cache can lag the server, so before it is taken the
+    worker reads them through once and decides again on the server's answer (as it does
+    for any decision that would end the machine).
     """
 
     events: tuple[Event, ...] = ()
     actions: tuple[Action, ...] = ()
     wake_at: datetime | None = None
     needs_tags: frozenset[str] = frozenset()
+    confirm: bool = False
 
     @property
     def idle(self) -> bool:

@@ -25,13 +25,14 @@ commit and action, or mid-action, loses only its lease: the next owner first per
 pending actions (idempotent by key), then decides again. A stale worker's commit is
 refused by the lease fence (``LeaseLost``) or the version check (``ConcurrencyConflict``).
 
-A decision that would end the machine (its folded state terminal) is not taken on a
-cache's word: given a ``confirm`` observer (pods and nodes read from the API server), the
-worker reads the machine's pods and nodes through once more and decides again on that.
+A decision that fails a step (``Decision.confirm``) or would end the machine (its folded
+state terminal) is not taken on a cache's word: given a ``confirm`` observer (pods and
+nodes read from the API server), the worker reads the machine's pods and nodes through
+once more and decides again on that.
 A watch cache can lag what this very process has already read (a resumed watch that
 says "synced" before its backlog is applied): a capture failed as ``SourceGone`` from a
-stale ``Pending`` copy of a pod that was Running. The cost is a GET per pod of interest,
-once per operation, at its end.
+stale ``Pending`` copy of a pod that was Running. The cost is a GET per pod of interest
+at each failure and at the end of an operation.
 """
 
 from __future__ import annotations
@@ -345,8 +346,9 @@ class Worker:
         return observation, decision
 
     def _ends(self, held: _Held, decision: Decision) -> bool:
-        return (self.confirm is not None and bool(decision.events)
-                and fold(held.decider, held.state, decision.events).terminal)
+        """Whether the decision gives up a step (``confirm``) or ends the machine."""
+        return self.confirm is not None and bool(decision.events) and (
+            decision.confirm or fold(held.decider, held.state, decision.events).terminal)
 
     async def _confirmed(self, held: _Held, interests: Interests, observation: Observation,
                          now: datetime) -> tuple[Observation, Decision]:

@@ -230,7 +230,8 @@ def with_facts(decision: Decision, obs: Observation) -> Decision:
     summary = observation_facts(obs)
     events = tuple(e if e.facts else Event(e.type, e.data, dict(summary))
                    for e in decision.events)
-    return Decision(events, decision.actions, decision.wake_at, decision.needs_tags)
+    return Decision(events, decision.actions, decision.wake_at, decision.needs_tags,
+                    decision.confirm)
 
 
 @dataclass(frozen=True)
@@ -242,6 +243,7 @@ class Step:
     actions: tuple[Action, ...] = ()
     wake_at: datetime | None = None
     needs_tags: frozenset[str] = frozenset()
+    confirm: bool = False  # a failure: taken only on a fresh read (``Decision.confirm``)
 
     @property
     def idle(self) -> bool:
@@ -249,7 +251,12 @@ class Step:
 
     def decision(self) -> Decision:
         return Decision(self.events, self.actions, None if not self.idle else self.wake_at,
-                        self.needs_tags)
+                        self.needs_tags, self.confirm)
+
+
+def failing(*events: Event, actions: Iterable[Action] = ()) -> Step:
+    """A step that fails on what it observed: confirmed on a fresh read before it is taken."""
+    return Step(events=tuple(events), actions=tuple(actions), confirm=True)
 
 
 def need(*tags: str) -> Step:
@@ -281,7 +288,7 @@ def started(decider: _Deciding, state: Any, opening: Started, observation: Obser
     folded, then what the kind decides right after it on the same observation."""
     rest = decider.decide(decider.evolve(state, opening), observation, now)
     both = Decision((opening.recorded(facts), *rest.events), (*actions, *rest.actions),
-                    rest.wake_at)
+                    rest.wake_at, confirm=rest.confirm)  # tags it needs: asked for next
     return with_facts(both, observation)
 
 

@@ -36,6 +36,7 @@ from controlplane.machines.base.common import (
     Step,
     action_key,
     emit,
+    failing,
     may_reissue,
     merge_facts,
     need,
@@ -298,7 +299,7 @@ def _fail(spec: CaptureSpec, now: datetime, reason: str, message: str, facts: Js
                          namespace=spec.namespace, pod_name=spec.name, pod_uid=spec.uid,
                          type_=EventType.WARNING, reason="CaptureFailed",
                          message=f"checkpoint {spec.checkpoint_id}: {reason}: {message}")
-    return emit(event, actions=[warning])
+    return failing(event, actions=[warning])
 
 
 def evolve_capture(cap: Capture, event: DomainEvent, *, machine_id: str) -> Capture:

@@ -41,6 +41,7 @@ from controlplane.machines.base.common import (
     Step,
     action_key,
     emit,
+    failing,
     merge_facts,
     next_poll,
     node_facts,
@@ -395,8 +396,8 @@ def _judge(r: Restore, pod: PodView, now: datetime, facts: JsonObject,
 
 
 def _fail(r: Restore, now: datetime, reason: str, message: str, facts: JsonObject) -> Step:
-    return emit(RestoreFailed(at=now, attempt=r.plan.attempt, reason=reason,
-                              message=message).recorded(facts))
+    return failing(RestoreFailed(at=now, attempt=r.plan.attempt, reason=reason,
+                                 message=message).recorded(facts))
 
 
 def _start_cleanup(r: Restore, ctx: RestoreContext, pod: PodFact, now: datetime,

@@ -34,6 +34,7 @@ from controlplane.machines.base.common import (
     Step,
     action_key,
     emit,
+    failing,
     may_reissue,
     merge_facts,
     need,
@@ -354,8 +355,8 @@ def decide_deletion(op: SourceOp | None, src: SourcePod, pinned: str, obs: Obser
 
 def _failed(op: SourceOp, now: datetime, reason: str, message: str,
             facts: JsonObject) -> Step:
-    return emit(_FAILED[op.kind](at=now, op=op.kind, reason=reason,
-                                 message=message).recorded(facts))
+    return failing(_FAILED[op.kind](at=now, op=op.kind, reason=reason,
+                                    message=message).recorded(facts))
 
 
 def _action(kind: SourceOpKind, src: SourcePod, machine_id: str, attempt: int,
