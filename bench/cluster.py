@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -76,6 +77,21 @@ class CountingRegistry:
         await self.inner.close()
 
 
+def delay_summary(delays: list[float]) -> dict[str, float]:
+    """Count, p50, p99, max and how many over 2 s of the agents' restore delays (s from
+    the restore pod's ``creationTimestamp`` to its agent acting; each high by < 1 s,
+    the timestamp's precision)."""
+    if not delays:
+        return {"count": 0}
+    ordered = sorted(delays)
+
+    def at(q: float) -> float:  # nearest rank
+        return round(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))], 3)
+
+    return {"count": len(ordered), "p50_s": at(0.50), "p99_s": at(0.99),
+            "max_s": round(ordered[-1], 3), "over_2s": sum(1 for d in ordered if d > 2.0)}
+
+
 def migration_spec(pod: dict[str, Any], target: str, repository: str) -> JsonObject:
     """The spec ``cpctl migrate NS/POD --to TARGET --repository REPO`` submits."""
     meta = pod["metadata"]
@@ -94,8 +110,10 @@ async def _drain(stream: asyncio.StreamReader) -> None:
 class SimWorld:
     """The simulator and the node agents as processes, and plain-HTTP pod setup."""
 
-    def __init__(self, root: Path, *, nodes: int, node_pods: int = 110) -> None:
+    def __init__(self, root: Path, *, nodes: int, node_pods: int = 110,
+                 agent_args: tuple[str, ...] = ()) -> None:
         self.root = root
+        self.agent_args = agent_args  # extra options of bench.sim_agents
         self.nodes = nodes
         self.node_pods = node_pods
         self.kubeconfig = root / "kube.yaml"
@@ -133,12 +151,18 @@ class SimWorld:
     async def start_agents(self) -> None:
         await self._start("agents", "bench.sim_agents", "--kubeconfig", str(self.kubeconfig),
                           "--layout", str(self.layout), "--workdir", str(self.root / "work"),
-                          "--nodes", str(self.nodes), "--stats", str(self.root / "agents.json"))
+                          "--nodes", str(self.nodes), "--stats", str(self.root / "agents.json"),
+                          *self.agent_args)
 
-    def agent_stats(self) -> dict[str, int]:
-        """The agents' summed counters, once they stopped (empty before)."""
+    def agent_stats(self) -> dict[str, Any]:
+        """The agents' summed counters and ``restore_delay`` (see :func:`delay_summary`),
+        once they stopped (empty before)."""
         path = self.root / "agents.json"
-        return dict(json.loads(path.read_text())) if path.exists() else {}
+        if not path.exists():
+            return {}
+        stats = dict(json.loads(path.read_text()))
+        stats["restore_delay"] = delay_summary(stats.pop("restore_delays", []))
+        return stats
 
     def node(self, i: int) -> str:
         return f"node-{i % self.nodes + 1}"
@@ -194,11 +218,13 @@ class SimWorld:
 
 
 @contextlib.asynccontextmanager
-async def sim_world(root: Path, *, nodes: int, pods: int) -> AsyncIterator[
+async def sim_world(root: Path, *, nodes: int, pods: int,
+                    agent_args: tuple[str, ...] = ()) -> AsyncIterator[
         tuple[SimWorld, list[dict[str, Any]]]]:
     """Simulator up, ``pods`` pods Running, agents serving; torn down on exit."""
     root.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, at setup)
-    world = SimWorld(root, nodes=nodes, node_pods=max(110, 3 * pods // nodes + 10))
+    world = SimWorld(root, nodes=nodes, node_pods=max(110, 3 * pods // nodes + 10),
+                     agent_args=agent_args)
     try:
         await world.start_sim()
         created = await world.create_pods(pods)

@@ -16,7 +16,8 @@ local PostgreSQL (a fresh ``cp_bench_scale`` database each run):
 Reports: wall time (submission, run), transitions/s, API requests per migration by verb
 (and by verb/resource) for the worker and for submission, registry requests per
 migration, peak RSS, database rows and bytes per migration, and the bare PostgreSQL
-commit floor of the same run. Prints a table and one JSON line; writes
+commit floor of the same run; and the node agents' restore delay (p50/p99/max from each
+restored pod's creation to its agent acting). Prints a table and one JSON line; writes
 ``bench/results/scale.json`` (or ``--json FILE``).
 """
 
@@ -137,7 +138,8 @@ async def submit_all(db: Database, running: Any, pods: list[dict[str, Any]], nod
 
 async def run_scale(*, migrations: int, nodes: int, concurrency: int = 64, qps: float = 0,
                     db_name: str | None = None, workdir: Path | None = None,
-                    measure_floor: bool = True) -> dict[str, Any]:
+                    measure_floor: bool = True,
+                    agent_args: tuple[str, ...] = ()) -> dict[str, Any]:
     """One scale run; returns the figures (see the module docstring)."""
     tune_for_service()  # this process is the control plane, as `cpctl worker` would be
     url = await fresh_database(db_name or common.db_name("scale"))
@@ -150,7 +152,8 @@ async def run_scale(*, migrations: int, nodes: int, concurrency: int = 64, qps: 
             results.update(await floors(db, quick=True))
         with tempfile.TemporaryDirectory(prefix="bench-scale-", dir=workdir) as tmp:
             setup = time.perf_counter()
-            async with sim_world(Path(tmp), nodes=nodes, pods=migrations) as (world, pods):
+            async with sim_world(Path(tmp), nodes=nodes, pods=migrations,
+                                 agent_args=agent_args) as (world, pods):
                 results["setup_s"] = round(time.perf_counter() - setup, 2)
                 pids = {"control_plane": os.getpid(),
                         **{name: proc.pid for name, proc in world.procs.items()}}
@@ -158,6 +161,10 @@ async def run_scale(*, migrations: int, nodes: int, concurrency: int = 64, qps: 
                                            nodes=nodes, concurrency=concurrency, qps=qps,
                                            cpu=CpuMeter(pids)))
                 results["pods_running_after"] = await world.running()
+                await world.stop()  # the agents write their figures as they stop
+                agents = world.agent_stats()
+                results["agent_restore_delay"] = agents.pop("restore_delay", {})
+                results["agents"] = agents
         results["db"] = await footprint(db)
     finally:
         await db.dispose()
@@ -277,11 +284,25 @@ def print_table(r: dict[str, Any]) -> None:
           f"wall (a transaction per burst of pod changes)")
     print(f"  peak RSS (control plane)      {mib(r['rss_peak_bytes'])} "
           f"(before start {mib(r['rss_before_bytes'])})")
+    d = r.get("agent_restore_delay") or {}
+    if d.get("count"):
+        print(f"  agent restore delay           p50 {d['p50_s']:.2f} s, p99 {d['p99_s']:.2f} s,"
+              f" max {d['max_s']:.1f} s, {d['over_2s']} of {d['count']} over 2 s (pod "
+              f"created -> its agent acting; +<1 s: creationTimestamp is in seconds)")
     if r.get("worker_error"):
         print(f"  WORKER ERROR                  {r['worker_error'][:300]}")
     print(f"  DB per migration              {r['db_rows_per_migration']:.1f} rows, "
           f"{r['db_bytes_per_migration'] / 1024:.1f} KiB "
           f"({r['events_per_migration']:.1f} events)")
+
+
+def agent_options(args: argparse.Namespace) -> tuple[str, ...]:
+    out: list[str] = []
+    if args.agent_watch_timeout is not None:
+        out += ["--watch-timeout", str(args.agent_watch_timeout)]
+    if args.agent_resync is not None:
+        out += ["--resync", str(args.agent_resync)]
+    return tuple(out)
 
 
 async def main() -> None:
@@ -293,13 +314,17 @@ async def main() -> None:
                    help="the control plane's client-side API throttle (0: none; the "
                         "driver's default is 50)")
     p.add_argument("--timeout", type=float, default=1800, help="give up after (s)")
+    p.add_argument("--agent-watch-timeout", type=float, help="the agents' pod watch "
+                   "timeoutSeconds (default the driver's 290; shorter: more reconnects)")
+    p.add_argument("--agent-resync", type=float, help="the agents' relist period (s)")
     p.add_argument("--json", type=Path, help="write the figures here "
                                              "(default bench/results/scale.json)")
     args = p.parse_args()
     configure_logs("console", "warning")
     async with asyncio.timeout(args.timeout):  # a hung run still tears its world down
         results = await run_scale(migrations=args.migrations, nodes=args.nodes,
-                                  concurrency=args.concurrency, qps=args.qps)
+                                  concurrency=args.concurrency, qps=args.qps,
+                                  agent_args=agent_options(args))
     print_table(results)
     write_results("scale", results, args.json)
 

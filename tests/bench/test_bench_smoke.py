@@ -66,6 +66,10 @@ def test_scale_reports_per_migration_costs_and_every_migration_succeeds(
     assert set(r["run_cpu_s"]) == {"control_plane", "sim", "agents", "postgres"}
     assert r["run_cpu_s"]["control_plane"] > 0
     assert r["cpu_ms_per_migration"] > 0
+    # Every restore's delay from the pod's creation to its agent acting is collected.
+    delay = r["agent_restore_delay"]
+    assert delay["count"] == 12 == r["agents"]["restores"]
+    assert 0 <= delay["p50_s"] <= delay["p99_s"] <= delay["max_s"]
 
 
 def test_recovery_resumes_every_migration_without_repeating_a_side_effect(
