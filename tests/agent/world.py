@@ -107,8 +107,10 @@ def sim_dumper(**kwargs: Any) -> Callable[[PodPatcher], SimDumper]:
 async def open_world(tmp_path: Path, *, registry: str = "layout",
                      dumpers: Mapping[str, DumperFactory] | None = None,
                      capture_timeout: float = 30, restore_timeout: float = 30,
-                     allow_delete: bool = True, parallel: int = 4) -> AsyncIterator[World]:
-    async with SimCluster(nodes=2) as cluster:
+                     allow_delete: bool = True, parallel: int = 4, kubelets: bool = True,
+                     watch_clock: Callable[[], float] | None = None) -> AsyncIterator[World]:
+    async with SimCluster(nodes=2, kubelets=kubelets) as cluster:
+        cluster.hub.clock = watch_clock  # the watches' deadlines (before any is opened)
         kubeconfig = cluster.write_kubeconfig(tmp_path / "sim.kubeconfig")
         kube = await KubeDriver.connect(kubeconfig=str(kubeconfig), settings=KUBE)
         history: list[Change] = []
