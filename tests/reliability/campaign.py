@@ -68,6 +68,7 @@ VERIFIED, DELETE_SOURCE = "ArtifactVerified", "SourceDeletionRequested"
 RESTORE_VERIFIED, DELETE_ARTIFACT = "RestoreVerified", "ArtifactDeletionRequested"
 TAKEOVER = "performing actions left by a previous owner"
 FAULTY = ("faults", "soak")  # the profiles whose world injects API and registry faults
+EXIT_DB_UNREACHABLE = 3  # cpctl worker's exit code when it cannot reach the database at start
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class CampaignResult:
     node_failures: int = 0
     db_outages: int = 0
     db_down_seconds: float = 0.0
+    db_exits: int = 0  # workers that started during an outage, exited 3, were restarted
     duration: float = 0.0
     replay_exit: int | None = None
     replay_output: str = ""
@@ -136,7 +138,8 @@ class CampaignResult:
                 f"{k}={v}" for k, v in self.failure_reasons.most_common(12)))
         if self.db_outages:
             lines.append(f"  database outages: {self.db_outages} "
-                         f"({self.db_down_seconds:.1f}s down in all)")
+                         f"({self.db_down_seconds:.1f}s down in all; workers that started "
+                         f"into one and exited 3: {self.db_exits})")
         if self.gc_refusals_visible:
             lines.append("  GC refusals visible: " + ", ".join(
                 f"{k}={v}" for k, v in sorted(self.gc_refusals_visible.items())))
@@ -219,11 +222,25 @@ class Fleet:
         proc.wait()
         return True
 
-    def check_alive(self) -> None:
+    def check_alive(self, *, database_may_be_down: bool = False) -> None:
+        """Fail on a worker that exited by itself; with ``database_may_be_down``, one that
+        exited because it could not reach the database at start is not a failure (the
+        campaign restarts it once the database is back, as its Deployment would)."""
         for slot, proc in self.procs.items():
-            if proc.poll() is not None and proc.returncode != -signal.SIGKILL:
+            code = proc.poll()
+            if database_may_be_down and code == EXIT_DB_UNREACHABLE:
+                continue
+            if code is not None and code != -signal.SIGKILL:
                 raise AssertionError(f"worker {slot} exited by itself with {proc.returncode}: "
                                      + self.current_log[slot].read_text()[-2000:])
+
+    def restart_unreachable(self) -> int:
+        """Start again every worker that exited because the database was down."""
+        slots = [slot for slot, proc in self.procs.items()
+                 if proc.poll() == EXIT_DB_UNREACHABLE]
+        for slot in slots:
+            self.start(slot)
+        return len(slots)
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -374,7 +391,7 @@ class Campaign:
         pg = Poller(db_url)
         try:
             while True:
-                fleet.check_alive()
+                self.keep_alive(fleet)
                 live = [w for w in workloads if w.live]
                 if live:
                     rows = await pg.fetch("SELECT id, phase, terminal FROM machines WHERE id = "
@@ -398,6 +415,18 @@ class Campaign:
                 await asyncio.sleep(0.1)  # polls the database: other processes decide
         finally:
             await pg.close()
+
+    def keep_alive(self, fleet: Fleet) -> None:
+        """Fail on a worker that died by itself. With database outages in the campaign, a
+        worker started just before one (the chaos task does not restart a worker while the
+        database is down, but a worker takes a second to connect) exits 3 by design: it is
+        started again once the database is back."""
+        outages = self.database_up is not None
+        fleet.check_alive(database_may_be_down=outages)
+        if outages and self.database_up is not None and self.database_up.is_set():
+            revived = fleet.restart_unreachable()
+            self.result.restarts += revived
+            self.result.db_exits += revived
 
     def locate(self, world: World, w: Workload) -> None:
         """Follow the workload to wherever its marker now lives."""
@@ -448,7 +477,7 @@ class Campaign:
                     "OR lease_owner IS NOT NULL OR next_wake_at IS NOT NULL")
                 if rows is not None and rows[0]["n"] == 0:
                     return
-                fleet.check_alive()
+                self.keep_alive(fleet)
                 await asyncio.sleep(0.2)  # polls the database: other processes decide
         finally:
             await pg.close()
