@@ -66,11 +66,14 @@ def parse(label_selector: str | None, field_selector: str | None) -> Selector:
 
 
 def required_node(text: str) -> str | None:
-    """X when the field selector has an equality term ``spec.nodeName=X`` (else None)."""
+    """X when the field selector has an equality term ``spec.nodeName=X`` (else None).
+
+    ``spec.nodeName=`` (the unscheduled pods, a scheduler's selector) names no node:
+    None, so such a watch is offered every pod change, not only those of some node."""
     for raw in filter(None, (part.strip() for part in text.split(","))):
         match = re.fullmatch(r"spec\.nodeName\s*(==|=)\s*(?P<val>.*)", raw)
         if match:
-            return match["val"]
+            return match["val"] or None
     return None
 
 
