@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict
 from datetime import datetime
 from decimal import Decimal
@@ -26,6 +26,7 @@ from controlplane.app.operations import send_command, submit_operation
 from controlplane.app.plan import plan_operation
 from controlplane.app.ports import ClusterAccess
 from controlplane.app.replay import phase_after_each
+from controlplane.app.requester import token_requester
 from controlplane.app.specs import restore_spec, workload_of, workload_spec
 from controlplane.clock import Clock, SystemClock, new_id
 from controlplane.engine.decider import Command
@@ -49,7 +50,8 @@ PUBLIC_PATHS = frozenset({"/", "/healthz", "/api/v1/openapi.json"})
 DB_KEY = web.AppKey("db", Database)
 KINDS_KEY = web.AppKey("kinds", KindRegistry)
 CLOCK_KEY = web.AppKey("clock", Clock)
-TOKEN_KEY = web.AppKey("token", bytes)
+TOKEN_KEY = web.AppKey("tokens", tuple)  # ((name, token bytes), ...)
+REQUESTER = web.RequestKey("requester", str)  # who asked: token:<name>
 PUBLIC_KEY = web.AppKey("public", frozenset)
 CLUSTER_KEY = web.AppKey("cluster", object)
 LIMITS_KEY = web.AppKey("limits", Limits)
@@ -57,22 +59,26 @@ LIMITS_KEY = web.AppKey("limits", Limits)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def make_app(db: Database, *, token: str, kinds: KindRegistry | None = None,
+def make_app(db: Database, *, token: str | Mapping[str, str],
+             kinds: KindRegistry | None = None,
              clock: Clock | None = None, metrics_public: bool = False,
              cluster: ClusterAccess | None = None,
              limits: Limits | None = None) -> web.Application:
     """The API application. ``token`` is required on every route but ``/``, ``/healthz``
-    and the OpenAPI document (and ``/metrics`` when ``metrics_public``). ``cluster`` is
+    and the OpenAPI document (and ``/metrics`` when ``metrics_public``): one token (named
+    ``default``) or several by name; the name of the one presented is recorded as who
+    asked (``token:<name>``) on the events a request causes. ``cluster`` is
     what submissions read (``POST /api/v1/operations`` answers 503 without one);
     ``limits`` are the admission limits they are held to."""
-    if not token:
+    tokens = {"default": token} if isinstance(token, str) else dict(token)
+    if not tokens or not all(tokens.values()):
         raise ValueError("an API token is required")
     app = web.Application(client_max_size=MAX_BODY,
                           middlewares=[_errors_middleware, _auth_middleware])
     app[DB_KEY] = db
     app[KINDS_KEY] = kinds if kinds is not None else default_kinds()
     app[CLOCK_KEY] = clock if clock is not None else SystemClock()
-    app[TOKEN_KEY] = token.encode()
+    app[TOKEN_KEY] = tuple((name, value.encode()) for name, value in sorted(tokens.items()))
     app[PUBLIC_KEY] = PUBLIC_PATHS | ({"/metrics"} if metrics_public else frozenset())
     app[CLUSTER_KEY] = cluster
     app[LIMITS_KEY] = limits if limits is not None else Limits()
@@ -118,11 +124,15 @@ async def _auth_middleware(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     header = request.headers.get("Authorization", "")
     scheme, _, presented = header.partition(" ")
-    # compare_digest on bytes of any length: no early exit that would time the token.
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-            presented.strip().encode(), request.app[TOKEN_KEY]):
+    # compare_digest on bytes of any length, against every token: no early exit that
+    # would time the token, or which of them matched.
+    offered = presented.strip().encode()
+    matched = [name for name, value in request.app[TOKEN_KEY]
+               if hmac.compare_digest(offered, value)]
+    if scheme.lower() != "bearer" or not matched:
         return _error(401, "missing or wrong bearer token "
                            "(send 'Authorization: Bearer <token>')")
+    request[REQUESTER] = token_requester(matched[0])
     return await handler(request)
 
 
@@ -223,7 +233,8 @@ async def _command(request: web.Request, command: Command) -> web.Response:
     record = await queries.get_machine(app[DB_KEY], machine_id)  # 404 before 409
     try:
         version = await send_command(app[DB_KEY], app[KINDS_KEY], machine_id=machine_id,
-                                     command=command, now=app[CLOCK_KEY].now())
+                                     command=command, now=app[CLOCK_KEY].now(),
+                                     requester=request[REQUESTER])
     except MachineNotFound:
         raise
     except UsageError as exc:
@@ -332,7 +343,8 @@ async def _submit(request: web.Request) -> web.Response:
                                           limits=app[LIMITS_KEY]))
     outcome = await submit_operation(db, app[KINDS_KEY], access.observer, kind=kind,
                                      spec=spec, machine_id=new_id(),
-                                     now=app[CLOCK_KEY].now(), limits=app[LIMITS_KEY])
+                                     now=app[CLOCK_KEY].now(), limits=app[LIMITS_KEY],
+                                     requester=request[REQUESTER])
     location = f"/api/v1/operations/{outcome.machine_id}"
     response = _json({"id": outcome.machine_id, "kind": kind, "queued": outcome.queued,
                       "location": location}, status=201)
@@ -360,7 +372,7 @@ async def _submit_drain(request: web.Request, access: ClusterAccess,
     outcome = await submit_operation(
         app[DB_KEY], app[KINDS_KEY], access.observer, kind="drain",
         spec=drain_spec(plan, pods, body["class"], max_parallel), machine_id=new_id(),
-        now=app[CLOCK_KEY].now(), limits=app[LIMITS_KEY])
+        now=app[CLOCK_KEY].now(), limits=app[LIMITS_KEY], requester=request[REQUESTER])
     location = f"/api/v1/operations/{outcome.machine_id}"
     response = _json({"id": outcome.machine_id, "kind": "drain", "queued": outcome.queued,
                       "location": location, "moves": len(plan.moves),

@@ -13,6 +13,7 @@ Built by the composition root next to the cluster's handlers.
 from __future__ import annotations
 
 from controlplane.app.operations import submit_operation
+from controlplane.app.requester import drain_requester
 from controlplane.clock import Clock
 from controlplane.engine.decider import Action
 from controlplane.engine.kinds import KindRegistry
@@ -48,9 +49,10 @@ class ChildSubmitter:
         except DatabaseUnavailable as exc:
             raise RetryableActionError(str(exc)) from exc
         try:
+            parent = action.key.partition(":submit:")[0]  # the drain's submit_key
             await submit_operation(self.db, self.kinds, self.observer, kind=kind, spec=spec,
                                    machine_id=machine_id, now=self.clock.now(),
-                                   limits=self.limits)
+                                   limits=self.limits, requester=drain_requester(parent))
         except MachineExists:
             return
         except UsageError as exc:

@@ -19,6 +19,7 @@ from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.kinds import KindRegistry, UnknownKind
 from controlplane.engine.observation import Observation, PodView, pod_key
 from controlplane.errors import ControlPlaneError, UsageError
+from controlplane.machines.base.events import WakeRequested
 from controlplane.machines.submission import (
     ActiveOperation,
     Limits,
@@ -30,7 +31,7 @@ from controlplane.machines.submission import (
     submission_interests,
     validate_submission,
 )
-from controlplane.store import event_store, queries
+from controlplane.store import event_store, leases, queries
 from controlplane.store.admission import AdmissionFacts
 from controlplane.store.database import Database
 from controlplane.store.errors import ConcurrencyConflict, WorkloadBusy
@@ -48,8 +49,10 @@ async def submit(
     spec: JsonObject,
     machine_id: str,
     now: datetime,
+    requester: str = OPERATOR,
 ) -> str:
-    """Validate ``spec`` and create the machine, due at once; return its id."""
+    """Validate ``spec`` and create the machine, due at once; return its id.
+    ``requester``: who asked (:mod:`controlplane.app.requester`), recorded with it."""
     try:
         decider = kinds.get(kind)
     except UnknownKind as exc:
@@ -65,7 +68,7 @@ async def submit(
     await event_store.create_machine(
         db, machine_id=machine_id, kind=kind, spec=normalised,
         initial=Projection(state.phase, state.to_json(), state.terminal, state.wake_keys),
-        now=now, worker_id=OPERATOR,
+        now=now, worker_id=requester,
     )
     return machine_id
 
@@ -89,21 +92,24 @@ def refuse_nul(value: object, field: str) -> None:
 
 
 async def send_command(
-    db: Database, kinds: KindRegistry, *, machine_id: str, command: Command, now: datetime
+    db: Database, kinds: KindRegistry, *, machine_id: str, command: Command, now: datetime,
+    requester: str = OPERATOR,
 ) -> int:
-    """Append the events ``accept`` returns for ``command``; return the new version."""
+    """Append the events ``accept`` returns for ``command``, recorded as ``requester``'s;
+    return the new version."""
     refuse_nul(dict(command.data), "command")
     async for attempt in AsyncRetrying(
         retry=retry_if_exception_type(ConcurrencyConflict), stop=stop_after_attempt(5),
         reraise=True,
     ):
         with attempt:
-            return await _send_once(db, kinds, machine_id, command, now)
+            return await _send_once(db, kinds, machine_id, command, now, requester)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
 async def _send_once(
-    db: Database, kinds: KindRegistry, machine_id: str, command: Command, now: datetime
+    db: Database, kinds: KindRegistry, machine_id: str, command: Command, now: datetime,
+    requester: str,
 ) -> int:
     record = await queries.get_machine(db, machine_id)
     decider = kinds.get(record.kind)
@@ -120,8 +126,30 @@ async def _send_once(
         projection=Projection(new_state.phase, new_state.to_json(), new_state.terminal,
                               new_state.wake_keys),
         cause="command", decision_input={"command": {"type": command.type, "data": command.data}},
-        now=now, worker_id=OPERATOR,
+        now=now, worker_id=requester,
     )
+
+
+async def wake(db: Database, kinds: KindRegistry, *, machine_id: str, now: datetime,
+               requester: str = OPERATOR) -> int:
+    """Make a live machine due now, and record who asked (``WakeRequested``, cause
+    ``wake``: nothing to re-decide, the state is unchanged); return how many woke."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type(ConcurrencyConflict), stop=stop_after_attempt(5),
+        reraise=True,
+    ):
+        with attempt:
+            record = await queries.get_machine(db, machine_id)
+            if record.terminal:
+                return 0
+            state: Any = kinds.get(record.kind).load_state(record.state)
+            await event_store.commit(
+                db, machine_id=machine_id, expected_version=record.version,
+                events=(WakeRequested(at=now).recorded(),),
+                projection=Projection(record.phase, record.state, record.terminal,
+                                      state.wake_keys),
+                cause="wake", decision_input={}, now=now, worker_id=requester)
+    return await leases.wake_machine(db, machine_id=machine_id, now=now)
 
 
 @dataclass(frozen=True)
@@ -154,6 +182,7 @@ async def submit_operation(
     machine_id: str,
     now: datetime,
     limits: Limits | None = None,
+    requester: str = OPERATOR,
 ) -> Submission:
     """Submit a product operation: observe, validate, then admit, queue or refuse.
 
@@ -195,7 +224,7 @@ async def submit_operation(
     await event_store.create_machine(
         db, machine_id=machine_id, kind=kind, spec=normalised,
         initial=Projection(state.phase, state.to_json(), state.terminal, state.wake_keys),
-        now=now, worker_id=OPERATOR, workload=workload, source_node=source_node,
+        now=now, worker_id=requester, workload=workload, source_node=source_node,
         admission=admit,
     )
     return Submission(machine_id, held[0] if held else None)

@@ -22,7 +22,7 @@ from controlplane.app.ports import ClusterAccess
 from controlplane.app.specs import KIND_OF_VERB, restore_spec, workload_of, workload_spec
 from controlplane.cli import dryrun
 from controlplane.cli.classes import class_for
-from controlplane.cli.context import clock, opened
+from controlplane.cli.context import clock, opened, requester
 from controlplane.cli.options import limits_from
 from controlplane.cli.progress import SUCCESS_PHASES, follow
 from controlplane.clock import new_id
@@ -55,7 +55,8 @@ async def operation_cmd(args: argparse.Namespace) -> int:
                                             limits=limits_from(args), output=args.output)
             outcome = await submit_operation(db, default_kinds(), access.observer, kind=kind,
                                              spec=spec, machine_id=new_id(), now=clock.now(),
-                                             limits=limits_from(args))
+                                             limits=limits_from(args),
+                                             requester=requester(args))
         print(outcome.machine_id)
         if outcome.queued:
             print(f"queued: {outcome.queued}")
@@ -87,7 +88,8 @@ async def restore_cmd(args: argparse.Namespace) -> int:
                                             limits=limits_from(args), output=args.output)
             outcome = await submit_operation(db, default_kinds(), access.observer,
                                              kind="restore", spec=spec, machine_id=new_id(),
-                                             now=clock.now(), limits=limits_from(args))
+                                             now=clock.now(), limits=limits_from(args),
+                                             requester=requester(args))
         print(outcome.machine_id)
         if outcome.queued:
             print(f"queued: {outcome.queued}")

@@ -21,10 +21,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from controlplane.app.drains import drain_children
-from controlplane.app.operations import final_pod, send_command, submit
+from controlplane.app.operations import final_pod, send_command, submit, wake
 from controlplane.app.replay import ReplayReport, auto_jobs, phase_after_each, rebuild, verify
 from controlplane.cli import render
-from controlplane.cli.context import clock, opened
+from controlplane.cli.context import clock, opened, requester
 from controlplane.cli.meter import RebuildMeter
 from controlplane.cli.options import limits_from
 from controlplane.cli.why import facts_text
@@ -35,7 +35,7 @@ from controlplane.errors import UsageError
 from controlplane.gc_tuning import tune_for_service
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.drain.state import KIND as DRAIN
-from controlplane.store import leases, migrate, queries, replay_reads, reports
+from controlplane.store import migrate, queries, replay_reads, reports
 from controlplane.store.database import open_database
 from controlplane.store.records import MachineRecord
 from controlplane.wiring.engine import build_worker
@@ -92,7 +92,8 @@ async def submit_cmd(args: argparse.Namespace) -> int:
     async with opened(args) as db:
         await migrate.require_current(db)
         machine_id = await submit(db, default_kinds(), kind=args.kind, spec=spec,
-                                  machine_id=args.id or new_id(), now=clock.now())
+                                  machine_id=args.id or new_id(), now=clock.now(),
+                                  requester=requester(args))
     print(machine_id)
     return 0
 
@@ -205,7 +206,8 @@ def _reason(data: JsonObject) -> str:
 async def cancel_cmd(args: argparse.Namespace) -> int:
     async with opened(args) as db:
         version = await send_command(db, default_kinds(), machine_id=args.id,
-                                     command=Command("Cancel", {}), now=clock.now())
+                                     command=Command("Cancel", {}), now=clock.now(),
+                                     requester=requester(args))
     print(f"cancel recorded for {args.id} (version {version})")
     return 0
 
@@ -236,18 +238,19 @@ async def retarget_cmd(args: argparse.Namespace) -> int:
     async with opened(args) as db:
         version = await send_command(db, default_kinds(), machine_id=args.id,
                                      command=Command("Retarget", {"node": args.to}),
-                                     now=clock.now())
+                                     now=clock.now(), requester=requester(args))
     print(f"retarget to {args.to} recorded for {args.id} (version {version})")
     return 0
 
 
 async def wake_cmd(args: argparse.Namespace) -> int:
     async with opened(args) as db:
-        if args.key:
-            n = await leases.wake_by_key(db, key=args.key, now=clock.now())
-        else:
-            await queries.get_machine(db, args.id)
-            n = await leases.wake_machine(db, machine_id=args.id, now=clock.now())
+        ids = (await queries.machines_indexing(db, args.key) if args.key
+               else [(await queries.get_machine(db, args.id)).id])
+        n = 0
+        for machine_id in ids:  # each records who asked (WakeRequested)
+            n += await wake(db, default_kinds(), machine_id=machine_id, now=clock.now(),
+                            requester=requester(args))
     print(f"woke {n} machine(s)")
     return 0
 

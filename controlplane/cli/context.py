@@ -10,6 +10,7 @@ import argparse
 import contextlib
 from collections.abc import AsyncIterator
 
+from controlplane.app.requester import cli_requester
 from controlplane.clock import SystemClock
 from controlplane.store.database import Database, open_database
 
@@ -24,3 +25,10 @@ async def opened(args: argparse.Namespace) -> AsyncIterator[Database]:
         yield db
     finally:
         await db.dispose()
+
+
+def requester(args: argparse.Namespace) -> str:
+    """Who runs this command, as its events record it (``user@host``, and the
+    kubeconfig's user when it acts through one)."""
+    return cli_requester(getattr(args, "kubeconfig", None), getattr(args, "context", None),
+                         in_cluster=bool(getattr(args, "in_cluster", False)))

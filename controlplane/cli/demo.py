@@ -20,6 +20,7 @@ from typing import Any
 from controlplane.app.checkpoints import checkpoint_of
 from controlplane.app.operations import submit_operation
 from controlplane.app.replay import phase_after_each, rebuild, verify
+from controlplane.app.requester import os_identity
 from controlplane.cli import render
 from controlplane.cli.context import clock
 from controlplane.cli.progress import follow
@@ -161,7 +162,7 @@ class Demo:
         outcome = await submit_operation(self.db, default_kinds(),
                                          self.world.submission_observer,
                                          kind=kind, spec=spec, machine_id=new_id(),
-                                         now=clock.now())
+                                         now=clock.now(), requester=os_identity())
         self.world.worker.nudge()
         return outcome.machine_id
 

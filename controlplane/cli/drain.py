@@ -19,7 +19,7 @@ from controlplane.app.operations import submit_operation
 from controlplane.cli import render
 from controlplane.cli.classes import class_for
 from controlplane.cli.cluster import cluster_objects
-from controlplane.cli.context import clock, opened
+from controlplane.cli.context import clock, opened, requester
 from controlplane.cli.options import limits_from
 from controlplane.cli.progress import follow
 from controlplane.clock import new_id
@@ -71,7 +71,8 @@ async def drain_cmd(args: argparse.Namespace) -> int:
             spec = drain_spec(plan, pods, klass, args.max_parallel)
             outcome = await submit_operation(db, default_kinds(), access.observer, kind="drain",
                                              spec=spec, machine_id=new_id(), now=clock.now(),
-                                             limits=limits_from(args))
+                                             limits=limits_from(args),
+                                             requester=requester(args))
         print(outcome.machine_id)
         print(f"drain {plan.node}: {len(plan.moves)} pods to move, {len(plan.left)} left alone, "
               f"at most {args.max_parallel} at a time")

@@ -183,16 +183,26 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("report", choices=["operations", "checkpoints", "migrations", "drains"],
                     help="drains: one row per drain (children moved, failed, in flight, "
                     "failures by reason; --by does not apply)")
-    rp.add_argument("--by", choices=["kind", "node", "day", "class"], default="kind",
-                    help="group by operation kind, source node, day, or checkpoint class")
+    rp.add_argument("--by", choices=["kind", "node", "day", "class", "requester"],
+                    default="kind", help="group by operation kind, source node, day, "
+                    "checkpoint class, or who asked (user@host, token:NAME, drain:ID)")
     rp.add_argument("--since", help="only those at or after this ISO time")
     rp.add_argument("-o", "--output", choices=["table", "json", "yaml", "csv"], default="table")
 
     sv = verb("serve", _serve, "serve the HTTP API (OpenAPI at /api/v1/openapi.json), the "
               "dashboard at / and Prometheus metrics at /metrics; the token comes from "
               "--token-file or $CONTROLPLANE_API_TOKEN")
-    sv.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT")
-    sv.add_argument("--token-file", help="file holding the API token")
+    sv.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT",
+                    help="where to listen (default 127.0.0.1:8080); an address other than "
+                    "loopback needs --tls-cert/--tls-key or --insecure")
+    sv.add_argument("--token-file", help="file holding the API token, or several as "
+                    "'NAME: TOKEN' lines (history records the name of the one used)")
+    sv.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate "
+                    "(chain) ...")
+    sv.add_argument("--tls-key", metavar="PEM", help="... and this private key")
+    sv.add_argument("--insecure", action="store_true",
+                    help="serve plain HTTP on a non-loopback address (e.g. behind a TLS "
+                    "proxy): tokens would otherwise cross the network in clear text")
     sv.add_argument("--metrics-public", action="store_true",
                     help="serve /metrics without the token (for a Prometheus scraper)")
     add_cluster_options(sv)  # POST /api/v1/operations submits to this cluster, when given

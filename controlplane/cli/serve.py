@@ -1,9 +1,11 @@
 """``cpctl serve``: the HTTP API, the dashboard and ``/metrics`` (``controlplane.api``);
 and ``cpctl worker --metrics-listen``: a worker's own ``/metrics`` and ``/healthz``.
 
-The token comes from ``--token-file`` or ``$CONTROLPLANE_API_TOKEN``, never from the
-command line (where ``ps`` would show it); the access log redacts it from URLs. Runs
-until SIGTERM/SIGINT.
+The tokens come from ``--token-file`` (one token, or ``NAME: TOKEN`` lines: each client
+its own, and history records which one asked) or ``$CONTROLPLANE_API_TOKEN``, never from
+the command line (where ``ps`` would show them); the access log redacts them from URLs.
+HTTPS with ``--tls-cert``/``--tls-key``; without them only a loopback ``--listen`` is
+served unless ``--insecure``. Runs until SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import os
 import signal
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -28,21 +32,77 @@ from controlplane.store import migrate
 from controlplane.store.database import open_database
 from controlplane.worker.runtime import Worker
 
+MIN_TOKEN = 16
 
-def _token(args: argparse.Namespace) -> str:
+
+def _tokens(args: argparse.Namespace) -> dict[str, str]:
+    """The API's tokens by name. A ``--token-file`` holds one token (named ``default``)
+    or one ``NAME: TOKEN`` per line (``#`` comments and blank lines skipped), so that each
+    client has its own and history records which one asked; else
+    ``$CONTROLPLANE_API_TOKEN`` (named ``default``)."""
     if args.token_file:
         try:
-            token = Path(args.token_file).read_text().strip()
+            text = Path(args.token_file).read_text()
         except OSError as exc:
             raise UsageError(f"cannot read --token-file {args.token_file!r}: "
                              f"{exc.strerror}") from None
+        lines = [ln.strip() for ln in text.splitlines()
+                 if ln.strip() and not ln.strip().startswith("#")]
+        where = f"--token-file {args.token_file}"
+        if len(lines) == 1 and ":" not in lines[0]:
+            tokens = {"default": lines[0]}
+        else:
+            tokens = {}
+            for number, line in enumerate(lines, 1):
+                name, sep, token = (part.strip() for part in line.partition(":"))
+                if not sep or not name or not token:
+                    raise UsageError(f"{where} line {number}: expected NAME: TOKEN",
+                                     hint="one token per line, e.g. 'ci-bot: <token>'")
+                if name in tokens:
+                    raise UsageError(f"{where} line {number}: token name {name!r} given "
+                                     "twice")
+                tokens[name] = token
     else:
-        token = os.environ.get("CONTROLPLANE_API_TOKEN", "").strip()
-    if len(token) < 16:
-        raise UsageError("the API needs a token of at least 16 characters",
+        tokens = {"default": os.environ.get("CONTROLPLANE_API_TOKEN", "").strip()}
+    short = sorted(name for name, token in tokens.items() if len(token) < MIN_TOKEN)
+    if not tokens or short:
+        raise UsageError("the API needs tokens of at least 16 characters" +
+                         (f" (too short: {', '.join(short)})" if short else ""),
                          hint="put one in a file for --token-file, or in "
                          "$CONTROLPLANE_API_TOKEN")
-    return token
+    return tokens
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _tls(args: argparse.Namespace, host: str) -> ssl.SSLContext | None:
+    """The TLS context from ``--tls-cert``/``--tls-key``; refuse to serve the token in
+    clear text on anything but loopback unless ``--insecure``."""
+    cert, key = getattr(args, "tls_cert", None), getattr(args, "tls_key", None)
+    if bool(cert) != bool(key):
+        raise UsageError("--tls-cert and --tls-key go together",
+                         hint="give both (PEM files), or neither for plain HTTP on loopback")
+    if not cert:
+        if not _loopback(host) and not getattr(args, "insecure", False):
+            raise UsageError(f"--listen {host} is not a loopback address and no TLS is "
+                             "configured: bearer tokens would cross the network in clear "
+                             "text", hint="give --tls-cert and --tls-key, or --insecure "
+                             "to serve plain HTTP anyway (e.g. behind a TLS proxy)")
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"cannot load --tls-cert {cert} / --tls-key {key}: {exc}") from None
+    return context
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -56,8 +116,9 @@ async def serve_cmd(args: argparse.Namespace) -> int:
     from controlplane.api.app import make_app
 
     tune_for_service()
-    token = _token(args)
+    tokens = _tokens(args)
     host, port = _listen(args.listen)
+    tls = _tls(args, host)
     db = open_database(args.db)
     try:
         await migrate.require_current(db)
@@ -67,24 +128,26 @@ async def serve_cmd(args: argparse.Namespace) -> int:
                 from controlplane.wiring.cluster import access_from_args
 
                 cluster = await stack.enter_async_context(access_from_args(db, args))
-            app = make_app(db, token=token, kinds=default_kinds(), clock=clock,
+            app = make_app(db, token=tokens, kinds=default_kinds(), clock=clock,
                            metrics_public=args.metrics_public, cluster=cluster)
-            await _serve_until_stopped(app, host, port)
+            await _serve_until_stopped(app, host, port, tls)
     finally:
         await db.dispose()
     return 0
 
 
-async def _serve_until_stopped(app: web.Application, host: str, port: int) -> None:
-    """Serve ``app`` on ``host:port`` until SIGTERM or SIGINT."""
+async def _serve_until_stopped(app: web.Application, host: str, port: int,
+                               tls: ssl.SSLContext | None = None) -> None:
+    """Serve ``app`` on ``host:port`` (HTTPS with ``tls``) until SIGTERM or SIGINT."""
     from controlplane.api.serving import make_runner
 
     runner = make_runner(app)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=tls)
     await site.start()
     bound = runner.addresses[0] if runner.addresses else (host, port)
-    print(f"API and dashboard on http://{bound[0]}:{bound[1]}/", flush=True)
+    scheme = "https" if tls is not None else "http"
+    print(f"API and dashboard on {scheme}://{bound[0]}:{bound[1]}/", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

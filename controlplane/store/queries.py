@@ -22,6 +22,16 @@ e = schema.events
 d = schema.decisions
 
 
+async def machines_indexing(db: Database, key: str) -> list[str]:
+    """The live machines that indexed ``key`` (a pod UID, ``namespace/name``...): who a
+    wake by that key reaches."""
+    k, m = schema.machine_keys, schema.machines
+    stmt = (select(k.c.machine_id).join(m, m.c.id == k.c.machine_id)
+            .where(k.c.key == key, m.c.terminal.is_(False)).order_by(k.c.machine_id))
+    async with read_txn(db) as conn:
+        return [str(r[0]) for r in await conn.execute(stmt)]
+
+
 def _event(row: Row[tuple[object, ...]]) -> RecordedEvent:
     r = row._mapping
     return RecordedEvent(

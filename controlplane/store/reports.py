@@ -30,7 +30,7 @@ REPORTS = {
 #: The migration phases reported by their p50 (columns of ``report_migrations``).
 MIGRATION_PHASES = ("queued_seconds", "checkpoint_seconds", "delete_seconds",
                     "restore_seconds", "gc_seconds")
-GROUPINGS = ("kind", "node", "day", "class")
+GROUPINGS = ("kind", "node", "day", "class", "requester")
 #: Every ``cpctl report`` name: the grouped summaries, and ``drains`` (one row per drain).
 NAMES = (*REPORTS, "drains")
 
@@ -141,8 +141,12 @@ async def summary(db: Database, *, report: str, by: str,
         sql += f" WHERE {time_col} >= :since"
         params["since"] = _since_param(db, since)
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    asked = await requesters(db) if by == "requester" else {}
     for row in await rows(db, sql, params):
-        groups[_group_key(row, by, time_col)].append(row)
+        if by == "requester":
+            groups[asked.get(str(row["operation_id"]), "-")].append(row)
+        else:
+            groups[_group_key(row, by, time_col)].append(row)
     out = []
     for key in sorted(groups):
         members = groups[key]
@@ -162,6 +166,14 @@ async def summary(db: Database, *, report: str, by: str,
                                  if r["size_bytes"] is not None)
         out.append(entry)
     return out
+
+
+async def requesters(db: Database) -> dict[str, str]:
+    """Who asked for each operation: the recorder of its ``Submitted`` event (``user@host``
+    and the kubeconfig's user for the CLI, ``token:<name>`` for the API, ``drain:<id>``
+    for a drain's children; ``operator`` before requesters were recorded)."""
+    found = await rows(db, "SELECT machine_id, worker_id FROM events WHERE seq = 1", {})
+    return {str(r["machine_id"]): str(r["worker_id"]) for r in found}
 
 
 def _group_key(row: dict[str, Any], by: str, time_col: str) -> str:

@@ -245,7 +245,7 @@ def test_serve_answers_with_the_token_and_refuses_without_it(ready_db: str,
 
 def test_serve_refuses_to_start_without_a_usable_token(ready_db: str) -> None:
     assert_one_line_error(cpctl(ready_db, "serve", "--listen", "127.0.0.1:0"), 2,
-                          "token of at least 16 characters")
+                          "of at least 16 characters")
 
 
 def test_wake_by_key_or_id_reports_how_many_machines_it_woke(ready_db: str) -> None:

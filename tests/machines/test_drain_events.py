@@ -61,4 +61,4 @@ def test_each_drain_event_is_recorded_as_histories_hold_it() -> None:
         assert (recorded.type, json.dumps(recorded.data)) == (wire_name, data)
         assert DRAIN_EVENTS.decode(recorded) == event
     assert {wire_name for _, wire_name, _ in cases} | {
-        "Queued", "Admitted", "ActionFailed"} == DRAIN_EVENTS.names
+        "Queued", "Admitted", "ActionFailed", "WakeRequested"} == DRAIN_EVENTS.names

@@ -249,7 +249,15 @@ class ActionFailed(DomainEvent, name=ACTION_FAILED):
     attempts: int | None = None
 
 
-ENGINE_EVENTS: tuple[type[DomainEvent], ...] = (Queued, Admitted, ActionFailed)
+@dataclass(frozen=True)
+class WakeRequested(DomainEvent, name="WakeRequested"):
+    """An operator made the machine due now (``cpctl wake``): recorded for who asked,
+    it changes nothing in the state."""
+
+    at: datetime
+
+
+ENGINE_EVENTS: tuple[type[DomainEvent], ...] = (Queued, Admitted, ActionFailed, WakeRequested)
 
 
 def data_of(event: DomainEvent) -> JsonValue:

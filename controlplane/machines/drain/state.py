@@ -25,6 +25,7 @@ from controlplane.machines.base.events import (
     Queued,
     Started,
     UnknownEvent,
+    WakeRequested,
 )
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.states import PhasedState
@@ -197,7 +198,7 @@ def evolve_drain(state: DrainState, recorded: EventLike | DomainEvent) -> DrainS
             return replace(state, status=DrainPhase(phase), reason=reason, message=message)
         case ActionFailed():
             return _action_failed(state, event)
-        case Queued() | Admitted():
+        case Queued() | Admitted() | WakeRequested():
             return state
     raise UnknownEvent(f"event {event.NAME!r} is in DRAIN_EVENTS but the drain does not "
                        "fold it")

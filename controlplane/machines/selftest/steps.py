@@ -38,6 +38,7 @@ from controlplane.machines.base.events import (
     DomainEvent,
     Queued,
     UnknownEvent,
+    WakeRequested,
 )
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.states import PhasedState
@@ -214,7 +215,7 @@ class StepsDecider:
                     return replace(state, status=StepsPhase.FAILED,
                                    reason=f"action {key} failed: {message}")
                 return state
-            case Queued() | Admitted():
+            case Queued() | Admitted() | WakeRequested():
                 return state
         raise UnknownEvent(f"event {event.NAME!r} is in STEPS_EVENTS but the steps kind does "
                            "not fold it")
