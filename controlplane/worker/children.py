@@ -5,9 +5,18 @@ projection: each child's kind, phase, terminal flag and failure reason (``None``
 such machine exists yet; a ``ProbeError`` when the database did not answer — never
 "absent", safety gate 3 again). The children themselves are created by the
 ``SubmitOperation`` action, whose handler is a use case (``app.children``).
+
+:func:`wake_parents`: the worker calls it once a machine turns terminal, so the parent
+that indexed the child's ``machine_key`` is due at once instead of at its next re-check.
+It is a row update (``next_wake_at``, ``wake_seq``), so a parent held by another worker
+process is woken too: due now when that worker releases it, or claimed by whichever
+worker polls first.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
 
 from controlplane.engine.observation import (
     Interests,
@@ -16,7 +25,8 @@ from controlplane.engine.observation import (
     Observation,
     ProbeError,
 )
-from controlplane.store import queries
+from controlplane.machines.drain.state import machine_key
+from controlplane.store import leases, queries
 from controlplane.store.database import Database
 from controlplane.store.errors import DatabaseUnavailable, MachineNotFound
 
@@ -40,3 +50,9 @@ class StoreMachineObserver:
         reason = failure.get("reason") if isinstance(failure, dict) else None
         return MachineView(record.id, record.kind, record.phase, record.terminal,
                            str(reason or ""))
+
+
+async def wake_parents(db: Database, machine_ids: Sequence[str], *, now: datetime) -> int:
+    """Make every live machine waiting on one of ``machine_ids`` due now (a drain whose
+    children ended); returns how many woke. One statement; no parent, no row touched."""
+    return await leases.wake_by_keys(db, keys=[machine_key(m) for m in machine_ids], now=now)

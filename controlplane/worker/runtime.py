@@ -18,6 +18,8 @@ held lease alive while deciding and acting. Driving a machine:
    ``probe_retry_max_seconds``, however far the decision's own ``wake_at`` is: a decider
    waits for a deadline or a wake, and a wake may never come for what nobody saw change
    (a requeue with backoff, as a Kubernetes controller does on a failed reconcile).
+   A machine that ends wakes the machines that wait on it (a drain, for its child:
+   ``children.wake_parents``).
 
 Crash safety: whatever was committed is durable, including the decision's actions (the
 outbox column ``pending_actions``, written by the same commit). A worker killed between
@@ -61,6 +63,7 @@ from controlplane.store.leases import ReleaseRequest
 from controlplane.store.records import Claimed, Lease, Projection
 from controlplane.worker.actions import ActionFailure, ActionRunner
 from controlplane.worker.admitter import admit_held
+from controlplane.worker.children import wake_parents
 from controlplane.worker.committer import GroupCommitter
 from controlplane.worker.metrics import WorkerMetrics
 from controlplane.worker.ports import Observer
@@ -369,6 +372,7 @@ class Worker:
         if held.state.terminal:
             await self._release(held.lease, None)
             held.log.info("terminal")
+            await self._wake_parents(held)
             return True
         if self._stopping.is_set():  # shutting down: this step is done, hand over
             await self._release(held.lease, self.clock.now())
@@ -387,6 +391,18 @@ class Worker:
         await self._release(held.lease, self._sleep_until(decision, step.now, retry_at),
                             reset_attempts=not unseen)
         return True
+
+    async def _wake_parents(self, held: _Held) -> None:
+        """A machine ended: wake whoever waits on it (a drain, for its child) now rather
+        than at its safety re-check, and look for it here at once. A failed wake is
+        only logged: the parent's re-check still comes."""
+        try:
+            woken = await wake_parents(self.db, [held.lease.machine_id], now=self.clock.now())
+        except DatabaseUnavailable as exc:
+            held.log.warning("could not wake the parent", error=str(exc))
+            return
+        if woken:
+            self.nudge()
 
     async def _let_go_after_error(self, held: _Held, exc: Exception) -> None:
         """The error policy of driving a machine, in one place:

@@ -6,7 +6,7 @@ never uncordon."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,10 +17,11 @@ from controlplane.engine.observation import MachineView, NodeView, Observation
 from controlplane.machines.base.events import ActionFailed, UnknownEvent
 from controlplane.machines.contract.actions import ActionType
 from controlplane.machines.drain.machine import (
+    CHILDREN_RECHECK,
     DrainDecider,
     child_id,
 )
-from controlplane.machines.drain.state import submit_key
+from controlplane.machines.drain.state import machine_key, submit_key
 from tests.machines.machines_gwt import REPO, TEMPLATE, Given, at, error
 
 DRAIN = "drain-1"
@@ -91,8 +92,20 @@ def test_starts_at_most_max_parallel_children_with_deterministic_ids() -> None:
                                            child(1): view(1)}), at(3))
     nxt.then_idle()
     assert nxt.decision.wake_at is not None
-    assert nxt.decision.wake_at <= at(4)
-    assert nxt.state.wake_keys == {"uid-0", "uid-1"}
+
+
+def test_children_in_flight_wake_the_drain_when_they_end_not_a_poll() -> None:
+    """The drain indexes each in-flight child's machine key (the worker wakes it when the
+    child ends); its own wake is only the 30 s safety re-check."""
+    g = draining().decided(seen(True), at(2))
+    nxt = g.when(seen(True, {child(0): view(0, "Checkpointing"), child(1): view(1)}), at(3))
+    nxt.then_idle(wake_at=at(3) + CHILDREN_RECHECK)
+    assert timedelta(seconds=30) <= CHILDREN_RECHECK
+    assert nxt.state.wake_keys == {machine_key(child(0)), machine_key(child(1))}
+    done = nxt.and_then().when(seen(True, {child(0): view(0, "Succeeded", True),
+                                           child(1): view(1)}), at(4))
+    assert machine_key(child(0)) not in done.state.wake_keys
+    assert machine_key(child(1)) in done.state.wake_keys
 
 
 def test_a_drain_that_keeps_names_asks_each_migration_to_keep_its_pods_name() -> None:

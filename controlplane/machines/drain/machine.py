@@ -16,8 +16,11 @@ Phases::
   and the pod UID, so a crash between commit and action never makes two. The drain
   observes its children from the store (``Interests.machines``) and keeps at most
   ``max_parallel`` in flight (a child held by admission limits counts as in flight, so
-  the cluster and per-node limits still apply). A child refused at submission (pod gone,
-  workload busy) is ``Refused``; a terminal child is ``ChildFinished`` with its phase.
+  the cluster and per-node limits still apply). A child that ends wakes the drain (the
+  worker wakes its :func:`~controlplane.machines.drain.state.machine_key`, which the
+  drain indexes); the drain re-reads them every 30 s only as a safety net. A child
+  refused at submission (pod gone, workload busy) is ``Refused``; a terminal child is
+  ``ChildFinished`` with its phase.
 - **Cancel** stops starting children (the pending ones are ``ChildrenSkipped``), lets the
   running ones finish (a migration is never abandoned half-way), then uncordons.
 - A failed child does not stop the others; the drain ends ``Failed`` when any child did
@@ -93,9 +96,14 @@ from controlplane.machines.drain.state import (
 )
 
 MAX_PARALLEL = 100
-#: How often a drain with children in flight reads their phases from the store (no API
-#: request: pod watch events on the children's pods wake it sooner).
-CHILD_POLL = timedelta(milliseconds=500)
+#: How often a drain that waits for its node's cordon (or uncordon) to be observed looks
+#: again (nodes have no wake index).
+NODE_POLL = timedelta(milliseconds=500)
+#: The safety re-check of a drain with children in flight. It is woken when a child ends
+#: (the worker wakes the children's ``machine_key``) and on its children's pod watch
+#: events; this only bounds how long a lost wake (a worker killed between a child's last
+#: commit and the wake) can hold it up.
+CHILDREN_RECHECK = timedelta(seconds=30)
 
 
 def set_node_unschedulable(key: str, *, node: str, unschedulable: bool) -> Action:
@@ -238,8 +246,9 @@ class DrainDecider:
         if not state.cancelled and state.pending and room > 0:
             return self._start(state, state.pending[:room], now)
         if state.in_flight:
-            # Children running (or held by admission, or not yet created by the action).
-            return wait(now + CHILD_POLL)
+            # Children running (or held by admission, or not yet created by the action):
+            # the first to end wakes the drain.
+            return wait(now + CHILDREN_RECHECK)
         if state.cancelled:
             if state.cordoned_by_us:
                 return self._uncordon(state, fact, facts, now)
@@ -259,7 +268,7 @@ class DrainDecider:
                 facts: JsonObject, now: datetime) -> Step:
         node = state.spec.node
         if isinstance(fact, ProbeError):
-            return wait(now + CHILD_POLL)  # unknown is not "schedulable": ask again
+            return wait(now + NODE_POLL)  # unknown is not "schedulable": ask again
         if fact is None:
             return _finish(now, DrainPhase.FAILED, "NodeGone",
                            f"node {node} no longer exists", state, facts)
@@ -269,7 +278,7 @@ class DrainDecider:
         due = state.cordon_requested_at is None or now >= state.cordon_requested_at + \
             REISSUE_AFTER
         if not due:
-            return wait(now + CHILD_POLL)
+            return wait(now + NODE_POLL)
         return emit(CordonRequested(at=now, node=node).recorded(facts), actions=[
             set_node_unschedulable(f"{state.machine_id}:cordon", node=node,
                                    unschedulable=True)])
@@ -278,7 +287,7 @@ class DrainDecider:
                   facts: JsonObject, now: datetime) -> Step:
         node = state.spec.node
         if isinstance(fact, ProbeError):
-            return wait(now + CHILD_POLL)
+            return wait(now + NODE_POLL)
         if fact is None or not fact.unschedulable:
             uncordoned = NodeUncordoned(at=now, node=node)
             end = _finish(now, DrainPhase.CANCELLED, "Cancelled",
@@ -288,7 +297,7 @@ class DrainDecider:
         requested = state.uncordon_requested_at
         if state.status is DrainPhase.UNCORDONING and requested is not None and \
                 now < requested + REISSUE_AFTER:
-            return wait(now + CHILD_POLL)
+            return wait(now + NODE_POLL)
         return emit(UncordonRequested(at=now, node=node).recorded(facts), actions=[
             set_node_unschedulable(f"{state.machine_id}:uncordon", node=node,
                                    unschedulable=False)])

@@ -76,6 +76,13 @@ def submit_key(drain_id: str, child: str) -> str:
     return f"{drain_id}:submit:{child}"
 
 
+def machine_key(machine_id: str) -> str:
+    """The wake key of machine ``machine_id`` ending: a parent indexes its in-flight
+    children's, and the worker wakes it when one of them turns terminal
+    (:func:`controlplane.worker.children.wake_parents`)."""
+    return f"machine:{machine_id}"
+
+
 @dataclass(frozen=True)
 class Child:
     id: str
@@ -137,10 +144,13 @@ class DrainState(PhasedState):
 
     @property
     def wake_keys(self) -> frozenset[str]:
-        """The in-flight children's pod UIDs: their pod watch events wake the drain too."""
+        """The in-flight children's :func:`machine_key`: the worker wakes the drain when
+        one of them ends, the only change of a child the drain decides on. (Their pods'
+        watch events woke it before; that was a stand-in for this, at one read of every
+        child in flight per pod event.)"""
         if self.terminal:
             return frozenset()
-        return frozenset(c.uid for c in self.children if c.in_flight)
+        return frozenset(machine_key(c.id) for c in self.children if c.in_flight)
 
     @property
     def in_flight(self) -> tuple[Child, ...]:
