@@ -11,9 +11,6 @@ source is gone, the artifact is garbage-collected only after the restore was ver
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,50 +20,16 @@ from controlplane.app.operations import submit
 from controlplane.clock import SystemClock
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.contract import protocol
-from controlplane.store import leases, migrate, queries
-from controlplane.store.database import Database, open_database
-from controlplane.worker.actions import ActionRunner, RetryPolicy
-from controlplane.worker.composite import CompositeObserver
-from controlplane.worker.runtime import Worker, WorkerConfig
-from drivers.kube import KubeDriver
-from drivers.registry import ManifestActions, RegistryObserver
+from controlplane.store import queries
+from controlplane.worker.actions import RetryPolicy
 from drivers.sim import MARKER
-from tests.agent.world import KUBE, World, open_world
+from tests.agent.engine import open_engine
+from tests.agent.world import World, open_world
 from tests.support.waiting import eventually
 
 NS = "default"
 RETRIES = RetryPolicy(attempts=2, timeout_seconds=10, backoff_base_seconds=0.01,
                       backoff_max_seconds=0.05)
-
-
-@asynccontextmanager
-async def engine(w: World, tmp_path: Path) -> AsyncIterator[Database]:
-    db = open_database(f"sqlite:///{tmp_path / 'cp.db'}")
-    await migrate.upgrade(db)
-    clock = SystemClock()
-    worker_box: list[Worker] = []
-
-    async def wake(uid: str) -> None:
-        await leases.wake_by_key(db, key=uid, now=clock.now())
-        for worker in worker_box:
-            worker.nudge()
-
-    kube = await KubeDriver.connect(kubeconfig=str(tmp_path / "sim.kubeconfig"),
-                                    settings=KUBE, on_pod_change=wake)
-    async with kube:
-        observer = CompositeObserver(cluster=kube.observer,
-                                     registry=RegistryObserver(w.backend.registry))
-        handlers = {**kube.handlers(), **ManifestActions(w.backend.registry).handlers()}
-        worker = Worker(db, default_kinds(), observer, ActionRunner(handlers, RETRIES), clock,
-                        WorkerConfig(worker_id="e2e", poll_seconds=0.05, settle_seconds=0.1))
-        worker_box.append(worker)
-        task = asyncio.create_task(worker.run())
-        try:
-            yield db
-        finally:
-            worker.stop()
-            await task
-            await db.dispose()
 
 
 def migration_spec(w: World, *, gc_seconds: int = 86400) -> dict[str, object]:
@@ -86,7 +49,7 @@ async def run_migration(w: World, tmp_path: Path, *,
     w.cluster.create_pod(NS, "app", node="node-1", marker="counter=41")
     await w.running(NS, "app")
     spec = migration_spec(w, gc_seconds=gc_seconds)
-    async with engine(w, tmp_path) as db:
+    async with open_engine(w, tmp_path) as db:
         await submit(db, default_kinds(), kind="migration", spec=spec,  # type: ignore[arg-type]
                      machine_id="mig-1", now=SystemClock().now())
 
