@@ -17,14 +17,11 @@ from controlplane.app.operations import submit
 from controlplane.clock import SystemClock
 from controlplane.machines.catalog import default_kinds
 from controlplane.store import queries
-from controlplane.worker.actions import RetryPolicy
 from tests.agent.engine import open_engine
 from tests.agent.world import open_world
 from tests.support.waiting import eventually
 
 NS = "default"
-RETRIES = RetryPolicy(attempts=2, timeout_seconds=10, backoff_base_seconds=0.01,
-                      backoff_max_seconds=0.05)
 MIGRATIONS = 4
 
 
