@@ -1,8 +1,11 @@
 """Drains as use cases: the plan and the spec of a drain from the cluster as listed (what
 ``cpctl drain`` and ``POST /api/v1/operations`` submit, and what their dry runs show),
-and a drain's children as an operator reads them: the drain's own record of each child,
+a drain's children as an operator reads them: the drain's own record of each child,
 with the live phase of the ones in flight (``cpctl get``, ``cpctl drain --wait``, the
-HTTP API's drain view)."""
+HTTP API's drain view), and :class:`NodeRecheck`, the handler of a drain's
+``CheckNodePods`` action: the pods on its node the plan does not have, planned with the
+planner's rules and sent back as the ``NodePodsListed`` command (built by the
+composition root next to ``ChildSubmitter``)."""
 
 from __future__ import annotations
 
@@ -10,23 +13,35 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from controlplane.app.operations import send_command
+from controlplane.app.ports import ClusterAccess
+from controlplane.app.requester import drain_requester
 from controlplane.app.specs import template_of
+from controlplane.clock import Clock
+from controlplane.engine.decider import Action, Command
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
+from controlplane.engine.kinds import KindRegistry
 from controlplane.errors import UsageError
 from controlplane.machines.config.classes import artifact_for, parse_class
+from controlplane.machines.drain.machine import NODE_PODS_LISTED
 from controlplane.machines.drain.planning import (
+    MIRROR,
     DrainPlan,
     PlanRejected,
+    PodInfo,
     node_info,
+    parse_selector,
     plan_drain,
     pod_info,
+    selector_matches,
 )
-from controlplane.machines.drain.state import ChildStatus
+from controlplane.machines.drain.state import ChildStatus, DrainState
 from controlplane.machines.owners import ADOPT, BARE, GATED
-from controlplane.store import queries
+from controlplane.store import leases, queries
 from controlplane.store.database import Database
-from controlplane.store.errors import MachineNotFound
+from controlplane.store.errors import DatabaseUnavailable, MachineNotFound
 from controlplane.store.records import MachineRecord
+from controlplane.worker.errors import RetryableActionError, TerminalActionError
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,9 @@ class DrainChild:
     reason: str | None
     started_at: str | None
     finished_at: str | None
+    #: When the pod joined the plan, found on the node after it was made (``None``: it
+    #: was planned).
+    joined_at: str | None = None
 
     @property
     def outcome(self) -> str:
@@ -67,7 +85,8 @@ async def drain_children(db: Database, record: MachineRecord) -> list[DrainChild
             id=str(c.get("id")), pod=f"{c.get('namespace')}/{c.get('name')}",
             target=str(c.get("target")), status=str(c.get("status")), phase=phase,
             reason=str(c.get("reason") or "") or None,
-            started_at=_text(c.get("started_at")), finished_at=_text(c.get("finished_at"))))
+            started_at=_text(c.get("started_at")), finished_at=_text(c.get("finished_at")),
+            joined_at=_text(c.get("joined_at"))))
     return out
 
 
@@ -94,16 +113,104 @@ def plan_of(node: str, nodes: list[dict[str, Any]], pods: list[dict[str, Any]], 
 
 def drain_spec(plan: DrainPlan, pods: list[dict[str, Any]], klass: JsonObject,
                max_parallel: int) -> JsonObject:
-    """The drain machine's spec: the plan, with each pod's template to restore from."""
+    """The drain machine's spec: the plan, with each pod's template to restore from; pods
+    found on the node later are planned with the same targets and selector."""
+    late: JsonObject = {"targets": list(plan.targets)}
+    if plan.selector:
+        late["selector"] = plan.selector
+    return {"node": plan.node, "max_parallel": max_parallel, "class": klass,
+            "children": _children(plan, pods), "left": _left(plan), "keep_names": True,
+            "late_pods": late}
+
+
+def _children(plan: DrainPlan, pods: Sequence[dict[str, Any]]) -> list[JsonValue]:
     raw = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
-    children: list[JsonValue] = [{
+    return [{
         "pod": {"namespace": m.pod.namespace, "name": m.pod.name, "uid": m.pod.uid},
         "target": m.target, "template": template_of(raw[m.pod.key]),
         **({"successor": m.pod.moved_by} if m.pod.moved_by != BARE else {})}
         for m in plan.moves]
-    left: list[JsonValue] = [{"pod": x.pod.key, "reason": x.reason} for x in plan.left]
-    return {"node": plan.node, "max_parallel": max_parallel, "class": klass,
-            "children": children, "left": left, "keep_names": True}
+
+
+def _left(plan: DrainPlan) -> list[JsonValue]:
+    return [{"pod": x.pod.key, "reason": x.reason} for x in plan.left]
+
+
+def late_pods(state: DrainState, nodes: list[dict[str, Any]],
+              pods: list[dict[str, Any]]) -> JsonObject:
+    """The pods on ``state``'s node its plan does not have, as the ``NodePodsListed``
+    command's data (without ``check``): ``children`` to move and ``left`` (planned with
+    the planner's rules, the plan's targets and selector), and ``starting`` (not Running
+    yet). Pods on their way out (terminating, Succeeded, Failed) and the node's own
+    (DaemonSet, mirror) are not the drain's business; pods the plan already has, moved,
+    refused or left alone, stay as they are."""
+    spec = state.spec
+    known = {c.uid for c in state.children}
+    left_alone = {pod for pod, _ in spec.left}
+    movable = parse_class(spec.klass, field="class").movable_owners if spec.klass else ()
+    infos = [pod_info(p, movable) for p in pods]
+    late: list[PodInfo] = []
+    starting: list[PodInfo] = []
+    for p in infos:
+        if p.node != spec.node or p.uid in known or p.key in left_alone:
+            continue
+        if p.deleting or p.phase in ("Succeeded", "Failed") or MIRROR in p.annotations \
+                or "DaemonSet" in p.owner_kinds:
+            continue
+        (late if p.phase == "Running" else starting).append(p)
+    if not late:
+        return {"children": [], "left": [], "starting": _chosen(starting, spec.selector)}
+    # Only the late pods are planned; the others on the node are leaving anyway and
+    # take no room on a target.
+    others = [p for p in infos if p.node != spec.node]
+    try:
+        plan = plan_drain(spec.node, [node_info(n) for n in nodes], [*others, *late],
+                          targets=spec.targets, selector=spec.selector or None)
+    except PlanRejected:  # the selector matches none of them, or the node is gone
+        return {"children": [], "left": [], "starting": _chosen(starting, spec.selector)}
+    return {"children": _children(plan, pods), "left": _left(plan),
+            "starting": _chosen(starting, spec.selector)}
+
+
+def _chosen(pods: Sequence[PodInfo], selector: str) -> list[JsonValue]:
+    wanted = parse_selector(selector)
+    return [p.key for p in pods if selector_matches(wanted, p.labels)]
+
+
+class NodeRecheck:
+    """The ``CheckNodePods`` handler: list the drain's node's pods from the API server and
+    answer the drain's request with :func:`late_pods` (the ``NodePodsListed`` command,
+    recorded as the drain's), then wake it. Re-performed, an answered request is done."""
+
+    def __init__(self, db: Database, kinds: KindRegistry, access: ClusterAccess,
+                 clock: Clock) -> None:
+        self.db, self.kinds, self.access, self.clock = db, kinds, access, clock
+
+    async def __call__(self, action: Action, /) -> None:
+        drain, check = action.params.get("drain"), action.params.get("check")
+        if not isinstance(drain, str) or not isinstance(check, int):
+            raise TerminalActionError(f"CheckNodePods {action.key}: params drain (string) "
+                                      "and check (integer) are required")
+        try:
+            record = await queries.get_machine(self.db, drain)
+            state: DrainState = self.kinds.get(record.kind).load_state(record.state)
+            if record.terminal or state.checks != check or not state.check_open:
+                return  # answered already, or asked again since, or over
+            nodes = [dict(n) for n in await self.access.list_nodes()]
+            pods = [dict(p) for p in await self.access.list_pods()]
+            data = {"check": check, **late_pods(state, nodes, pods)}
+            await send_command(self.db, self.kinds, machine_id=drain,
+                               command=Command(NODE_PODS_LISTED, data),
+                               now=self.clock.now(), requester=drain_requester(drain))
+            await leases.wake_machine(self.db, machine_id=drain, now=self.clock.now())
+        except MachineNotFound as exc:
+            raise TerminalActionError(f"drain {drain} does not exist") from exc
+        except UsageError as exc:  # refused: the drain ended or was cancelled meanwhile
+            raise TerminalActionError(str(exc)) from exc
+        except DatabaseUnavailable as exc:
+            raise RetryableActionError(str(exc)) from exc
+        except Exception as exc:  # the API server did not answer: ask again
+            raise RetryableActionError(f"{type(exc).__name__}: {exc}") from exc
 
 
 #: What ``--dry-run`` says for each way a pod moves.

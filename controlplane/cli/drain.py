@@ -96,3 +96,22 @@ async def print_children(db: Database, drain_id: str) -> None:
     for pod_reason in record.state["spec"].get("left") or []:  # type: ignore[union-attr]
         assert isinstance(pod_reason, list)
         print(f"left alone: {pod_reason[0]}: {pod_reason[1]}")
+    for line in late_lines(record.state):
+        print(line)
+
+
+def late_lines(state: JsonObject) -> list[str]:
+    """One line per extension of the plan: when, which pods joined it, which were left."""
+    out = []
+    extensions = state.get("extensions")
+    for ext in extensions if isinstance(extensions, list) else []:
+        assert isinstance(ext, dict)
+        joined = ", ".join(_strings(ext.get("joined"))) or "-"
+        left = ", ".join(_strings(ext.get("left"))) or "-"
+        out.append(f"found on the node after the plan, at {ext.get('at')}: moved {joined}; "
+                   f"left alone {left}")
+    return out
+
+
+def _strings(value: object) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []

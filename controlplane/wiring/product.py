@@ -22,13 +22,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane.app.children import ChildSubmitter
+from controlplane.app.drains import NodeRecheck
 from controlplane.clock import Clock
 from controlplane.engine.observation import pod_key
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.contract.actions import ActionType
+from controlplane.machines.drain.machine import CHECK_NODE_PODS
 from controlplane.machines.selftest.steps import WORK_ACTION
 from controlplane.store import leases
 from controlplane.store.database import Database
+from controlplane.wiring.access import KubeClusterAccess
 from controlplane.worker.actions import ActionRunner, RetryPolicy
 from controlplane.worker.children import StoreMachineObserver
 from controlplane.worker.composite import CompositeObserver
@@ -99,7 +102,10 @@ async def product(db: Database, clock: Clock, *, registry: Registry, config: Wor
         kinds = default_kinds()
         handlers: dict[str, ActionHandler] = {
             **driver.handlers(), **ManifestActions(registry).handlers(), WORK_ACTION: _noop,
-            ActionType.SUBMIT_OPERATION: ChildSubmitter(db, kinds, fresh, clock, config.limits)}
+            ActionType.SUBMIT_OPERATION: ChildSubmitter(db, kinds, fresh, clock, config.limits),
+            # A drain's look at its node's pods: LISTs from the API server, not the cache.
+            CHECK_NODE_PODS: NodeRecheck(db, kinds, KubeClusterAccess(driver, registry, db),
+                                         clock)}
         worker = Worker(db, kinds, observer,
                         ActionRunner(handlers, RetryPolicy(attempts=3)), clock, config,
                         confirm=driver.fresh_observer)

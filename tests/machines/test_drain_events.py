@@ -16,8 +16,13 @@ from controlplane.machines.drain.events import (
     CordonRequested,
     DrainCancelRequested,
     DrainFinished,
+    LateChild,
+    LateLeft,
     NodeCordoned,
+    NodeRechecked,
+    NodeRecheckRequested,
     NodeUncordoned,
+    PlanExtended,
     UncordonRequested,
 )
 
@@ -55,6 +60,18 @@ def test_each_drain_event_is_recorded_as_histories_hold_it() -> None:
          '"children": 1, "succeeded": 1, "failed": 0, "skipped": 0, "in_flight": 0, '
          '"children_outcomes": [{"child": "c1", "pod": "apps/p1", "target": "nb", '
          '"status": "Finished", "phase": "Succeeded", "reason": ""}]}'),
+        (NodeRecheckRequested(at=AT, node="na", check=1), "NodeRecheckRequested",
+         f'{{{T}, "node": "na", "check": 1}}'),
+        (PlanExtended(at=AT, node="na", check=1, children=(LateChild(
+            child="c9", namespace="apps", name="late", uid="u9", target="nb", successor="",
+            template={"spec": {}}),), left=(LateLeft(pod="apps/ds", reason="DaemonSet"),)),
+         "PlanExtended",
+         f'{{{T}, "node": "na", "check": 1, "children": [{{"child": "c9", '
+         '"namespace": "apps", "name": "late", "uid": "u9", "target": "nb", "successor": "", '
+         '"template": {"spec": {}}}], "left": [{"pod": "apps/ds", "reason": "DaemonSet"}]}'),
+        (NodeRechecked(at=AT, node="na", check=1, joined=1, starting=("apps/new",)),
+         "NodeRechecked",
+         f'{{{T}, "node": "na", "check": 1, "joined": 1, "starting": ["apps/new"]}}'),
     ]
     for event, wire_name, data in cases:
         recorded = event.recorded({"node": "na"})

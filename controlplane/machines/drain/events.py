@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from controlplane.machines.base.codec import RawJson
 from controlplane.machines.base.events import ENGINE_EVENTS, DomainEvent, EventSet, Started
 
 
@@ -120,7 +121,65 @@ class DrainFinished(DomainEvent):
     children_outcomes: tuple[ChildOutcome, ...]
 
 
+@dataclass(frozen=True)
+class NodeRecheckRequested(DomainEvent):
+    """Every child settled: the drain asks for its node's pods again (request ``check``,
+    counted from 1), to move those that reached the node after the plan."""
+
+    at: datetime
+    node: str
+    check: int
+
+
+@dataclass(frozen=True)
+class LateChild:
+    """A pod found on the node after the plan, and how it moves (in :class:`PlanExtended`):
+    ``successor`` as in the spec's children (``""``: a bare pod)."""
+
+    child: str
+    namespace: str
+    name: str
+    uid: str
+    target: str
+    successor: str
+    template: RawJson
+
+
+@dataclass(frozen=True)
+class LateLeft:
+    """A pod found on the node after the plan that the drain leaves alone, and why (the
+    planner's rules: refused pods stay refused)."""
+
+    pod: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class PlanExtended(DomainEvent):
+    """The answer to request ``check`` named pods on the node the plan did not have:
+    ``children`` join the plan (moved like the planned ones), ``left`` are left alone."""
+
+    at: datetime
+    node: str
+    check: int
+    children: tuple[LateChild, ...]
+    left: tuple[LateLeft, ...]
+
+
+@dataclass(frozen=True)
+class NodeRechecked(DomainEvent):
+    """Request ``check`` answered: ``joined`` pods joined the plan; ``starting`` are pods
+    on the node not Running yet (nothing to checkpoint yet: looked at again)."""
+
+    at: datetime
+    node: str
+    check: int
+    joined: int
+    starting: tuple[str, ...]
+
+
 DRAIN_EVENTS = EventSet(ENGINE_EVENTS, [
     Started, CordonRequested, NodeCordoned, ChildStarted, ChildFinished, ChildrenSkipped,
     DrainCancelRequested, UncordonRequested, NodeUncordoned, DrainFinished,
+    NodeRecheckRequested, PlanExtended, NodeRechecked,
 ])

@@ -25,10 +25,21 @@ Phases::
   running ones finish (a migration is never abandoned half-way), then uncordons.
 - A failed child does not stop the others; the drain ends ``Failed`` when any child did
   not succeed, and the node stays cordoned (the operator decides what next).
+- **Pods that reach the node after the plan** (bound before the cordon took effect, or
+  pending pods scheduled there; spec ``late_pods``): once every child settled, the drain
+  asks for its node's pods again (``NodeRecheckRequested`` + a ``CheckNodePods`` action,
+  whose handler plans them with the planner's rules and answers with the
+  ``NodePodsListed`` command). New pods join the plan (``PlanExtended``: moved like the
+  planned ones, or left alone with the reason) and the drain asks again once they
+  settled; pods not Running yet are looked at again every 2 s (for at most 5 minutes,
+  then the drain fails: they stay). It ends only after an answer adds nothing
+  (``NodeRechecked``). Drains recorded without ``late_pods`` never ask.
 
 Spec: ``node``, ``max_parallel``, ``class``, ``children`` (``[{pod: {namespace, name,
-uid}, target, template}]``), ``left`` (``[{pod, reason}]``: reported, never touched).
-Commands: ``Cancel``. Registered by :func:`controlplane.machines.catalog.product_kinds`.
+uid}, target, template}]``), ``left`` (``[{pod, reason}]``: reported, never touched),
+``keep_names``, ``late_pods`` (``{targets, selector}`` the plan was made with).
+Commands: ``Cancel``, ``NodePodsListed`` (from the drain's own check). Registered by
+:func:`controlplane.machines.catalog.product_kinds`.
 """
 
 from __future__ import annotations
@@ -80,8 +91,13 @@ from controlplane.machines.drain.events import (
     CordonRequested,
     DrainCancelRequested,
     DrainFinished,
+    LateChild,
+    LateLeft,
     NodeCordoned,
+    NodeRechecked,
+    NodeRecheckRequested,
     NodeUncordoned,
+    PlanExtended,
     UncordonRequested,
 )
 from controlplane.machines.drain.state import (
@@ -96,6 +112,16 @@ from controlplane.machines.drain.state import (
 )
 
 MAX_PARALLEL = 100
+#: The command that answers a ``CheckNodePods`` action (``app.drains.NodeRecheck``).
+NODE_PODS_LISTED = "NodePodsListed"
+#: The action that lists the drain's node's pods and answers with ``NODE_PODS_LISTED``.
+CHECK_NODE_PODS = "drain.CheckNodePods"
+#: An unanswered check (its action failed for good, or its worker died) is asked again.
+CHECK_ANSWER_WITHIN = timedelta(seconds=60)
+#: Pods bound to the node but not Running yet are looked at again this often, and for at
+#: most this long before the drain gives up on them (Failed: they stay on the node).
+STARTING_RECHECK = timedelta(seconds=2)
+STARTING_GRACE = timedelta(minutes=5)
 #: How often a drain that waits for its node's cordon (or uncordon) to be observed looks
 #: again (nodes have no wake index).
 NODE_POLL = timedelta(milliseconds=500)
@@ -112,6 +138,11 @@ def set_node_unschedulable(key: str, *, node: str, unschedulable: bool) -> Actio
                   {"node": node, "unschedulable": unschedulable})
 
 
+def check_node_pods(key: str, *, drain: str, node: str, check: int) -> Action:
+    """List ``node``'s pods and answer drain ``drain``'s request ``check``."""
+    return Action(CHECK_NODE_PODS, key, {"drain": drain, "node": node, "check": check})
+
+
 def submit_operation(key: str, *, machine_id: str, kind: str, spec: JsonObject,
                      parent: str) -> Action:
     """Submit a child operation with this id (done if it already exists)."""
@@ -125,41 +156,15 @@ class DrainDecider:
     kind = KIND
 
     def validate_spec(self, spec: JsonObject) -> JsonObject:
-        only_known(spec, ("node", "max_parallel", "class", "children", "left", "keep_names"))
+        only_known(spec, ("node", "max_parallel", "class", "children", "left", "keep_names",
+                          "late_pods"))
         node = node_name(require(spec, "node"), field="spec.node")
         parallel = spec.get("max_parallel", 4)
         if isinstance(parallel, bool) or not isinstance(parallel, int) or not (
                 1 <= parallel <= MAX_PARALLEL):
             raise InvalidSpec(f"spec.max_parallel must be an integer from 1 to {MAX_PARALLEL}, "
                               f"got {parallel!r}")
-        listed = spec.get("children") or []
-        if not isinstance(listed, list):
-            raise InvalidSpec("spec.children must be a list of {pod, target, template}")
-        children: list[JsonValue] = []
-        seen: set[str] = set()
-        for i, raw in enumerate(listed):
-            field = f"spec.children[{i}]"
-            if not isinstance(raw, dict):
-                raise InvalidSpec(f"{field} must be an object {{pod, target, template}}")
-            only_known(raw, ("pod", "target", "template", "successor"), field=field)
-            ref = pod_ref(raw.get("pod"), field=f"{field}.pod")
-            target = node_name(raw.get("target"), field=f"{field}.target")
-            if target == node:
-                raise InvalidSpec(f"{field}.target {target!r} is the node being drained")
-            if ref.uid in seen:
-                raise InvalidSpec(f"{field}.pod lists pod uid {ref.uid} twice")
-            seen.add(ref.uid)
-            child: JsonObject = {"pod": ref.to_json(), "target": target,
-                                 "template": pod_template(raw.get("template"),
-                                                          field=f"{field}.template")}
-            successor = raw.get("successor")
-            if successor is not None:
-                if successor not in ("adopt", "gated"):
-                    raise InvalidSpec(f"{field}.successor {successor!r} is not 'adopt' (a "
-                                      "ReplicaSet's pod) or 'gated' (a StatefulSet's); "
-                                      "leave it out for a bare pod")
-                child["successor"] = successor
-            children.append(child)
+        children = _children_json(spec.get("children"), "spec.children", node)
         left = spec.get("left") or []
         if not isinstance(left, list) or not all(
                 isinstance(x, dict) and isinstance(x.get("pod"), str)
@@ -174,6 +179,9 @@ class DrainDecider:
                            "left": list(left)}
         if keep:
             out["keep_names"] = True
+        late = spec.get("late_pods")
+        if late is not None:
+            out["late_pods"] = _late_pods_json(late, node)
         return out
 
     def initial_state(self, machine_id: str, spec: JsonObject) -> DrainState:
@@ -192,9 +200,14 @@ class DrainDecider:
                                   successor=str(raw.get("successor") or "")))
         max_parallel = spec.get("max_parallel", 4)
         assert isinstance(max_parallel, int)
-        return DrainState(machine_id, DrainSpec(str(spec["node"]), max_parallel, klass, left,
-                                                keep_names=spec.get("keep_names") is True),
-                          tuple(children))
+        late = spec.get("late_pods")
+        targets = late.get("targets") if isinstance(late, dict) else None
+        return DrainState(machine_id, DrainSpec(
+            str(spec["node"]), max_parallel, klass, left,
+            keep_names=spec.get("keep_names") is True, late_pods=isinstance(late, dict),
+            targets=tuple(str(t) for t in targets) if isinstance(targets, list) else (),
+            selector=str(late.get("selector") or "") if isinstance(late, dict) else ""),
+            tuple(children))
 
     def interests(self, state: DrainState) -> Interests:
         if state.terminal:
@@ -255,14 +268,49 @@ class DrainDecider:
             return _finish(now, DrainPhase.CANCELLED, "Cancelled",
                            f"cancelled; node {node} was cordoned before the drain and stays "
                            "cordoned", state)
+        if state.spec.late_pods:
+            looking = self._look_again(state, now)
+            if looking is not None:
+                return looking
         counts = state.counts()
         if counts["failed"]:
             return _finish(now, DrainPhase.FAILED, "ChildrenFailed",
                            f"{counts['failed']} of {counts['children']} pods were not moved; "
                            f"node {node} stays cordoned", state)
+        late = sum(1 for c in state.children if c.joined_at is not None)
         return _finish(now, DrainPhase.SUCCEEDED, "Drained",
-                       f"moved {counts['succeeded']} pods off {node}; "
+                       f"moved {counts['succeeded']} pods off {node}"
+                       f"{f' ({late} found after the plan)' if late else ''}; "
                        f"{len(state.spec.left)} left alone; node stays cordoned", state)
+
+    def _look_again(self, state: DrainState, now: datetime) -> Step | None:
+        """Every child settled: before it ends, the drain asks for its node's pods again
+        (``CheckNodePods``; the answer is the ``NodePodsListed`` command) until an answer
+        adds nothing and finds nothing still starting. ``None``: it may end."""
+        if state.check_open:
+            assert state.check_requested_at is not None
+            due = state.check_requested_at + CHECK_ANSWER_WITHIN
+            return wait(due) if now < due else self._request_check(state, now)
+        if state.checks == 0 or state.checked_joined:
+            return self._request_check(state, now)  # the first look, or after late children
+        if not state.starting:
+            return None
+        assert state.starting_since is not None
+        assert state.check_requested_at is not None
+        if now >= state.starting_since + STARTING_GRACE:
+            return _finish(now, DrainPhase.FAILED, "LatePodsNotRunning",
+                           f"{len(state.starting)} pods on node {state.spec.node} did not "
+                           f"start within {STARTING_GRACE}: {', '.join(state.starting)}; "
+                           "node stays cordoned", state)
+        due = state.check_requested_at + STARTING_RECHECK
+        return wait(due) if now < due else self._request_check(state, now)
+
+    def _request_check(self, state: DrainState, now: datetime) -> Step:
+        check = state.checks + 1
+        return emit(NodeRecheckRequested(at=now, node=state.spec.node, check=check).recorded(
+            {"children": len(state.children), "left": len(state.spec.left)}), actions=[
+            check_node_pods(f"{state.machine_id}:recheck:{check}", drain=state.machine_id,
+                            node=state.spec.node, check=check)])
 
     def _cordon(self, state: DrainState, fact: NodeView | ProbeError | None,
                 facts: JsonObject, now: datetime) -> Step:
@@ -329,10 +377,13 @@ class DrainDecider:
         return evolve_drain(state, event)
 
     def accept(self, state: DrainState, command: Command, now: datetime) -> Sequence[Event]:
-        if command.type != "Cancel":
-            raise CommandRejected(f"drain machines accept only Cancel, not {command.type!r}")
+        if command.type not in ("Cancel", NODE_PODS_LISTED):
+            raise CommandRejected(f"drain machines accept only Cancel (and {NODE_PODS_LISTED} "
+                                  f"from their own check), not {command.type!r}")
         if state.terminal:
             raise CommandRejected(f"drain {state.machine_id} is already {state.phase}")
+        if command.type == NODE_PODS_LISTED:
+            return _listed(state, command.data, now)
         if state.cancelled:
             return ()
         return (DrainCancelRequested(at=now, in_flight=len(state.in_flight),
@@ -340,6 +391,100 @@ class DrainDecider:
 
     def load_state(self, data: JsonObject) -> DrainState:
         return decode(DrainState, data)
+
+
+def _listed(state: DrainState, data: JsonObject, now: datetime) -> Sequence[Event]:
+    """The answer to check ``data.check``: the pods not in the plan join it (or are left,
+    with the reason), those not Running yet are noted. An answer to an earlier request,
+    or one that comes after a cancel, adds nothing."""
+    check = data.get("check")
+    if check != state.checks or not state.check_open or state.cancelled:
+        return ()
+    node = state.spec.node
+    try:
+        raw = _children_json(data.get("children"), "children", node)
+    except InvalidSpec as exc:
+        raise CommandRejected(str(exc)) from None
+    known = {c.uid for c in state.children}
+    joined: list[LateChild] = []
+    for c in raw:
+        assert isinstance(c, dict)
+        ref, template = pod_ref(c["pod"]), c["template"]
+        assert isinstance(template, dict)
+        if ref.uid not in known:
+            joined.append(LateChild(child_id(state.machine_id, ref.uid), ref.namespace,
+                                    ref.name, ref.uid, str(c["target"]),
+                                    str(c.get("successor") or ""), template))
+    left_alone = {pod for pod, _ in state.spec.left}
+    left = tuple(LateLeft(str(x["pod"]), str(x["reason"])) for x in _list(data, "left")
+                 if isinstance(x, dict) and isinstance(x.get("pod"), str)
+                 and x["pod"] not in left_alone)
+    starting = tuple(sorted(str(p) for p in _list(data, "starting")))
+    facts: JsonObject = {"command": NODE_PODS_LISTED}
+    events = [PlanExtended(at=now, node=node, check=state.checks, children=tuple(joined),
+                           left=left).recorded(facts)] if joined or left else []
+    events.append(NodeRechecked(at=now, node=node, check=state.checks, joined=len(joined),
+                                starting=starting).recorded(facts))
+    return events
+
+
+def _children_json(listed: JsonValue, where: str, node: str) -> list[JsonValue]:
+    """Validated children ``[{pod, target, template, successor?}]`` (a spec's or a plan
+    extension's); raises ``InvalidSpec`` naming the field."""
+    listed = listed or []
+    if not isinstance(listed, list):
+        raise InvalidSpec(f"{where} must be a list of {{pod, target, template}}")
+    children: list[JsonValue] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(listed):
+        field = f"{where}[{i}]"
+        if not isinstance(raw, dict):
+            raise InvalidSpec(f"{field} must be an object {{pod, target, template}}")
+        only_known(raw, ("pod", "target", "template", "successor"), field=field)
+        ref = pod_ref(raw.get("pod"), field=f"{field}.pod")
+        target = node_name(raw.get("target"), field=f"{field}.target")
+        if target == node:
+            raise InvalidSpec(f"{field}.target {target!r} is the node being drained")
+        if ref.uid in seen:
+            raise InvalidSpec(f"{field}.pod lists pod uid {ref.uid} twice")
+        seen.add(ref.uid)
+        child: JsonObject = {"pod": ref.to_json(), "target": target,
+                             "template": pod_template(raw.get("template"),
+                                                      field=f"{field}.template")}
+        successor = raw.get("successor")
+        if successor is not None:
+            if successor not in ("adopt", "gated"):
+                raise InvalidSpec(f"{field}.successor {successor!r} is not 'adopt' (a "
+                                  "ReplicaSet's pod) or 'gated' (a StatefulSet's); "
+                                  "leave it out for a bare pod")
+            child["successor"] = successor
+        children.append(child)
+    return children
+
+
+def _late_pods_json(late: JsonValue, node: str) -> JsonObject:
+    """``spec.late_pods``: ``{targets, selector}`` the plan was made with, so the pods
+    found later are planned the same way."""
+    if not isinstance(late, dict):
+        raise InvalidSpec("spec.late_pods must be an object {targets, selector}")
+    only_known(late, ("targets", "selector"), field="spec.late_pods")
+    targets = late.get("targets") or []
+    if not isinstance(targets, list):
+        raise InvalidSpec("spec.late_pods.targets must be a list of node names")
+    names: list[JsonValue] = []
+    for i, t in enumerate(targets):
+        name = node_name(t, field=f"spec.late_pods.targets[{i}]")
+        if name == node:
+            raise InvalidSpec(f"spec.late_pods.targets[{i}] {name!r} is the node being "
+                              "drained")
+        names.append(name)
+    selector = late.get("selector")
+    if selector is not None and not isinstance(selector, str):
+        raise InvalidSpec("spec.late_pods.selector must be a label selector string")
+    out: JsonObject = {"targets": names}
+    if selector:
+        out["selector"] = selector
+    return out
 
 
 def _list(spec: JsonObject, key: str) -> list[JsonValue]:

@@ -139,6 +139,10 @@ class DrainPlan:
     left: tuple[Left, ...]
     #: Per candidate target: requests of its pods plus those planned onto it, and room.
     load: Mapping[str, tuple[Resources, Resources]]
+    #: What the plan was asked for (``--to``, ``--selector``): pods found on the node
+    #: later are planned the same way.
+    targets: tuple[str, ...] = ()
+    selector: str = ""
 
     def to_json(self) -> JsonObject:
         return {
@@ -404,4 +408,5 @@ def plan_drain(source: str, nodes: Sequence[NodeInfo], pods: Sequence[PodInfo], 
     moves.sort(key=lambda m: m.pod.key)
     left.sort(key=lambda x: x.pod.key)
     return DrainPlan(source, tuple(moves), tuple(left),
-                     {n.name: (planned[n.name], n.allocatable) for n in candidates})
+                     {n.name: (planned[n.name], n.allocatable) for n in candidates},
+                     tuple(targets), selector or "")

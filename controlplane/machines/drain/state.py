@@ -3,9 +3,10 @@
 The state is the plan (one :class:`Child` per pod to move, in plan order) plus what has
 happened to it: the cordon (requested by us, or found already in place), each child's
 progress (``Pending`` -> ``Started`` -> ``Finished`` | ``Refused`` | ``Skipped``), a
-cancel, the uncordon, the end. Child ids are derived from the drain id and the pod UID
-(:func:`child_id`), so re-performing a ``SubmitOperation`` never makes a second child.
-Pure.
+cancel, the uncordon, the end, and the pods that joined the plan after it was made
+(``PlanExtended``: appended to the children and to ``left``, listed in ``extensions``).
+Child ids are derived from the drain id and the pod UID (:func:`child_id`), so
+re-performing a ``SubmitOperation`` never makes a second child. Pure.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ from controlplane.machines.drain.events import (
     DrainCancelRequested,
     DrainFinished,
     NodeCordoned,
+    NodeRechecked,
+    NodeRecheckRequested,
     NodeUncordoned,
+    PlanExtended,
     UncordonRequested,
 )
 
@@ -99,6 +103,9 @@ class Child:
     #: The child migration's ``successor`` (``adopt``: a ReplicaSet's pod, ``gated``: a
     #: StatefulSet's), or ``""``.
     successor: str = field(default="", metadata=OMIT_DEFAULT)
+    #: When a pod found on the node after the plan joined it (``PlanExtended``); ``None``
+    #: for a planned one.
+    joined_at: datetime | None = field(default=None, metadata=OMIT_DEFAULT)
 
     @property
     def pod_key(self) -> str:
@@ -122,6 +129,22 @@ class DrainSpec:
     #: Each moved pod keeps its name (its migration's keep_name); drains recorded before
     #: this field existed did not.
     keep_names: bool = field(default=False, metadata=OMIT_DEFAULT)
+    #: Before it ends, the drain looks for pods that reached the node after the plan and
+    #: moves them too, planned with the plan's ``targets`` and ``selector``. Drains
+    #: recorded before this field existed did not look.
+    late_pods: bool = field(default=False, metadata=OMIT_DEFAULT)
+    targets: tuple[str, ...] = field(default=(), metadata=OMIT_DEFAULT)
+    selector: str = field(default="", metadata=OMIT_DEFAULT)
+
+
+@dataclass(frozen=True)
+class Extension:
+    """One ``PlanExtended``: when, and which pods joined the plan or were left alone."""
+
+    at: datetime
+    check: int
+    joined: tuple[str, ...]
+    left: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -141,6 +164,21 @@ class DrainState(PhasedState):
     node_error: str = ""
     reason: str = ""
     message: str = ""
+    #: Looking for pods that reached the node after the plan (``spec.late_pods``): the
+    #: requests made, the last one answered, what that answer found.
+    checks: int = field(default=0, metadata=OMIT_DEFAULT)
+    check_requested_at: datetime | None = field(default=None, metadata=OMIT_DEFAULT)
+    checked: int = field(default=0, metadata=OMIT_DEFAULT)
+    checked_joined: int = field(default=0, metadata=OMIT_DEFAULT)
+    #: Pods on the node not Running yet at the last answer, and since when there were some.
+    starting: tuple[str, ...] = field(default=(), metadata=OMIT_DEFAULT)
+    starting_since: datetime | None = field(default=None, metadata=OMIT_DEFAULT)
+    extensions: tuple[Extension, ...] = field(default=(), metadata=OMIT_DEFAULT)
+
+    @property
+    def check_open(self) -> bool:
+        """A request for the node's pods is not answered yet."""
+        return self.checks > self.checked
 
     @property
     def wake_keys(self) -> frozenset[str]:
@@ -204,6 +242,14 @@ def evolve_drain(state: DrainState, recorded: EventLike | DomainEvent) -> DrainS
             return replace(state, status=DrainPhase.UNCORDONING, uncordon_requested_at=at)
         case NodeUncordoned():
             return replace(state, cordoned_by_us=False)
+        case NodeRecheckRequested(at=at, check=check):
+            return replace(state, checks=check, check_requested_at=at)
+        case PlanExtended():
+            return _extended(state, event)
+        case NodeRechecked(at=at, check=check, joined=joined, starting=starting):
+            since = (state.starting_since or at) if starting else None
+            return replace(state, checked=check, checked_joined=joined, starting=starting,
+                           starting_since=since)
         case DrainFinished(phase=phase, reason=reason, message=message):
             return replace(state, status=DrainPhase(phase), reason=reason, message=message)
         case ActionFailed():
@@ -212,6 +258,17 @@ def evolve_drain(state: DrainState, recorded: EventLike | DomainEvent) -> DrainS
             return state
     raise UnknownEvent(f"event {event.NAME!r} is in DRAIN_EVENTS but the drain does not "
                        "fold it")
+
+
+def _extended(state: DrainState, event: PlanExtended) -> DrainState:
+    joined = tuple(Child(c.child, c.namespace, c.name, c.uid, c.target, c.template,
+                         successor=c.successor, joined_at=event.at) for c in event.children)
+    extension = Extension(event.at, event.check, tuple(c.pod_key for c in joined),
+                          tuple(x.pod for x in event.left))
+    spec = replace(state.spec, left=state.spec.left + tuple((x.pod, x.reason)
+                                                            for x in event.left))
+    return replace(state, spec=spec, children=state.children + joined,
+                   extensions=(*state.extensions, extension))
 
 
 def _action_failed(state: DrainState, failed: ActionFailed) -> DrainState:
