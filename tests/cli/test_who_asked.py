@@ -121,3 +121,28 @@ def test_https_with_named_tokens_records_the_tokens_name_never_the_token(
     assert _by(ready_db, "g2")[-1] == ("Cancelled", "token:ci-bot")
     assert bot not in out + err
     assert ops not in out + err
+
+
+def test_insecure_serves_plain_http_off_loopback_and_one_token_is_named_default(
+        ready_db: str, tmp_path: Path) -> None:
+    token = "t" * 20 + "-single"
+    (tmp_path / "token").write_text(token + "\n")
+    assert cpctl(ready_db, "submit", "steps", "--spec", GATED, "--id", "g3").returncode == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controlplane.cli.main", "--db", ready_db, "serve",
+         "--listen", "0.0.0.0:0", "--insecure", "--token-file", str(tmp_path / "token")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split(" on ")[1].strip().rstrip("/")
+        assert url.startswith("http://0.0.0.0:")
+        port = url.rpartition(":")[2]
+        _call(f"http://127.0.0.1:{port}/api/v1/operations/g3/cancel", token,
+              ssl.create_default_context(), "POST")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        out, err = reap(proc)
+    assert _by(ready_db, "g3")[-1] == ("Cancelled", "token:default")
+    assert token not in out + err
