@@ -54,5 +54,5 @@ class StoreMachineObserver:
 
 async def wake_parents(db: Database, machine_ids: Sequence[str], *, now: datetime) -> int:
     """Make every live machine waiting on one of ``machine_ids`` due now (a drain whose
-    children ended); returns how many woke. One statement; no parent, no row touched."""
+    children ended); returns how many woke. One statement for them all."""
     return await leases.wake_by_keys(db, keys=[machine_key(m) for m in machine_ids], now=now)

@@ -143,6 +143,8 @@ class Worker:
         self.committer = GroupCommitter(db)
         self.transitions = 0
         self.metrics = WorkerMetrics()
+        self._ended: list[str] = []  # machines that ended, whose parents to wake
+        self._waking: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -193,6 +195,8 @@ class Worker:
                     await self._wait_for_slots()
         finally:
             await self._drain()
+            if self._waking is not None:
+                await self._waking
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
@@ -372,7 +376,7 @@ class Worker:
         if held.state.terminal:
             await self._release(held.lease, None)
             held.log.info("terminal")
-            await self._wake_parents(held)
+            self._wake_parents_of(held.lease.machine_id)
             return True
         if self._stopping.is_set():  # shutting down: this step is done, hand over
             await self._release(held.lease, self.clock.now())
@@ -392,17 +396,27 @@ class Worker:
                             reset_attempts=not unseen)
         return True
 
-    async def _wake_parents(self, held: _Held) -> None:
+    def _wake_parents_of(self, machine_id: str) -> None:
         """A machine ended: wake whoever waits on it (a drain, for its child) now rather
-        than at its safety re-check, and look for it here at once. A failed wake is
-        only logged: the parent's re-check still comes."""
-        try:
-            woken = await wake_parents(self.db, [held.lease.machine_id], now=self.clock.now())
-        except DatabaseUnavailable as exc:
-            held.log.warning("could not wake the parent", error=str(exc))
-            return
-        if woken:
-            self.nudge()
+        than at its safety re-check. In the background, batched: awaiting the wake here
+        kept the machine's slot one more round trip, which halved the group commits
+        (``bench.engine_throughput`` at concurrency 32: 30 -> 15 a group, a third of the
+        throughput). One statement wakes every machine that ended meanwhile."""
+        self._ended.append(machine_id)
+        if self._waking is None or self._waking.done():
+            self._waking = asyncio.create_task(self._wake_ended())
+
+    async def _wake_ended(self) -> None:
+        while self._ended:
+            ended, self._ended = self._ended, []
+            try:
+                woken = await wake_parents(self.db, ended, now=self.clock.now())
+            except Exception as exc:  # the parents' re-check still comes
+                log.warning("could not wake the parents of ended machines", error=repr(exc),
+                            machines=len(ended))
+                continue
+            if woken:
+                self.nudge()  # look for them here at once
 
     async def _let_go_after_error(self, held: _Held, exc: Exception) -> None:
         """The error policy of driving a machine, in one place:
