@@ -112,7 +112,8 @@ async def get_cmd(args: argparse.Namespace) -> int:
     structured = args.output in ("json", "yaml")
     async with opened(args) as db:
         record = await queries.get_machine(db, args.id)
-        children = ([(c.id, c.pod, c.target, c.outcome, c.reason or "")
+        children = ([(c.id, c.pod, c.target, c.outcome, c.reason or "",
+                      c.joined_at or "planned")
                      for c in await drain_children(db, record)]
                     if record.kind == DRAIN and not structured else [])
     if structured:
@@ -121,7 +122,8 @@ async def get_cmd(args: argparse.Namespace) -> int:
         render.table(["field", "value"], list(_record_json(record).items()), max_width=120)
         if record.kind == DRAIN:
             print()
-            render.table(["child", "pod", "target", "phase/outcome", "reason"], children)
+            render.table(["child", "pod", "target", "phase/outcome", "reason", "joined"],
+                         children)
     return 0
 
 

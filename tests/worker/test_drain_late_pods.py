@@ -86,8 +86,11 @@ async def test_pods_reaching_the_node_after_the_plan_are_moved_and_counted(
         assert all(late_children[name] is None for name in w.names)
         table = cpctl(db_url, "get", drain_id)
         assert table.returncode == 0, table.stderr
-        assert f"{NS}/bound" in table.stdout
-        assert f"{NS}/early-bird" in table.stdout
+        rows = {line.split()[1]: line for line in table.stdout.splitlines()
+                if line.split() and line.split()[1].startswith(f"{NS}/")}
+        assert late_children["bound"] in rows[f"{NS}/bound"]
+        assert late_children["early-bird"] in rows[f"{NS}/early-bird"]
+        assert all(rows[f"{NS}/{name}"].rstrip().endswith("planned") for name in w.names)
         await print_children(w.db, drain_id)
         # The answers are commands: replay re-runs them through accept, and the
         # projections fold back from the events.
