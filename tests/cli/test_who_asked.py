@@ -16,6 +16,7 @@ import ssl
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,23 @@ def test_a_token_file_with_a_malformed_line_names_the_line(ready_db: str,
                           2, "line 2", "NAME: TOKEN")
 
 
+def _serving(db: str, use: Callable[[str], None], *args: str) -> tuple[str, str]:
+    """Run ``cpctl serve ARGS``, call ``use`` with the URL it prints, stop it with SIGTERM
+    (it must exit 0); its stdout and stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controlplane.cli.main", "--db", db, "serve", *args],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        use(proc.stdout.readline().split(" on ")[1].strip().rstrip("/"))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        out, err = reap(proc)
+    return out, err
+
+
 def _call(url: str, token: str, context: ssl.SSLContext, method: str = "GET") -> Any:
     request = urllib.request.Request(url, method=method, data=b"{}" if method == "POST"
                                      else None, headers={"Authorization": f"Bearer {token}",
@@ -100,24 +118,17 @@ def test_https_with_named_tokens_records_the_tokens_name_never_the_token(
     bot, ops = "b" * 24 + "-ci", "o" * 24 + "-ops"
     (tmp_path / "tokens").write_text(f"# one per client\nci-bot: {bot}\n\nops-team: {ops}\n")
     assert cpctl(ready_db, "submit", "steps", "--spec", GATED, "--id", "g2").returncode == 0
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "controlplane.cli.main", "--db", ready_db, "serve",
-         "--listen", "127.0.0.1:0", "--token-file", str(tmp_path / "tokens"),
-         "--tls-cert", str(tmp_path / "tls.crt"), "--tls-key", str(tmp_path / "tls.key")],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        stdin=subprocess.DEVNULL)
-    try:
-        assert proc.stdout is not None
-        url = proc.stdout.readline().split(" on ")[1].strip().rstrip("/")
+    trusting = ssl.create_default_context(cadata=ca.decode())
+
+    def use(url: str) -> None:
         assert url.startswith("https://127.0.0.1:")
-        trusting = ssl.create_default_context(cadata=ca.decode())
         listed = _call(f"{url}/api/v1/operations", ops, trusting)
         assert any(op["id"] == "g2" for op in listed["operations"])
         _call(f"{url}/api/v1/operations/g2/cancel", bot, trusting, "POST")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
-    finally:
-        out, err = reap(proc)
+
+    out, err = _serving(ready_db, use, "--listen", "127.0.0.1:0", "--token-file",
+                        str(tmp_path / "tokens"), "--tls-cert", str(tmp_path / "tls.crt"),
+                        "--tls-key", str(tmp_path / "tls.key"))
     assert _by(ready_db, "g2")[-1] == ("Cancelled", "token:ci-bot")
     assert bot not in out + err
     assert ops not in out + err
@@ -128,21 +139,13 @@ def test_insecure_serves_plain_http_off_loopback_and_one_token_is_named_default(
     token = "t" * 20 + "-single"
     (tmp_path / "token").write_text(token + "\n")
     assert cpctl(ready_db, "submit", "steps", "--spec", GATED, "--id", "g3").returncode == 0
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "controlplane.cli.main", "--db", ready_db, "serve",
-         "--listen", "0.0.0.0:0", "--insecure", "--token-file", str(tmp_path / "token")],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        stdin=subprocess.DEVNULL)
-    try:
-        assert proc.stdout is not None
-        url = proc.stdout.readline().split(" on ")[1].strip().rstrip("/")
+    def use(url: str) -> None:
         assert url.startswith("http://0.0.0.0:")
         port = url.rpartition(":")[2]
         _call(f"http://127.0.0.1:{port}/api/v1/operations/g3/cancel", token,
               ssl.create_default_context(), "POST")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
-    finally:
-        out, err = reap(proc)
+
+    out, err = _serving(ready_db, use, "--listen", "0.0.0.0:0", "--insecure",
+                        "--token-file", str(tmp_path / "token"))
     assert _by(ready_db, "g3")[-1] == ("Cancelled", "token:default")
     assert token not in out + err
