@@ -62,13 +62,14 @@ def test_get_drain_prints_each_child_under_the_fields(drained: Drained) -> None:
     assert fields.startswith("FIELD")
     assert re.search(r"^phase +Failed$", fields, re.MULTILINE), fields
     header, *rows = children.rstrip("\n").split("\n")
-    assert header.split() == ["CHILD", "POD", "TARGET", "PHASE/OUTCOME", "REASON"]
+    assert header.split() == ["CHILD", "POD", "TARGET", "PHASE/OUTCOME", "REASON", "JOINED"]
     assert [r.split()[:4] for r in rows] == [
         [c["id"], f"{NS}/{c['name']}", c["target"], c["phase"] or c["status"]]
         for c in drained.children]
     assert sorted(r.split()[3] for r in rows) == ["Refused", "Succeeded", "Succeeded"]
     [refused] = [r for r in rows if r.split()[3] == "Refused"]
     assert "unknown pod" in refused  # the reason, from the refused submission
+    assert all(r.rstrip().endswith("planned") for r in rows)  # none joined late
 
 
 def test_get_drain_as_json_or_yaml_is_the_record_without_a_children_table(
