@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import NoReturn
 
 from controlplane import logs
+from controlplane.cli import checkpoints as checkpoints_module
 from controlplane.cli import commands, demo
 from controlplane.cli import sim as sim_module
 from controlplane.cli.options import add_cluster_options
@@ -268,6 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
             _dry_run_options(op)
         _cluster_options(op)
 
+    ck = verb("checkpoints", _checkpoints, "list the checkpoints there are to restore "
+              "from (cpctl restore ID, cpctl resume), newest first")
+    checkpoints_module.add_arguments(ck)
+
     rs = verb("restore", _restore, "restore a checkpoint's artifact onto a node as a new "
               "pod (CHECKPOINT: a checkpoint or suspend operation id); prints the operation "
               "id")
@@ -301,16 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("sim", help="run a simulated Kubernetes cluster on loopback")
     simsub = sim.add_subparsers(dest="sim_verb", required=True, parser_class=_Parser,
                                 metavar="VERB")
-    up = simsub.add_parser("up", help="serve a simulated cluster on 127.0.0.1 until SIGTERM "
-                           "and write a kubeconfig for it")
-    up.add_argument("--nodes", type=_positive_int, default=3, help="Ready nodes (default 3)")
-    up.add_argument("--kubeconfig", default="var/sim-kubeconfig.yaml",
-                    help="where to write the kubeconfig (default var/sim-kubeconfig.yaml)")
-    up.add_argument("--port", type=int, default=0, help="port (default: any free one)")
-    up.add_argument("--no-kubelets", dest="kubelets", action="store_false",
-                    help="no in-process scheduler, kubelets or nodes: run `cpctl sim nodes` "
-                    "against it instead")
-    up.set_defaults(handler=sim_module.sim_cmd)
+    sim_module.add_up_parser(simsub)
     sim_module.add_nodes_parser(simsub)
     add_webhook_parser(sub, _Parser)
 
@@ -365,6 +361,12 @@ async def _operation(args: argparse.Namespace) -> int:
     from controlplane.cli.cluster import operation_cmd  # loads the drivers only when used
 
     return await operation_cmd(args)
+
+
+async def _checkpoints(args: argparse.Namespace) -> int:
+    from controlplane.cli.checkpoints import checkpoints_cmd
+
+    return await checkpoints_cmd(args)
 
 
 async def _restore(args: argparse.Namespace) -> int:

@@ -48,6 +48,20 @@ async def sim_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_up_parser(verbs: argparse._SubParsersAction[Any]) -> None:
+    """``cpctl sim up``: its flags and help."""
+    up = verbs.add_parser("up", help="serve a simulated cluster on 127.0.0.1 until SIGTERM "
+                          "and write a kubeconfig for it")
+    up.add_argument("--nodes", type=int, default=3, help="Ready nodes (default 3)")
+    up.add_argument("--kubeconfig", default="var/sim-kubeconfig.yaml",
+                    help="where to write the kubeconfig (default var/sim-kubeconfig.yaml)")
+    up.add_argument("--port", type=int, default=0, help="port (default: any free one)")
+    up.add_argument("--no-kubelets", dest="kubelets", action="store_false",
+                    help="no in-process scheduler, kubelets or nodes: run `cpctl sim nodes` "
+                    "against it instead")
+    up.set_defaults(handler=sim_cmd)
+
+
 def add_nodes_parser(verbs: argparse._SubParsersAction[Any]) -> None:
     """``cpctl sim nodes``: its flags and help."""
     p = verbs.add_parser("nodes", help="run the kubelet role (nodes, scheduler, kubelets) "
