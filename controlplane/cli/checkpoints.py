@@ -1,25 +1,125 @@
 """``cpctl checkpoints [NAMESPACE/POD]``: the checkpoints there are to restore from,
-newest first (read from the store: one query, no cluster access)."""
+newest first, and whether ``cpctl restore`` can use each (read from the store by
+:func:`controlplane.app.checkpoints.list_checkpoints`: no cluster or registry access).
+
+Registered by :mod:`controlplane.cli.main`, which calls :func:`add_arguments` for the
+flags and :func:`checkpoints_cmd` to run it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from datetime import datetime
 
+from controlplane.app.checkpoints import Listed, list_checkpoints
+from controlplane.app.specs import workload_of
 from controlplane.cli import render
-from controlplane.cli.context import opened
-from controlplane.store import migrate, queries
+from controlplane.cli.context import clock, opened
+from controlplane.store import migrate
+
+DEFAULT_LIMIT = 100
+
+EPILOG = """\
+columns: node, where it was captured; class, its name (else its repository); size, of
+the checkpoint archives as the manifest declared it (- when it did not); age, since the
+registry verified it; artifact, pinned by digest.
+restorable: `cpctl restore ID` takes it (a checkpoint's or a suspend's capture, not a
+migration's) and the store records no garbage collection deleting its artifact (a
+migration's, once its restore is verified); no says why. Only the store is read: an
+artifact removed from the registry by other means still shows yes (`cpctl restore ID
+--node N --dry-run` probes the registry).
+
+examples:
+  cpctl checkpoints                          # every verified capture, newest first
+  cpctl checkpoints default/web --restorable # what default/web can be restored from
+  cpctl checkpoints default/web -o json      # every field: sizes in bytes, times ISO
+  cpctl restore ID --node node-2             # ID: the first column
+"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("workload", nargs="?", metavar="NAMESPACE/POD",
                    help="only the checkpoints of this workload (default: every workload)")
+    p.add_argument("--restorable", action="store_true",
+                   help="only the checkpoints `cpctl restore` can use (see below)")
+    p.add_argument("--limit", type=_limit, default=DEFAULT_LIMIT, metavar="N",
+                   help=f"show the newest N (default {DEFAULT_LIMIT}); the table says when "
+                   "more match, and -o json|yaml carry {items, total, limit}")
+    p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table",
+                   help="json/yaml: {\"items\": [...], \"total\": N, \"limit\": N}, each item "
+                   "with every field (size_bytes, verified_at ISO, not_restorable_because)")
+    p.epilog = EPILOG
 
 
 async def checkpoints_cmd(args: argparse.Namespace) -> int:
+    workload = None
+    if args.workload is not None:
+        workload = "/".join(workload_of(args.workload))
     async with opened(args) as db:
         await migrate.require_current(db)
-        found = await queries.verified_captures(db, workload=args.workload)
-    render.table(["id", "kind", "workload", "artifact", "verified"],
-                 [(c.machine.id, c.machine.kind, c.machine.workload, c.verified.get("pinned"),
-                   c.verified_at) for c in found])
+        found, total = await list_checkpoints(db, workload=workload,
+                                              restorable_only=args.restorable,
+                                              limit=args.limit)
+    if args.output in ("json", "yaml"):
+        render.structured({"items": [c.to_json() for c in found], "total": total,
+                           "limit": args.limit}, args.output)
+        return 0
+    if not found:
+        print(_none_found(workload, restorable=args.restorable))
+        return 0
+    now = clock.now()
+    headers = ["id", "workload", "node", "class", "size", "age", "artifact", "restorable"]
+    render.table(headers, [_row(c, now) for c in found], fill=headers.index("artifact"))
+    if total > len(found):  # stderr: a pipe reading the table stays clean
+        sys.stderr.write(f"showing the newest {len(found)} of {total}; --limit N shows more\n")
     return 0
+
+
+def _row(c: Listed, now: datetime) -> tuple[str, ...]:
+    return (c.checkpoint_id, c.workload or "-", c.node or "-", c.klass or "-",
+            human_size(c.size_bytes), age(now, c.verified_at), c.artifact,
+            "yes" if c.why_not is None else f"no: {c.why_not}")
+
+
+def _none_found(workload: str | None, *, restorable: bool) -> str:
+    what = "restorable checkpoints" if restorable else "checkpoints"
+    if workload is None:
+        return f"no {what} recorded"
+    if restorable:
+        return (f"no restorable checkpoints of {workload} (`cpctl checkpoints {workload}` "
+                "lists every capture of it, and why it cannot be restored)")
+    return f"no checkpoints of {workload} (make one with `cpctl checkpoint {workload}`)"
+
+
+def human_size(size_bytes: int | None) -> str:
+    """``512 B``, ``3.2 KiB``, ``41 MiB``, ``1.5 GiB``; ``-`` when the size is unknown."""
+    if size_bytes is None:
+        return "-"
+    value, unit = float(size_bytes), "B"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    if unit == "B":
+        return f"{size_bytes} B"
+    return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+
+
+def age(now: datetime, then: datetime) -> str:
+    """How long ago, in its largest whole unit: ``42s``, ``5m``, ``3h``, ``2d``."""
+    seconds = max(0, int((now - then).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 < value <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"{value} is not between 1 and 1000000")
+    return value
