@@ -70,7 +70,8 @@ async def checkpoints_cmd(args: argparse.Namespace) -> int:
         return 0
     now = clock.now()
     headers = ["id", "workload", "node", "class", "size", "age", "artifact", "restorable"]
-    render.table(headers, [_row(c, now) for c in found], fill=headers.index("artifact"))
+    # A pinned reference runs past the default 80 characters; cut, it names nothing.
+    render.table(headers, [_row(c, now) for c in found], max_width=256)
     if total > len(found):  # stderr: a pipe reading the table stays clean
         sys.stderr.write(f"showing the newest {len(found)} of {total}; --limit N shows more\n")
     return 0
