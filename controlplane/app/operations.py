@@ -41,6 +41,10 @@ from controlplane.worker.ports import Observer
 OPERATOR = "operator"
 
 
+#: The longest machine id (the ``machines.id`` column's size).
+MAX_MACHINE_ID = 64
+
+
 async def submit(
     db: Database,
     kinds: KindRegistry,
@@ -60,6 +64,10 @@ async def submit(
     if not isinstance(spec, dict):
         raise UsageError("the spec must be a JSON object", hint='e.g. --spec \'{"steps": 6}\'')
     refuse_nul(spec, "spec")
+    if not 0 < len(machine_id) <= MAX_MACHINE_ID:
+        raise UsageError(f"machine id {machine_id[:80]!r} has {len(machine_id)} characters, "
+                         f"not 1 to {MAX_MACHINE_ID}",
+                         hint="pick a shorter --id, or leave it out for a UUID")
     try:
         normalised = decider.validate_spec(spec)
     except InvalidSpec as exc:

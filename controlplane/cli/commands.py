@@ -12,7 +12,6 @@ import contextlib
 import csv
 import json
 import os
-import shutil
 import signal
 import sys
 from contextlib import closing
@@ -27,6 +26,7 @@ from controlplane.cli import render
 from controlplane.cli.context import clock, opened, requester
 from controlplane.cli.meter import RebuildMeter
 from controlplane.cli.options import limits_from
+from controlplane.cli.progress import SUCCESS_PHASES, follow
 from controlplane.cli.why import facts_text
 from controlplane.clock import new_id
 from controlplane.engine.decider import Command
@@ -119,11 +119,12 @@ async def get_cmd(args: argparse.Namespace) -> int:
     if structured:
         render.structured(_record_json(record), args.output)
     else:
-        render.table(["field", "value"], list(_record_json(record).items()), max_width=120)
+        render.table(["field", "value"], list(_record_json(record).items()), max_width=120,
+                     wide=args.wide)
         if record.kind == DRAIN:
             print()
             render.table(["child", "pod", "target", "phase/outcome", "reason", "joined"],
-                         children)
+                         children, wide=args.wide)
     return 0
 
 
@@ -155,14 +156,25 @@ async def list_cmd(args: argparse.Namespace) -> int:
                                 namespace=args.namespace, limit=args.limit)
     async with opened(args) as db:
         records = await queries.list_machines(db, flt)
+        total = (len(records) if len(records) < args.limit
+                 else await queries.count_machines(db, flt))
     if args.output in ("json", "yaml"):
-        render.structured([_record_json(r) for r in records], args.output)
+        render.structured({"items": [_record_json(r) for r in records], "total": total,
+                           "limit": args.limit}, args.output)
     else:
-        render.table(["id", "kind", "workload", "node", "phase", "version", "next wake",
-                      "lease owner", "created"],
-                     [(r.id, r.kind, r.workload or "-", r.source_node or "-", r.phase,
-                       r.version, r.next_wake_at, r.lease_owner, r.created_at)
-                      for r in records])
+        now = clock.now()
+        headers = ["id", "kind", "workload", "node", "phase", "age"]
+        rows: list[tuple[object, ...]] = [
+            (r.id, r.kind, r.workload or "-", r.source_node or "-", r.phase,
+             render.age(r.created_at, now)) for r in records]
+        if args.wide:  # as kubectl's -o wide: more columns, every value whole
+            headers += ["version", "next wake", "lease owner", "created"]
+            rows = [(*row, r.version, r.next_wake_at, r.lease_owner, r.created_at)
+                    for row, r in zip(rows, records, strict=True)]
+        render.table(headers, rows, wide=args.wide, whole=[0])
+        if total > len(records):  # stderr: a pipe reading the table stays clean
+            print_to_stderr(f"showing the newest {len(records)} of {total}; --limit N "
+                            "shows more")
     return 0
 
 
@@ -183,11 +195,7 @@ async def history_cmd(args: argparse.Namespace) -> int:
         rows.append((e.seq, e.recorded_at, change, e.type, _reason(e.data), e.worker_id,
                      facts_text(e.facts)))
     headers = ["seq", "time", "phase", "event", "reason", "by", "why (observed facts)"]
-    if args.wide:
-        render.table(headers, rows, max_width=10**9)
-    else:
-        render.table(headers, rows, max_width=32, fill=len(headers) - 1,
-                     width=shutil.get_terminal_size((160, 24)).columns)
+    render.table(headers, rows, max_width=32, fill=len(headers) - 1, wide=args.wide)
     return 0
 
 
@@ -210,7 +218,12 @@ async def cancel_cmd(args: argparse.Namespace) -> int:
         version = await send_command(db, default_kinds(), machine_id=args.id,
                                      command=Command("Cancel", {}), now=clock.now(),
                                      requester=requester(args))
-    print(f"cancel recorded for {args.id} (version {version})")
+        print(f"cancel recorded for {args.id} (version {version})")
+        if not args.wait:
+            return 0
+        record = await follow(db, args.id, f"cancel {args.id}",
+                              limit_seconds=args.wait_seconds)
+    print(f"{args.id}: {record.phase}")
     return 0
 
 
@@ -228,7 +241,8 @@ async def report_cmd(args: argparse.Namespace) -> int:
         writer.writerows([list(r.values()) for r in summary])
     else:
         headers = list(summary[0]) if summary else [args.by, "count"]
-        render.table(headers, [[_fmt(v) for v in r.values()] for r in summary])
+        render.table(headers, [[_fmt(v) for v in r.values()] for r in summary],
+                     wide=args.wide)
     return 0
 
 
@@ -241,8 +255,13 @@ async def retarget_cmd(args: argparse.Namespace) -> int:
         version = await send_command(db, default_kinds(), machine_id=args.id,
                                      command=Command("Retarget", {"node": args.to}),
                                      now=clock.now(), requester=requester(args))
-    print(f"retarget to {args.to} recorded for {args.id} (version {version})")
-    return 0
+        print(f"retarget to {args.to} recorded for {args.id} (version {version})")
+        if not args.wait:
+            return 0
+        record = await follow(db, args.id, f"retarget {args.id} to {args.to}",
+                              limit_seconds=args.wait_seconds)
+    print(f"{args.id}: {record.phase}")
+    return 0 if record.phase in SUCCESS_PHASES else 1
 
 
 async def wake_cmd(args: argparse.Namespace) -> int:

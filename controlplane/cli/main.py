@@ -145,10 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
         g = verb(name, handler, text)
         g.add_argument("id", help="machine id")
         g.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
-        if name == "history":
-            g.add_argument("--wide", action="store_true",
-                           help="print every column in full; by default the reason is cut "
-                           "at 32 characters and the facts at the terminal's width")
+        _wide_option(g, "the reason is cut at 32 characters, and " if name == "history"
+                     else "")
 
     ls = verb("list", commands.list_cmd, "list machines, newest first")
     ls.add_argument("--kind")
@@ -160,17 +158,28 @@ def build_parser() -> argparse.ArgumentParser:
                     "workload on it")
     ls.add_argument("--namespace", help="only operations on workloads in NAMESPACE")
     ls.add_argument("--since", help="created at or after this ISO time")
-    ls.add_argument("--limit", type=_positive_int, default=100)
-    ls.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    ls.add_argument("--limit", type=_positive_int, default=100, metavar="N",
+                    help="show the newest N (default 100); the table says when more match, "
+                    "and -o json|yaml carry {items, total, limit}")
+    ls.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table",
+                    help="json/yaml: {\"items\": [...], \"total\": N, \"limit\": N}")
+    ls.add_argument("--wide", action="store_true",
+                    help="also the version, next wake, lease owner and creation time, every "
+                    "value whole; by default the table fits the terminal's width, a cut "
+                    "value ending in …")
 
     c = verb("cancel", commands.cancel_cmd, "ask an operation to stop (recorded as an event): "
              "a migration whose source is already gone is restored where it was")
     c.add_argument("id")
+    _wait_options(c, "follow the operation until it has stopped; exit 0 once it settles, "
+                  "whatever its final phase (printed)", 600.0)
     rt = verb("retarget", commands.retarget_cmd, "change a migration's target node: before "
               "the source is deleted it re-plans (back to the source node: wakes it in "
               "place); after, the restore goes to the new node")
     rt.add_argument("id")
     rt.add_argument("--to", required=True, metavar="NODE")
+    _wait_options(rt, "follow the migration until it settles; exit 1 unless it succeeded",
+                  600.0)
 
     w = verb("wake", commands.wake_cmd, "make machines due now, by machine id or by key "
              "(e.g. a pod UID), as a pod watch event does")
@@ -189,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "checkpoint class, or who asked (user@host, token:NAME, drain:ID)")
     rp.add_argument("--since", help="only those at or after this ISO time")
     rp.add_argument("-o", "--output", choices=["table", "json", "yaml", "csv"], default="table")
+    _wide_option(rp)
 
     sv = verb("serve", _serve, "serve the HTTP API (OpenAPI at /api/v1/openapi.json), the "
               "dashboard at / and Prometheus metrics at /metrics; the token comes from "
@@ -261,10 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
                             help="leave the workload stopped after the capture")
         if name == "resume":
             op.add_argument("--node", help="node to resume on (default: where it fits)")
-        op.add_argument("--wait", action="store_true",
-                        help="follow the operation until it settles; exit 1 unless it "
-                        "succeeded")
-        op.add_argument("--wait-seconds", type=_positive_float, default=600.0)
+        _wait_options(op, "follow the operation until it settles; exit 1 unless it "
+                      "succeeded", 600.0)
         if name in ("migrate", "suspend"):
             _dry_run_options(op)
         _cluster_options(op)
@@ -279,9 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("checkpoint", metavar="CHECKPOINT")
     rs.add_argument("--node", required=True, metavar="NODE", help="node to restore on")
     rs.add_argument("--name", help="name of the new pod (default: POD-restored-ID)")
-    rs.add_argument("--wait", action="store_true",
-                    help="follow the restore until it settles; exit 1 unless it succeeded")
-    rs.add_argument("--wait-seconds", type=_positive_float, default=600.0)
+    _wait_options(rs, "follow the restore until it settles; exit 1 unless it succeeded",
+                  600.0)
     _dry_run_options(rs)
     _cluster_options(rs)
 
@@ -296,10 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--max-parallel", type=_positive_int, default=4,
                     help="child migrations in flight at once (default 4)")
     _class_options(dr)
-    dr.add_argument("--wait", action="store_true",
-                    help="follow the drain until every child settles; exit 1 unless all "
-                    "moved")
-    dr.add_argument("--wait-seconds", type=_positive_float, default=1800.0)
+    _wait_options(dr, "follow the drain until every child settles; exit 1 unless all "
+                  "moved", 1800.0)
     _dry_run_options(dr)
     _cluster_options(dr)
 
@@ -329,6 +334,21 @@ async def _demo(args: argparse.Namespace) -> int:
         from controlplane.cli.demo_criu import criu_demo  # podman and CRIU: only when asked
         return await criu_demo(args)
     return await demo.demo_cmd(args)
+
+
+def _wait_options(p: argparse.ArgumentParser, what: str, seconds: float) -> None:
+    p.add_argument("--wait", action="store_true",
+                   help=what + " (on a terminal one progress line is redrawn; otherwise a "
+                   "line per change)")
+    p.add_argument("--wait-seconds", type=_positive_float, default=seconds, metavar="S",
+                   help=f"with --wait, give up after S seconds (default {seconds:.0f}) and "
+                   "exit 1: the operation itself keeps running")
+
+
+def _wide_option(p: argparse.ArgumentParser, cut: str = "") -> None:
+    p.add_argument("--wide", action="store_true",
+                   help=f"print every value whole; by default {cut}the table fits the "
+                   "terminal's width, a cut value ending in …")
 
 
 def _dry_run_options(p: argparse.ArgumentParser) -> None:

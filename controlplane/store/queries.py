@@ -6,8 +6,9 @@ import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import Row, and_, case, func, or_, select
+from sqlalchemy import Row, Select, and_, case, func, or_, select
 
 from controlplane.engine.decider import ACTION_FAILED
 from controlplane.store import schema
@@ -84,8 +85,8 @@ NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 TARGET_FIELDS = ("target_node", "node")
 
 
-async def list_machines(db: Database, flt: MachineFilter) -> list[MachineRecord]:
-    stmt = select(m).order_by(m.c.created_at.desc(), m.c.id).limit(flt.limit)
+def _where(stmt: Select[Any], flt: MachineFilter) -> Select[Any]:
+    """``stmt`` narrowed to the machines ``flt`` selects (its limit aside)."""
     if flt.kind is not None:
         stmt = stmt.where(m.c.kind == flt.kind)
     if flt.phase is not None:
@@ -103,8 +104,21 @@ async def list_machines(db: Database, flt: MachineFilter) -> list[MachineRecord]
                               *(m.c.spec[f].as_string() == flt.node for f in TARGET_FIELDS)))
     if flt.namespace is not None:
         stmt = stmt.where(m.c.workload.startswith(flt.namespace + "/", autoescape=True))
+    return stmt
+
+
+async def list_machines(db: Database, flt: MachineFilter) -> list[MachineRecord]:
+    """The newest ``flt.limit`` machines ``flt`` selects."""
+    stmt = _where(select(m), flt).order_by(m.c.created_at.desc(), m.c.id).limit(flt.limit)
     async with read_txn(db) as conn:
         return [row_to_record(r) for r in (await conn.execute(stmt)).all()]
+
+
+async def count_machines(db: Database, flt: MachineFilter) -> int:
+    """How many machines ``flt`` selects, its limit aside (``cpctl list``'s "of N")."""
+    stmt = _where(select(func.count()).select_from(m), flt)
+    async with read_txn(db) as conn:
+        return int((await conn.execute(stmt)).scalar_one())
 
 
 async def history(db: Database, machine_id: str) -> list[RecordedEvent]:

@@ -41,7 +41,7 @@ def deployed(tmp_path: Path, *, nodes: int = 3) -> Iterator[Deployment]:
 
 def machines_and_events(d: Deployment) -> tuple[int, int]:
     """How many machines and events the database holds (``cpctl list`` + history)."""
-    listed = json.loads(d.cpctl("list", "--limit", "1000", "-o", "json").stdout)
+    listed = json.loads(d.cpctl("list", "--limit", "1000", "-o", "json").stdout)["items"]
     events = sum(len(json.loads(d.cpctl("history", m["id"], "-o", "json").stdout))
                  for m in listed)
     return len(listed), events

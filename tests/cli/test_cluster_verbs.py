@@ -164,7 +164,7 @@ def assert_operator_views_of_the_migration(d: Deployment, migration_id: str) -> 
     def listed(*flags: str) -> list[str]:
         out = d.cpctl("list", "--kind", "migration", *flags, "-o", "json")
         assert out.returncode == 0, out.stderr
-        return [m["id"] for m in json.loads(out.stdout)]
+        return [m["id"] for m in json.loads(out.stdout)["items"]]
 
     assert listed("--node", "node-1") == [migration_id]  # the node it left
     assert listed("--node", "node-2") == [migration_id]  # the node it went to

@@ -61,7 +61,8 @@ def test_submit_run_inspect_and_replay_a_machine_end_to_end(ready_db: str) -> No
     assert "StepCompleted" in table
     assert "SEQ" in table
     listed = json.loads(cpctl(ready_db, "list", "--kind", "steps", "-o", "json").stdout)
-    assert [m["id"] for m in listed] == ["job-1"]
+    assert [m["id"] for m in listed["items"]] == ["job-1"]
+    assert (listed["total"], listed["limit"]) == (1, 100)
     as_yaml = yaml.safe_load(cpctl(ready_db, "get", "job-1", "-o", "yaml").stdout)
     assert (as_yaml["phase"], as_yaml["version"]) == ("Succeeded", 4)
     assert [e["type"] for e in yaml.safe_load(
@@ -102,7 +103,7 @@ def test_a_malformed_spec_names_the_field_and_writes_nothing(
     ready_db: str, spec: str, fragment: str
 ) -> None:
     assert_one_line_error(cpctl(ready_db, "submit", "steps", "--spec", spec), 2, fragment)
-    assert json.loads(cpctl(ready_db, "list", "-o", "json").stdout) == []
+    assert json.loads(cpctl(ready_db, "list", "-o", "json").stdout)["items"] == []
 
 
 def test_an_unknown_kind_lists_the_known_ones(ready_db: str) -> None:
@@ -138,6 +139,7 @@ def test_a_database_without_schema_points_to_db_upgrade(tmp_path: Path) -> None:
     ["list", "--limit", "lots"],
     ["worker", "--lease-seconds", "0"],
     ["list", "--since", "yesterday"],
+    ["submit", "steps", "--id", "x" * 65],  # longer than the id column: refused, not a 70
     ["frobnicate"],
 ])
 def test_bad_flags_are_refused_with_exit_2(ready_db: str, args: list[str]) -> None:

@@ -1,0 +1,235 @@
+"""``cpctl`` output as a person and a script each see it: tables that fit the terminal (or
+``$COLUMNS``) with ``--wide`` for whole values, colour only on a terminal without
+``NO_COLOR``, ``--wait`` redrawing one line on a terminal and printing a line per change
+otherwise, and ``list`` saying when its limit cut the answer (real subprocesses; the
+terminal is a pseudo-terminal)."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+
+from controlplane.store import schema
+from controlplane.store.database import open_database
+from controlplane.store.session import write_txn
+from tests.cli.test_cpctl import cpctl
+
+ROOT = Path(__file__).resolve().parents[2]
+LONG_ID = "a-machine-with-an-id-long-enough-to-be-cut-on-a-narrow-term-01"
+WAIT_VERBS = ["checkpoint", "migrate", "suspend", "resume", "restore", "drain", "cancel",
+              "retarget"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "NO_COLOR", "TERM")}
+    return {**env, "TERM": "xterm", **extra}
+
+
+def _command(db: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "controlplane.cli.main", "--db", db, *args]
+
+
+def _piped(db: str, *args: str, env: Mapping[str, str] | None = None
+           ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(_command(db, *args), cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL, env=dict(env or _env()))
+
+
+class Terminal:
+    """``cpctl`` with its stdout on a pseudo-terminal of ``columns`` columns."""
+
+    def __init__(self, db: str, *args: str, columns: int = 100,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+        self.proc = subprocess.Popen(_command(db, *args), cwd=ROOT, stdout=slave,
+                                     stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                     env=dict(env or _env()))
+        os.close(slave)
+        self.seen = b""
+
+    def read_until(self, text: str) -> str:
+        """Block on the terminal until ``text`` appeared (or the process ended)."""
+        while text.encode() not in self.seen:
+            try:
+                chunk = os.read(self.master, 4096)
+            except OSError:  # EIO: the process closed the terminal
+                chunk = b""
+            if not chunk:
+                break
+            self.seen += chunk
+        return self.seen.decode()
+
+    def finish(self) -> tuple[int, str, str]:
+        self.read_until("\0never printed\0")
+        _, err = self.proc.communicate(timeout=120)  # and closes the stderr pipe
+        os.close(self.master)
+        return self.proc.returncode, self.seen.decode(), err.decode()
+
+
+@pytest.fixture
+def five_done(db_url: str) -> str:
+    """A database holding five finished ``steps`` machines, one with a long id."""
+    assert cpctl(db_url, "db", "upgrade").returncode == 0
+    for machine_id in ("job-1", "job-2", "job-3", "job-4", LONG_ID):
+        assert cpctl(db_url, "submit", "steps", "--spec", '{"steps": 1}',
+                     "--id", machine_id).returncode == 0
+    ran = cpctl(db_url, "worker", "--until-done", "--poll-seconds", "0.05")
+    assert ran.returncode == 0, ran.stderr
+    return db_url
+
+
+def test_list_says_on_stderr_how_many_more_match_beyond_its_limit(five_done: str) -> None:
+    cut = _piped(five_done, "list", "--limit", "3")
+    assert cut.returncode == 0, cut.stderr
+    assert len(cut.stdout.strip().splitlines()) == 1 + 3
+    assert cut.stderr.strip() == "showing the newest 3 of 5; --limit N shows more"
+    whole = _piped(five_done, "list", "--limit", "5")
+    assert (whole.returncode, whole.stderr) == (0, "")
+    assert len(whole.stdout.strip().splitlines()) == 1 + 5
+
+
+def test_list_as_json_carries_the_total_and_the_limit(five_done: str) -> None:
+    listed = json.loads(_piped(five_done, "list", "--limit", "2", "-o", "json").stdout)
+    assert (len(listed["items"]), listed["total"], listed["limit"]) == (2, 5, 2)
+
+
+def test_list_help_states_its_default_limit() -> None:
+    out = _piped("sqlite://", "list", "--help").stdout
+    assert "--limit N" in out
+    assert "(default 100)" in out
+
+
+def test_a_table_fits_the_terminal_cutting_with_an_ellipsis_and_wide_keeps_every_value(
+        five_done: str) -> None:
+    code, narrow, err = Terminal(five_done, "get", "job-1", columns=72,
+                                 env=_env(NO_COLOR="1")).finish()
+    assert code == 0, err
+    assert all(len(line) <= 72 for line in narrow.splitlines()), narrow
+    assert "…" in narrow  # the spec and state JSON were cut
+    _, wide, _ = Terminal(five_done, "get", "job-1", "--wide", columns=72,
+                          env=_env(NO_COLOR="1")).finish()
+    assert "…" not in wide
+    assert max(len(line) for line in wide.splitlines()) > 72
+    piped = _piped(five_done, "get", "job-1", env=_env(COLUMNS="72"))  # a pipe: no fitting
+    assert max(len(line) for line in piped.stdout.splitlines()) > 72
+
+
+def test_list_keeps_ids_whole_to_be_copied_and_wide_adds_columns(five_done: str) -> None:
+    _, narrow, _ = Terminal(five_done, "list", columns=72, env=_env(NO_COLOR="1")).finish()
+    assert LONG_ID in narrow
+    assert narrow.splitlines()[0].split() == ["ID", "KIND", "WORKLOAD", "NODE", "PHASE", "AGE"]
+    _, wide, _ = Terminal(five_done, "list", "--wide", env=_env(NO_COLOR="1")).finish()
+    assert "LEASE OWNER" in wide.splitlines()[0]
+
+
+def test_history_gives_the_facts_column_up_first_to_fit_the_terminal(five_done: str) -> None:
+    _, out, _ = Terminal(five_done, "history", "job-1", columns=100, env=_env(NO_COLOR="1")
+                         ).finish()
+    lines = out.splitlines()
+    assert lines[0].startswith("SEQ  TIME                     PHASE")  # times whole
+    assert "payload" in out  # the reason column kept room: the facts gave way first
+    assert all(len(line) <= 100 for line in lines), out
+
+
+def test_on_a_terminal_headers_are_bold_and_phases_coloured_within_its_width(
+        five_done: str) -> None:
+    code, out, err = Terminal(five_done, "history", "job-1", columns=120).finish()
+    assert code == 0, err
+    assert "\x1b[1mSEQ\x1b[0m" in out
+    assert "-> \x1b[32mSucceeded\x1b[0m" not in out  # the arrow is part of the cell
+    assert "\x1b[32m-> Succeeded\x1b[0m" in out
+    plain = out.replace("\x1b[1m", "").replace("\x1b[32m", "").replace("\x1b[0m", "")
+    assert all(len(line) <= 120 for line in plain.splitlines()), plain
+
+
+def test_no_colour_with_no_color_set_or_through_a_pipe(five_done: str) -> None:
+    code, out, _ = Terminal(five_done, "history", "job-1", columns=120,
+                            env=_env(NO_COLOR="1")).finish()
+    assert code == 0
+    assert "Succeeded" in out
+    assert "\x1b[" not in out
+    piped = _piped(five_done, "history", "job-1")
+    assert "-> Succeeded" in piped.stdout
+    assert "\x1b[" not in piped.stdout
+
+
+def _submitted(db: str) -> str:
+    assert cpctl(db, "db", "upgrade").returncode == 0
+    assert cpctl(db, "submit", "steps", "--spec", '{"steps": 50}', "--id", "job").returncode == 0
+    return "job"
+
+
+def test_cancel_wait_redraws_one_progress_line_on_a_terminal_until_it_settles(
+        db_url: str) -> None:
+    job = _submitted(db_url)
+    code, out, err = Terminal(db_url, "cancel", job, "--wait").finish()
+    assert code == 0, err
+    assert out.startswith(f"cancel recorded for {job}")
+    assert f"\r\x1b[Kcancel {job}:   0.0s Cancelled" in out
+    assert out.rstrip().endswith(f"{job}: Cancelled")
+
+
+def test_cancel_wait_prints_plain_lines_through_a_pipe(db_url: str) -> None:
+    job = _submitted(db_url)
+    result = _piped(db_url, "cancel", job, "--wait")
+    assert result.returncode == 0, result.stderr
+    assert "\r" not in result.stdout
+    assert "\x1b[" not in result.stdout
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith(f"cancel recorded for {job} (version ")
+    assert lines[1].startswith(f"cancel {job}: Cancelled at ")
+    assert lines[2:] == [f"{job}: Cancelled"]
+
+
+def test_retarget_wait_exits_1_when_the_operation_did_not_succeed(db_url: str) -> None:
+    job = _submitted(db_url)
+    assert _piped(db_url, "cancel", job).returncode == 0
+    result = _piped(db_url, "retarget", job, "--to", "node-2", "--wait")
+    assert result.returncode == 2  # a steps machine takes no Retarget: refused, named
+    assert "Retarget" in result.stderr
+
+
+async def _hold_lease(db_url: str, machine_id: str) -> None:
+    """As a worker that claimed ``machine_id`` and never lets go would."""
+    db = open_database(db_url)
+    try:
+        async with write_txn(db) as conn:
+            await conn.execute(update(schema.machines).where(schema.machines.c.id == machine_id)
+                               .values(lease_owner="stuck-worker",
+                                       lease_expires_at=datetime(2100, 1, 1, tzinfo=UTC)))
+    finally:
+        await db.dispose()
+
+
+def test_wait_seconds_gives_up_with_exit_1_and_says_the_operation_keeps_running(
+        db_url: str) -> None:
+    job = _submitted(db_url)
+    asyncio.run(_hold_lease(db_url, job))
+    result = _piped(db_url, "cancel", job, "--wait", "--wait-seconds", "0.3")
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"cpctl: error: cancel {job} is still Cancelled after "
+                                    "0s, waiting for its worker to let go of it")
+    assert "keeps running" in result.stderr
+
+
+@pytest.mark.parametrize("verb", WAIT_VERBS)
+def test_every_verb_that_waits_explains_wait_and_wait_seconds(verb: str) -> None:
+    out = _piped("sqlite://", verb, "--help").stdout
+    assert "--wait " in out
+    assert "--wait-seconds S" in out
+    assert "give up after S seconds" in out
+    assert "keeps running" in out
