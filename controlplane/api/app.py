@@ -368,7 +368,7 @@ async def _submit_drain(request: web.Request, access: ClusterAccess,
     plan = plan_of(params.node_name(body["node"]), nodes, pods, targets=targets,
                    selector=body.get("selector"), klass=body["class"])
     if body.get("dryRun"):
-        return _json(plan_document(plan, body["class"], max_parallel))
+        return _json(plan_document(plan, body["class"], max_parallel, app[LIMITS_KEY]))
     outcome = await submit_operation(
         app[DB_KEY], app[KINDS_KEY], access.observer, kind="drain",
         spec=drain_spec(plan, pods, body["class"], max_parallel), machine_id=new_id(),

@@ -37,6 +37,7 @@ from controlplane.machines.drain.planning import (
 )
 from controlplane.machines.drain.state import ChildStatus, DrainState
 from controlplane.machines.owners import ADOPT, BARE, GATED
+from controlplane.machines.submission import Limits
 from controlplane.store import leases, queries
 from controlplane.store.database import Database
 from controlplane.store.errors import DatabaseUnavailable, MachineNotFound
@@ -223,14 +224,50 @@ HOW = {
 }
 
 
-def plan_document(plan: DrainPlan, klass: JsonObject, max_parallel: int) -> JsonObject:
-    """What ``--dry-run`` prints (``-o json``): the plan, the writes it would make."""
+@dataclass(frozen=True)
+class Parallelism:
+    """How many of a drain's children can be in flight at once: ``--max-parallel``,
+    unless an admission limit is lower (every child leaves the same node, so
+    ``--max-per-node`` holds them all; ``--max-operations`` counts the whole cluster)."""
+
+    asked: int
+    effective: int
+    capped_by: str | None  # the flag that caps it, e.g. "--max-per-node 2"
+
+    @property
+    def warning(self) -> str | None:
+        if self.capped_by is None:
+            return None
+        return (f"--max-parallel {self.asked} is capped by {self.capped_by}: at most "
+                f"{self.effective} children run at once; raise {self.capped_by.split()[0]} "
+                "here and on the workers (they admit the children) to run more")
+
+
+def parallelism(max_parallel: int, limits: Limits) -> Parallelism:
+    """The drain's effective parallelism under ``limits`` (pure)."""
+    effective, capped_by = max_parallel, None
+    for value, flag in ((limits.max_per_source_node, "--max-per-node"),
+                        (limits.max_cluster, "--max-operations")):
+        if value < effective:
+            effective, capped_by = value, f"{flag} {value}"
+    return Parallelism(max_parallel, effective, capped_by)
+
+
+def plan_document(plan: DrainPlan, klass: JsonObject, max_parallel: int,
+                  limits: Limits | None = None) -> JsonObject:
+    """What ``--dry-run`` prints (``-o json``): the plan, the writes it would make, and
+    the parallelism the admission ``limits`` leave (with a warning when they cap it)."""
     cls = parse_class(klass, field="--repository")
+    run = parallelism(max_parallel, limits if limits is not None else Limits())
     doc = plan.to_json()
     doc.update({
         "dry_run": True, "max_parallel": max_parallel,
+        "effective_parallel": run.effective, "capped_by": run.capped_by,
+        "warnings": [run.warning] if run.warning else [],
         "would": [f"cordon node {plan.node} (spec.unschedulable=true)",
-                  f"migrate {len(plan.moves)} pods, at most {max_parallel} at a time"],
+                  f"migrate {len(plan.moves)} pods, at most {run.effective} at a time"
+                  + (f" ({run.capped_by} caps --max-parallel {max_parallel})"
+                     if run.capped_by else "")],
         "artifacts_written": [artifact_for(cls, checkpoint_id=ID_PLACEHOLDER,
                                            namespace=m.pod.namespace, pod=m.pod.name)
                               for m in plan.moves],

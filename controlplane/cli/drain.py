@@ -12,9 +12,16 @@ A composition root: it reaches the cluster through ``wiring.product``.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
-from controlplane.app.drains import drain_children, drain_spec, plan_document, plan_of
+from controlplane.app.drains import (
+    drain_children,
+    drain_spec,
+    parallelism,
+    plan_document,
+    plan_of,
+)
 from controlplane.app.operations import submit_operation
 from controlplane.cli import render
 from controlplane.cli.classes import class_for
@@ -46,6 +53,8 @@ def print_plan(plan: DrainPlan, doc: JsonObject, output: str) -> None:
     print(f"DRY RUN: nothing is changed. Draining {plan.node} would:")
     for line in doc["would"]:  # type: ignore[union-attr]
         print(f"  - {line}")
+    for warning in doc["warnings"]:  # type: ignore[union-attr]
+        print(f"  warning: {warning}")
     if plan.moves:
         render.table(["pod", "target", "why"], [(m.pod.key, m.target, m.why)
                                                 for m in plan.moves], max_width=100)
@@ -65,8 +74,12 @@ async def drain_cmd(args: argparse.Namespace) -> int:
         async with access_from_args(db, args) as access:
             nodes, pods = await cluster_objects(access)
             plan = build_plan(nodes, pods, args)
+            run = parallelism(args.max_parallel, limits_from(args))
+            if run.warning:  # stderr: -o json on stdout stays one document
+                sys.stderr.write(f"cpctl: warning: {run.warning}\n")
             if args.dry_run:
-                print_plan(plan, plan_document(plan, klass, args.max_parallel), args.output)
+                print_plan(plan, plan_document(plan, klass, args.max_parallel,
+                                               limits_from(args)), args.output)
                 return 0
             spec = drain_spec(plan, pods, klass, args.max_parallel)
             outcome = await submit_operation(db, default_kinds(), access.observer, kind="drain",
@@ -75,7 +88,9 @@ async def drain_cmd(args: argparse.Namespace) -> int:
                                              requester=requester(args))
         print(outcome.machine_id)
         print(f"drain {plan.node}: {len(plan.moves)} pods to move, {len(plan.left)} left alone, "
-              f"at most {args.max_parallel} at a time")
+              f"at most {run.effective} at a time"
+              + (f" ({run.capped_by} caps --max-parallel {run.asked})" if run.capped_by
+                 else ""))
         if not args.wait:
             return 0
         record = await follow(db, outcome.machine_id, f"drain {plan.node}",

@@ -55,7 +55,8 @@ exit: 0 when it succeeded (with --wait), 1 when it ended otherwise, 2 on bad inp
 """,
     "drain": """examples:
   cpctl drain node-1 --repository localhost:5000/ckpt --dry-run     # the plan, nothing done
-  cpctl drain node-1 --to node-2 --to node-3 --max-parallel 4 --repository r.io/ckpt --wait
+  cpctl drain node-1 --to node-2 --to node-3 --max-parallel 4 --max-per-node 4 \\
+      --repository r.io/ckpt --wait     # the workers need --max-per-node 4 too
   cpctl drain node-1 --selector app=web,tier!=db --repository localhost:5000/ckpt
   cpctl cancel ID      # no new children; running ones finish; the node is uncordoned
 """,
@@ -301,7 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--selector", metavar="LABELS",
                     help="only pods with these labels (k=v,k!=v,k)")
     dr.add_argument("--max-parallel", type=_positive_int, default=4,
-                    help="child migrations in flight at once (default 4)")
+                    help="child migrations in flight at once (default 4), but never more "
+                    "than --max-per-node (default 2) or --max-operations allow: the plan "
+                    "says which caps it, and warns")
     _class_options(dr)
     _wait_options(dr, "follow the drain until every child settles; exit 1 unless all "
                   "moved", 1800.0)

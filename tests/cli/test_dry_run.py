@@ -119,12 +119,30 @@ async def test_dry_runs_print_the_plan_and_write_nothing(tmp_path: Path,
         assert {m["target"] for m in plan["moves"]} <= {"node-2", "node-3", "node-4"}
         assert len(plan["artifacts_written"]) == 4
         assert plan["refused"] == []
+        assert (plan["effective_parallel"], plan["capped_by"], plan["warnings"]) == (2, None, [])
 
+        # The defaults: --max-parallel 4 under --max-per-node 2. Said, in the plan and on
+        # stderr, with the flag that caps it.
         code, out, err = await cpctl(capfd, tmp_path, "drain", "node-1", "--repository", repo,
                                      "--dry-run")
         assert code == 0, err
         assert "DRY RUN: nothing is changed" in out
         assert "default/app-03" in out
+        assert ("migrate 4 pods, at most 2 at a time (--max-per-node 2 caps --max-parallel 4)"
+                in out)
+        assert "  warning: --max-parallel 4 is capped by --max-per-node 2: at most 2" in out
+        assert "cpctl: warning: --max-parallel 4 is capped by --max-per-node 2" in err
+
+        code, out, err = await cpctl(capfd, tmp_path, "drain", "node-1", "--repository", repo,
+                                     "--max-parallel", "5", "--max-per-node", "8",
+                                     "--max-operations", "3", "--dry-run", "-o", "json")
+        assert code == 0, err
+        plan = document(out)
+        assert (plan["effective_parallel"], plan["capped_by"]) == (3, "--max-operations 3")
+        assert plan["warnings"] == [
+            "--max-parallel 5 is capped by --max-operations 3: at most 3 children run at "
+            "once; raise --max-operations here and on the workers (they admit the children) "
+            "to run more"]
 
         code, out, err = await cpctl(capfd, tmp_path, "migrate", "default/app-01", "--to", "node-1",
                                      "--repository", repo, "--dry-run", "-o", "json")
