@@ -1,7 +1,9 @@
 """``cpctl sim up`` (the simulated API server) and ``cpctl sim nodes`` (the kubelet role).
 
-The servers themselves are built by the composition root (``wiring.sim``), imported
-only when these verbs run, so the other verbs never load the simulator or the role.
+Their flags are defined here once (``python -m drivers.sim up`` is ``cpctl sim up``); the
+values are checked and the servers built by the composition root (``wiring.sim``),
+imported only when these verbs run, so the other verbs never load the simulator or the
+role. Called by :mod:`controlplane.cli.main`.
 """
 
 from __future__ import annotations
@@ -40,26 +42,108 @@ exit: 0 after SIGTERM/SIGINT, 1 when the nodes cannot be registered in time, 2 o
 """
 
 
-async def sim_cmd(args: argparse.Namespace) -> int:
-    from controlplane.wiring.sim import run_simulator
+UP_HELP = """\
+Serve a simulated Kubernetes cluster on 127.0.0.1 (the core/v1 and apps/v1 subset the
+control plane uses, over real HTTP), with a scheduler, a kubelet per node and the workload
+controllers in process, and write a kubeconfig for it. Nodes node-1..node-N start Ready
+with the given capacity (= allocatable); a pod bound to one turns Running after
+--start-seconds, a deleted one goes after min(--stop-seconds, its grace period).
 
-    await run_simulator(nodes=args.nodes, port=args.port, kubeconfig=args.kubeconfig,
-                        kubelets=args.kubelets)
-    return 0
+Prints one line on stdout once it serves:
+  simulated cluster listening on http://127.0.0.1:PORT (3 nodes, each cpu 4, memory 8Gi,
+  pods 110); kubeconfig: var/sim-kubeconfig.yaml
+(with the pod delays, the standing faults and their seed when given), then runs until
+SIGTERM or SIGINT and prints "simulated cluster stopped". Loopback only; it accepts any
+credentials. `python -m drivers.sim up` is the same command, for scripts."""
+
+UP_EPILOG = """\
+fault specs (--fault, repeatable): KIND,key=value,... ; several verbs join with +
+  error,rate=R[,verb=V][,code=500][,resource=][,namespace=][,retry_after=S]
+  latency,seconds=S[,verb=V][,jitter=S][,resource=]
+  drop-watches,rate=R[,abrupt=true]
+  conflicts,times=N|seconds=S[,resource=pods][,namespace=][,name=]
+  forbid,verb=V,resource=R[,namespace=]
+  verbs: get list watch create update patch delete deletecollection * ; rates 0..1
+
+examples:
+  cpctl sim up --nodes 3 --kubeconfig var/sim-kubeconfig.yaml
+  cpctl sim up --nodes 2 --node-cpu 16 --node-memory 64Gi --node-pods 30 \\
+      --start-seconds 2 --stop-seconds 1
+  cpctl sim up --seed 7 --fault error,verb=patch+delete,rate=0.1,code=503 \\
+      --fault latency,seconds=0.05,jitter=0.02 --fault forbid,verb=delete,resource=pods
+  cpctl sim up --no-kubelets   # then: cpctl sim nodes --kubeconfig ... --nodes node-1,...
+See docs/simulator.md.
+exit: 0 after SIGTERM/SIGINT, 2 on bad input (the flag named).
+"""
 
 
 def add_up_parser(verbs: argparse._SubParsersAction[Any]) -> None:
-    """``cpctl sim up``: its flags and help."""
+    """``cpctl sim up``: its flags and help (``python -m drivers.sim up`` parses with this
+    too, so the simulator's flags are defined here once)."""
     up = verbs.add_parser("up", help="serve a simulated cluster on 127.0.0.1 until SIGTERM "
-                          "and write a kubeconfig for it")
-    up.add_argument("--nodes", type=int, default=3, help="Ready nodes (default 3)")
-    up.add_argument("--kubeconfig", default="var/sim-kubeconfig.yaml",
-                    help="where to write the kubeconfig (default var/sim-kubeconfig.yaml)")
-    up.add_argument("--port", type=int, default=0, help="port (default: any free one)")
+                          "and write a kubeconfig for it", description=UP_HELP,
+                          epilog=UP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    up.add_argument("--nodes", type=int, default=3, metavar="N",
+                    help="how many Ready nodes, node-1..node-N (default 3)")
+    up.add_argument("--kubeconfig", default="var/sim-kubeconfig.yaml", metavar="PATH",
+                    help="where to write a kubeconfig for the cluster "
+                         "(default var/sim-kubeconfig.yaml)")
+    up.add_argument("--port", type=int, default=0,
+                    help="port on 127.0.0.1 (default 0: any free one)")
+    _node_options(up)
+    up.add_argument("--fault", action="append", default=[], metavar="SPEC",
+                    help="a standing fault, KIND,key=value,... (see below), e.g. "
+                         "error,verb=patch,rate=0.1,code=503; repeatable (default: none)")
+    up.add_argument("--seed", type=int, default=0, metavar="N",
+                    help="seed of the faults' random sequence: the same seed and the same "
+                         "requests in the same order fail the same way (default 0)")
     up.add_argument("--no-kubelets", dest="kubelets", action="store_false",
                     help="no in-process scheduler, kubelets or nodes: run `cpctl sim nodes` "
-                    "against it instead")
+                    "against it instead (default: they run)")
     up.set_defaults(handler=sim_cmd)
+
+
+async def sim_cmd(args: argparse.Namespace) -> int:
+    from controlplane.wiring.sim import run_simulator
+
+    def ready(url: str, kubeconfig: Path | None) -> None:
+        sys.stdout.write(up_line(args, url, kubeconfig) + "\n")
+        sys.stdout.flush()
+
+    await run_simulator(nodes=args.nodes, port=args.port, kubeconfig=args.kubeconfig,
+                        kubelets=args.kubelets, node_cpu=args.node_cpu,
+                        node_memory=args.node_memory, node_pods=args.node_pods,
+                        start_seconds=args.start_seconds, stop_seconds=args.stop_seconds,
+                        faults=args.fault, seed=args.seed, on_ready=ready,
+                        stop=_stop_on_signals())
+    sys.stdout.write("simulated cluster stopped\n")
+    return 0
+
+
+def up_line(args: argparse.Namespace, url: str, kubeconfig: Path | None) -> str:
+    """The ready line of ``cpctl sim up``: where it listens, then what it simulates.
+    Scripts read the URL as the word after ``listening on``."""
+    parts = [f"{args.nodes} nodes, each cpu {args.node_cpu}, memory {args.node_memory}, "
+             f"pods {args.node_pods}" if args.kubelets else "no nodes, no kubelets"]
+    if args.kubelets and (args.start_seconds or args.stop_seconds):
+        parts.append(f"pods start after {args.start_seconds:g}s, "
+                     f"stop after {args.stop_seconds:g}s")
+    if args.fault:
+        parts.append(f"{len(args.fault)} standing fault(s), seed {args.seed}: "
+                     + " ".join(args.fault))
+    elif args.seed:
+        parts.append(f"seed {args.seed}")
+    line = f"simulated cluster listening on {url} ({'; '.join(parts)})"
+    return f"{line}; kubeconfig: {kubeconfig}" if kubeconfig else line
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT: the servers stop cleanly and exit 0."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
 
 
 def add_nodes_parser(verbs: argparse._SubParsersAction[Any]) -> None:
@@ -72,18 +156,7 @@ def add_nodes_parser(verbs: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--context", default=None, help="kubeconfig context (default: current)")
     p.add_argument("--nodes", required=True, metavar="NAMES",
                    help="comma-separated node names to register, e.g. node-1,node-2,node-3")
-    p.add_argument("--node-cpu", default="4", metavar="QTY",
-                   help="CPU capacity (= allocatable) of each node (default 4)")
-    p.add_argument("--node-memory", default="8Gi", metavar="QTY",
-                   help="memory capacity (= allocatable) of each node (default 8Gi)")
-    p.add_argument("--node-pods", type=int, default=110, metavar="N",
-                   help="pods each node takes (default 110, a kubelet's default)")
-    p.add_argument("--start-seconds", type=float, default=0.0, metavar="S",
-                   help="how long a pod bound to these nodes takes to turn Running "
-                        "(default 0)")
-    p.add_argument("--stop-seconds", type=float, default=0.0, metavar="S",
-                   help="how long a deleted pod takes to stop, capped by its grace period "
-                        "(default 0)")
+    _node_options(p)
     p.add_argument("--ready-timeout", type=float, default=60.0, metavar="S",
                    help="give up (exit 1) if the nodes are not Ready within this (default 60)")
     p.add_argument("--no-scheduler", dest="schedule", action="store_false",
@@ -96,13 +169,23 @@ def add_nodes_parser(verbs: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(handler=nodes_cmd)
 
 
+def _node_options(p: argparse.ArgumentParser) -> None:
+    """The node shape and pod delays, the same for the simulator's nodes and the role's."""
+    p.add_argument("--node-cpu", default="4", metavar="QTY",
+                   help="CPU capacity (= allocatable) of each node (default 4)")
+    p.add_argument("--node-memory", default="8Gi", metavar="QTY",
+                   help="memory capacity (= allocatable) of each node (default 8Gi)")
+    p.add_argument("--node-pods", type=int, default=110, metavar="N",
+                   help="pods each node takes (default 110, a kubelet's default)")
+    p.add_argument("--start-seconds", type=float, default=0.0, metavar="S",
+                   help="how long a pod bound to a node takes to turn Running (default 0)")
+    p.add_argument("--stop-seconds", type=float, default=0.0, metavar="S",
+                   help="how long a deleted pod takes to stop, capped by its grace period "
+                        "(default 0)")
+
+
 async def nodes_cmd(args: argparse.Namespace) -> int:
     from controlplane.wiring.sim import run_kubelet_role
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
 
     def ready(nodes: tuple[str, ...], server: str) -> None:
         sys.stdout.write(f"kubelets ready: {','.join(nodes)} on {server}\n")
@@ -113,7 +196,7 @@ async def nodes_cmd(args: argparse.Namespace) -> int:
         cpu=args.node_cpu, memory=args.node_memory, pods=args.node_pods,
         start_seconds=args.start_seconds, stop_seconds=args.stop_seconds,
         ready_timeout=args.ready_timeout, kubeconfig=args.kubeconfig, context=args.context,
-        on_ready=ready, stop=stop,
+        on_ready=ready, stop=_stop_on_signals(),
         runtime_root=Path(args.runtime_root) if args.runtime_root else None,
         schedule=args.schedule)
     return 0

@@ -5,7 +5,8 @@ nodes, events, persistentvolumeclaims: get, list, watch, create, update, patch, 
 the status subresource) and apps/v1 deployments, replicasets and statefulsets, with a
 simulated scheduler and kubelets, the workload controllers and garbage collector, fault
 hooks and a workload marker. See
-``docs/simulator.md``. Run it as a process with ``python -m drivers.sim up``.
+``docs/simulator.md``. Run it as a process with ``cpctl sim up`` (``python -m drivers.sim
+up`` is the same command).
 """
 
 from drivers.sim.cluster import SimCluster
