@@ -6,17 +6,22 @@ the simulator it runs once per simulated node. It connects to the API server
 (kubeconfig or in-cluster), watches the pods of its node, serves capture and restore
 requests with the chosen dumper, pushes to the chosen registry (an OCI layout directory,
 or registries over HTTP), prints one line when it serves, and runs until SIGTERM/SIGINT.
+Its ``--workdir`` is its own (:func:`claim_workdir`): by default one per node under the
+working directory, created, checked writable and locked before anything else starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 from drivers.agent.agent import AgentSettings
 from drivers.agent.criu import CriuDumper
@@ -29,6 +34,17 @@ from drivers.registry.options import registry_from_options
 from drivers.registry.port import Registry
 from drivers.runtime.podman import PodmanNode
 
+#: The default ``--workdir`` is ``DEFAULT_WORKDIRS/NODE`` under the working directory (as
+#: cpctl's default database is ``var/controlplane.db``): one per node, so the agents of
+#: several nodes on one host never share one. A DaemonSet passes its mounted path instead.
+DEFAULT_WORKDIRS = "var/checkpoint-agent"
+WORKDIR_ENV = "CONTROLPLANE_AGENT_WORKDIR"
+
+
+class WorkdirUnusable(Exception):
+    """The ``--workdir`` cannot be created, written or had for this agent alone: one line
+    that names the flag, the path and the fix (exit 2)."""
+
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m drivers.agent",
@@ -38,8 +54,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, $KUBECONFIG)")
     p.add_argument("--context", help="kubeconfig context")
     p.add_argument("--namespace", help="serve only pods of this namespace (default: all)")
-    p.add_argument("--workdir", default="/var/lib/checkpoint-agent",
-                   help="node-local scratch space for archives")
+    p.add_argument("--workdir", default=os.environ.get(WORKDIR_ENV, ""), metavar="DIR",
+                   help="node-local scratch space for archives, this agent's alone "
+                        f"(default: ${WORKDIR_ENV}, else {DEFAULT_WORKDIRS}/NODE under the "
+                        "working directory; created if missing)")
     p.add_argument("--layout", help="push to / pull from OCI layouts under this directory "
                                     "(the embedded default) instead of registries over HTTP")
     p.add_argument("--plain-http", action="append", default=[], metavar="HOST",
@@ -72,7 +90,39 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.dumper == "criu" and not args.runtime_root:
         p.error("--dumper criu needs --runtime-root DIR (the nodes' podman roots, as given "
                 "to `cpctl sim nodes --runtime-root`)")
+    args.workdir = args.workdir or str(Path(DEFAULT_WORKDIRS) / args.node)
     return args
+
+
+def claim_workdir(path: Path) -> tuple[Path, IO[str]]:
+    """``path`` (absolute) created, proven writable and locked for this process, with the
+    open lock file that holds the lock until the process ends; else
+    :class:`WorkdirUnusable`. The lock makes a second agent given the same directory
+    refuse to start instead of mixing its archives with the first one's."""
+    workdir = path.resolve()
+    default = f"the default is {DEFAULT_WORKDIRS}/NODE under the working directory"
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryDirectory(dir=workdir).cleanup()  # jobs make subdirectories
+        lock = (workdir / "agent.lock").open("a+")
+    except OSError as exc:
+        why = ("a file is in the way" if isinstance(exc, FileExistsError | NotADirectoryError)
+               else exc.strerror or type(exc).__name__)
+        raise WorkdirUnusable(f"--workdir {workdir}: cannot create or write it: {why}; "
+                              f"pass --workdir a directory this agent can write ({default})"
+                              ) from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise WorkdirUnusable(f"--workdir {workdir}: another agent (pid {holder}) uses it; "
+                              f"give each agent its own --workdir ({default})") from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return workdir, lock
 
 
 def registry_from(args: argparse.Namespace) -> Registry:
@@ -119,7 +169,8 @@ async def serve(args: argparse.Namespace) -> None:
     try:
         async with node_agent(client=kube.client, settings=settings, registry=registry,
                               dumper=dumper_from(args), kube=kube_settings):
-            print(f"node agent serving {args.node} with the {args.dumper} dumper", flush=True)
+            print(f"node agent serving {args.node} with the {args.dumper} dumper; workdir "
+                  f"{args.workdir}", flush=True)
             await stop.wait()
     finally:
         await registry.close()
@@ -128,7 +179,14 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    asyncio.run(serve(parse_args(argv)))
+    args = parse_args(argv)
+    try:
+        args.workdir, lock = claim_workdir(Path(args.workdir))
+    except WorkdirUnusable as exc:
+        sys.stderr.write(f"python -m drivers.agent: error: {exc}\n")
+        return 2
+    with lock:
+        asyncio.run(serve(args))
     return 0
 
 
