@@ -304,7 +304,7 @@ SUBMIT_FIELDS: dict[str, type] = {
     "name": str, "quiesce": bool, "class": dict, "dryRun": bool, "maxParallel": int,
     "targets": list, "selector": str}
 _NEEDS = {"checkpoint": ("workload", "class"), "migration": ("workload", "class", "targetNode"),
-          "suspend": ("workload", "class"), "resume": ("workload", "class"),
+          "suspend": ("workload", "class"), "resume": ("workload",),
           "restore": ("checkpoint", "node"), "drain": ("node", "class")}
 
 
@@ -334,7 +334,7 @@ async def _submit(request: web.Request) -> web.Response:
     else:
         namespace, name = workload_of(body["workload"])
         spec = await workload_spec(
-            db, access, kind=kind, namespace=namespace, name=name, klass=body["class"],
+            db, access, kind=kind, namespace=namespace, name=name, klass=body.get("class"),
             quiesce=body.get("quiesce", False), target_node=body.get("targetNode"),
             node=body.get("node"),
             restore_name=body.get("name") if kind == "migration" else None)

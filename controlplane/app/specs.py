@@ -56,19 +56,28 @@ async def read_pod(access: ClusterAccess, namespace: str, name: str) -> dict[str
 
 async def workload_spec(db: Database, access: ClusterAccess | None, *, kind: str,
                         namespace: str,
-                        name: str, klass: JsonObject, quiesce: bool = False,
+                        name: str, klass: JsonObject | None, quiesce: bool = False,
                         target_node: str | None = None, node: str | None = None,
                         restore_name: str | None = None) -> JsonObject:
     """The spec of a ``checkpoint``, ``migration``, ``suspend`` or ``resume`` of
     ``namespace/name`` (``target_node``: a migration's; ``node``: where a resume runs;
     ``restore_name``: what a migration names the restored pod, by default the source's own
     name once the source is gone). A resume reads only the store, so it needs no
-    ``access``."""
+    ``access``. ``klass`` ``None``: a resume's is the suspension's own class (where its
+    checkpoint is); the other kinds need one."""
     if kind == "resume":
         latest = await latest_suspension(db, namespace, name)
+        klass = klass if klass is not None else latest.klass
+        if klass is None:
+            raise UsageError(f"the suspension of {namespace}/{name} ({latest.operation_id}) "
+                             "recorded no checkpoint class",
+                             hint="say where its checkpoint is: --repository or --class")
         return {"namespace": namespace, "name": name, "node": node,
                 "template": latest.template, "class": klass,
                 "candidates": [latest.candidate()]}
+    if klass is None:
+        raise UsageError(f"a {kind} needs a checkpoint class",
+                         hint="say where checkpoints go: --repository or --class")
     if access is None:
         raise ValueError(f"a {kind} spec reads the pod: pass the cluster access")
     pod = await read_pod(access, namespace, name)

@@ -28,7 +28,8 @@ ENV = "CONTROLPLANE_CLASSES_FILE"
 def add_class_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repository",
                    help="artifact repository, e.g. registry.example.com/checkpoints "
-                   "(required unless --class names a class that has one)")
+                   "(required unless --class names a class that has one; resume: default "
+                   "the suspension's own class)")
     p.add_argument("--class", dest="class_name", metavar="NAME",
                    help="checkpoint class from the classes file (repository, tag scheme, "
                    "timeouts, retention, saver/loader overrides, on_failure)")
@@ -63,12 +64,19 @@ def load_classes(path: str) -> dict[str, CheckpointClass]:
 
 def class_for(args: argparse.Namespace) -> JsonObject:
     """The class an operation verb runs under, as the JSON its spec embeds."""
+    chosen = given_class(args)
+    if chosen is None:
+        raise UsageError("say where checkpoints go: --repository REGISTRY/REPO, or "
+                         "--class NAME from a classes file")
+    return chosen
+
+
+def given_class(args: argparse.Namespace) -> JsonObject | None:
+    """The class ``--repository``/``--class`` name, or ``None`` when neither is given
+    (``resume`` then takes the suspension's own)."""
     repository: str | None = args.repository
     if args.class_name is None:
-        if repository is None:
-            raise UsageError("say where checkpoints go: --repository REGISTRY/REPO, or "
-                             "--class NAME from a classes file")
-        return {"repository": repository}
+        return None if repository is None else {"repository": repository}
     if not args.classes_file:
         raise UsageError(f"--class {args.class_name} needs a classes file",
                          hint="pass --classes-file FILE or set $" + ENV)

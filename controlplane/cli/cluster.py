@@ -21,7 +21,7 @@ from controlplane.app.operations import final_pod, submit_operation
 from controlplane.app.ports import ClusterAccess
 from controlplane.app.specs import KIND_OF_VERB, restore_spec, workload_of, workload_spec
 from controlplane.cli import dryrun
-from controlplane.cli.classes import class_for
+from controlplane.cli.classes import class_for, given_class
 from controlplane.cli.context import clock, opened, requester
 from controlplane.cli.options import limits_from
 from controlplane.cli.progress import SUCCESS_PHASES, follow
@@ -34,8 +34,9 @@ from controlplane.wiring.cluster import access_from_args
 
 async def operation_cmd(args: argparse.Namespace) -> int:
     ns, name = workload_of(args.workload)
-    klass = class_for(args)
     kind = KIND_OF_VERB[args.verb]
+    # A resume's checkpoint is where its suspension put it: its class, unless given.
+    klass = given_class(args) if kind == "resume" else class_for(args)
     async def spec_of(access: ClusterAccess | None) -> JsonObject:
         return await workload_spec(db, access, kind=kind, namespace=ns, name=name,
                                    klass=klass, quiesce=getattr(args, "quiesce", False),

@@ -48,10 +48,11 @@ exit: 0 when it succeeded (with --wait), 1 when it ended otherwise, 2 on bad inp
 """,
     "suspend": """examples:
   cpctl suspend default/sandbox --repository localhost:5000/ckpt --wait
-  cpctl resume default/sandbox --repository localhost:5000/ckpt --wait
+  cpctl resume default/sandbox --wait      # from where the suspend put its checkpoint
 """,
     "resume": """examples:
-  cpctl resume default/sandbox --repository localhost:5000/ckpt --node node-3 --wait
+  cpctl resume default/sandbox --wait                # the suspension's own class
+  cpctl resume default/sandbox --node node-3 --class fast --classes-file classes.yaml
 """,
     "drain": """examples:
   cpctl drain node-1 --repository localhost:5000/ckpt --dry-run     # the plan, nothing done

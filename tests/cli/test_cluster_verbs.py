@@ -150,9 +150,14 @@ def test_migrate_then_suspend_and_resume_keep_the_workload_state(
                         *d.cluster_args())
     assert suspended.returncode == 0, suspended.stdout + suspended.stderr
     assert d.pods() == []
-    resumed = d.cpctl("resume", f"default/{name}", "--node", "node-3", "--repository", REPO,
-                      "--wait", *d.cluster_args())
+    # No --repository: the resume takes the class the suspension recorded.
+    resumed = d.cpctl("resume", f"default/{name}", "--node", "node-3", "--wait",
+                      *d.cluster_args())
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    resume = json.loads(d.cpctl("get", resumed.stdout.split()[0], "-o", "json").stdout)
+    suspend = json.loads(d.cpctl("get", suspended.stdout.split()[0], "-o", "json").stdout)
+    assert resume["spec"]["class"] == suspend["spec"]["class"]
+    assert resume["spec"]["class"]["repository"] == REPO
     [back] = d.wait(lambda: [p for p in d.pods() if p["status"].get("phase") == "Running"],
                     "the resumed pod running")
     assert back["metadata"]["annotations"][MARKER] == "counter=41"
