@@ -320,32 +320,54 @@ async def worker_cmd(args: argparse.Namespace) -> int:
             await migrate.upgrade(db)
         else:
             await migrate.require_current(db)
+        banner = worker_banner(args, config, db.display_url)
         if args.kubeconfig or args.in_cluster:  # the product against a cluster + registry
             from controlplane.wiring.cluster import run_product_worker
 
             # This worker also admits queued operations, under the verbs' limits.
             config = replace(config, limits=limits_from(args))
             await run_product_worker(db, args, config, lambda w: _drive(
-                w, args.until_done, args.metrics_listen), clock)
+                w, args.until_done, args.metrics_listen, banner), clock)
         else:  # the engine's own kinds only
-            await _drive(build_worker(db, config, clock), args.until_done, args.metrics_listen)
+            await _drive(build_worker(db, config, clock), args.until_done, args.metrics_listen,
+                         banner)
     finally:
         await db.dispose()
     return 0
 
 
+def worker_banner(args: argparse.Namespace, config: WorkerConfig, database: str) -> str:
+    """The line ``cpctl worker`` prints as it starts: who, which database and cluster,
+    under which limits (the metrics address is added once it is bound)."""
+    if args.kubeconfig or args.in_cluster:
+        cluster = ("in-cluster" if args.in_cluster else f"kubeconfig {args.kubeconfig}") + (
+            f", registry layout {args.registry_layout}" if args.registry_layout
+            else ", registries over HTTP")
+        limits = (f"; admits under --max-operations {args.max_operations}, "
+                  f"--max-per-node {args.max_per_node}")
+    else:
+        cluster, limits = "none (the engine's own kinds only: --kubeconfig for the product)", ""
+    return (f"worker {config.worker_id} starting: database {database}; cluster {cluster}; "
+            f"concurrency {config.concurrency}, lease {config.lease_seconds:g}s{limits}")
+
+
 async def _drive(worker: Worker, until_done: bool,
-                 metrics_listen: str | None = None) -> None:
+                 metrics_listen: str | None = None, banner: str | None = None) -> None:
     """Run ``worker`` until SIGTERM/SIGINT (draining), or until every machine settled;
-    with ``metrics_listen``, serve its ``/metrics`` and ``/healthz`` meanwhile."""
+    with ``metrics_listen``, serve its ``/metrics`` and ``/healthz`` meanwhile. Prints
+    ``banner`` and where the metrics are, once they are served."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
     async with contextlib.AsyncExitStack() as stack:
+        metrics = "metrics off (--metrics-listen HOST:PORT serves /metrics and /healthz)"
         if metrics_listen is not None:
             from controlplane.cli.serve import worker_endpoints  # aiohttp only when asked
 
-            await stack.enter_async_context(worker_endpoints(worker, metrics_listen))
+            bound = await stack.enter_async_context(worker_endpoints(worker, metrics_listen))
+            metrics = f"metrics http://{bound}/metrics"
+        if banner is not None:
+            print(f"{banner}; {metrics}", flush=True)
         if until_done:
             await run_until_done(worker)
         else:

@@ -189,7 +189,6 @@ async def worker_endpoints(worker: Worker, listen: str) -> AsyncIterator[str]:
     try:
         await web.TCPSite(runner, host, port).start()
         bound = runner.addresses[0] if runner.addresses else (host, port)
-        print(f"worker metrics on http://{bound[0]}:{bound[1]}/metrics", flush=True)
         yield f"{bound[0]}:{bound[1]}"
     finally:
         await runner.cleanup()

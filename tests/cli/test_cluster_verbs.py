@@ -31,6 +31,7 @@ class Deployment:
         self.procs: list[subprocess.Popen[str]] = []
         self.agents: dict[str, subprocess.Popen[str]] = {}
         self.url = ""
+        self.worker_line = ""
 
     def start(self, name: str, *args: str) -> subprocess.Popen[str]:
         with (self.tmp / f"{name}.stderr").open("w") as err:
@@ -108,8 +109,11 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
             assert agent.stdout is not None
             assert agent.stdout.readline()  # one line once it serves
         assert d.cpctl("db", "upgrade").returncode == 0
-        d.start("worker", "controlplane.cli.main", "--db", d.db, "worker",
-                "--poll-seconds", "0.05", "--max-operations", "1", *d.cluster_args())
+        worker = d.start("worker", "controlplane.cli.main", "--db", d.db, "worker",
+                         "--worker-id", "w-1", "--poll-seconds", "0.05", "--max-operations",
+                         "1", "--metrics-listen", "127.0.0.1:0", *d.cluster_args())
+        assert worker.stdout is not None
+        d.worker_line = worker.stdout.readline()  # one line once it serves
         yield d
     finally:
         d.stop()
@@ -189,6 +193,20 @@ def assert_operator_views_of_the_migration(d: Deployment, migration_id: str) -> 
     assert (fields["node"], fields["count"], fields["succeeded"]) == ("node-1", "1", "1")
     assert float(fields["p50_restore_seconds"]) > 0
     assert int(fields["bytes"]) > 0
+
+
+def test_the_worker_says_who_it_is_where_it_works_under_which_limits_and_its_metrics(
+    deployment: Deployment,
+) -> None:
+    d = deployment
+    line = d.worker_line.strip()
+    assert line.startswith(f"worker w-1 starting: database sqlite+aiosqlite:///{d.tmp}/cp.db; "
+                           f"cluster kubeconfig {d.kubeconfig}, registry layout {d.layout}; "
+                           "concurrency 32, lease 30s; admits under --max-operations 1, "
+                           "--max-per-node 2; metrics http://127.0.0.1:"), line
+    metrics_url = line.split("metrics ")[-1]
+    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
+        assert resp.status == 200
 
 
 def test_a_checkpoint_class_from_the_classes_file_is_embedded_in_the_operation(

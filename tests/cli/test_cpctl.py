@@ -272,7 +272,7 @@ def test_a_worker_serves_its_own_metrics_and_health_until_sigterm(ready_db: str)
         stdin=subprocess.DEVNULL)
     try:
         assert proc.stdout is not None
-        base = proc.stdout.readline().split("worker metrics on ")[1].strip()
+        base = proc.stdout.readline().split("; metrics ")[1].strip()  # the starting line
         base = base.removesuffix("/metrics")
 
         def scrape() -> str:
