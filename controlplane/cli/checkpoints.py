@@ -16,6 +16,7 @@ from controlplane.app.checkpoints import Listed, list_checkpoints
 from controlplane.app.specs import workload_of
 from controlplane.cli import render
 from controlplane.cli.context import clock, opened
+from controlplane.cli.options import positive_int
 from controlplane.store import migrate
 
 DEFAULT_LIMIT = 100
@@ -43,12 +44,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only the checkpoints of this workload (default: every workload)")
     p.add_argument("--restorable", action="store_true",
                    help="only the checkpoints `cpctl restore` can use (see below)")
-    p.add_argument("--limit", type=_limit, default=DEFAULT_LIMIT, metavar="N",
+    p.add_argument("--limit", type=positive_int, default=DEFAULT_LIMIT, metavar="N",
                    help=f"show the newest N (default {DEFAULT_LIMIT}); the table says when "
                    "more match, and -o json|yaml carry {items, total, limit}")
     p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table",
                    help="json/yaml: {\"items\": [...], \"total\": N, \"limit\": N}, each item "
                    "with every field (size_bytes, verified_at ISO, not_restorable_because)")
+    p.add_argument("--wide", action="store_true",
+                   help="print every value whole; by default the table fits the terminal's "
+                   "width (the id is never cut), a cut value ending in …")
     p.epilog = EPILOG
 
 
@@ -71,7 +75,8 @@ async def checkpoints_cmd(args: argparse.Namespace) -> int:
     now = clock.now()
     headers = ["id", "workload", "node", "class", "size", "age", "artifact", "restorable"]
     # A pinned reference runs past the default 80 characters; cut, it names nothing.
-    render.table(headers, [_row(c, now) for c in found], max_width=256)
+    render.table(headers, [_row(c, now) for c in found], max_width=256, wide=args.wide,
+                 whole=[0])
     if total > len(found):  # stderr: a pipe reading the table stays clean
         sys.stderr.write(f"showing the newest {len(found)} of {total}; --limit N shows more\n")
     return 0
@@ -79,7 +84,7 @@ async def checkpoints_cmd(args: argparse.Namespace) -> int:
 
 def _row(c: Listed, now: datetime) -> tuple[str, ...]:
     return (c.checkpoint_id, c.workload or "-", c.node or "-", c.klass or "-",
-            human_size(c.size_bytes), age(now, c.verified_at), c.artifact,
+            human_size(c.size_bytes), render.age(c.verified_at, now), c.artifact,
             "yes" if c.why_not is None else f"no: {c.why_not}")
 
 
@@ -105,22 +110,3 @@ def human_size(size_bytes: int | None) -> str:
     if unit == "B":
         return f"{size_bytes} B"
     return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
-
-
-def age(now: datetime, then: datetime) -> str:
-    """How long ago, in its largest whole unit: ``42s``, ``5m``, ``3h``, ``2d``."""
-    seconds = max(0, int((now - then).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
-def _limit(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 0 < value <= 1_000_000:
-        raise argparse.ArgumentTypeError(f"{value} is not between 1 and 1000000")
-    return value

@@ -19,7 +19,7 @@ from controlplane import logs
 from controlplane.cli import checkpoints as checkpoints_module
 from controlplane.cli import commands, demo
 from controlplane.cli import sim as sim_module
-from controlplane.cli.options import add_cluster_options
+from controlplane.cli.options import add_cluster_options, positive_float, positive_int
 from controlplane.cli.webhook import add_webhook_parser
 from controlplane.errors import ControlPlaneError
 from controlplane.store.database import default_url
@@ -56,8 +56,8 @@ exit: 0 when it succeeded (with --wait), 1 when it ended otherwise, 2 on bad inp
 """,
     "drain": """examples:
   cpctl drain node-1 --repository localhost:5000/ckpt --dry-run     # the plan, nothing done
-  cpctl drain node-1 --to node-2 --to node-3 --max-parallel 4 --max-per-node 4 \\
-      --repository r.io/ckpt --wait     # the workers need --max-per-node 4 too
+  cpctl drain node-1 --to node-2 --max-parallel 4 --max-per-node 4 --repository r.io/c
+  # 4 at once needs --max-per-node 4 here and on the workers (default 2 caps it)
   cpctl drain node-1 --selector app=web,tier!=db --repository localhost:5000/ckpt
   cpctl cancel ID      # no new children; running ones finish; the node is uncordoned
 """,
@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "workload on it")
     ls.add_argument("--namespace", help="only operations on workloads in NAMESPACE")
     ls.add_argument("--since", help="created at or after this ISO time")
-    ls.add_argument("--limit", type=_positive_int, default=100, metavar="N",
+    ls.add_argument("--limit", type=positive_int, default=100, metavar="N",
                     help="show the newest N (default 100); the table says when more match, "
                     "and -o json|yaml carry {items, total, limit}")
     ls.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table",
@@ -225,16 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
              "(--verify); exit 5 on any mismatch")
     r.add_argument("--rebuild", action="store_true", help="rewrite projections from events")
     r.add_argument("--verify", action="store_true", help="re-run decide on recorded inputs")
-    r.add_argument("--jobs", type=_positive_int, default=None,
+    r.add_argument("--jobs", type=positive_int, default=None,
                    help="rebuild (and verify) in this many processes, each over its own "
                    "range of machines (default: one per CPU, at most 8, for a history of "
                    "20,000 machines or more, else 1); progress goes to stderr on long runs")
 
     wk = verb("worker", commands.worker_cmd, "run a worker: claim due machines, decide, "
               "commit, act; SIGTERM drains in-flight work")
-    wk.add_argument("--concurrency", type=_positive_int, default=32)
-    wk.add_argument("--lease-seconds", type=_positive_float, default=30.0)
-    wk.add_argument("--poll-seconds", type=_positive_float, default=0.5)
+    wk.add_argument("--concurrency", type=positive_int, default=32)
+    wk.add_argument("--lease-seconds", type=positive_float, default=30.0)
+    wk.add_argument("--poll-seconds", type=positive_float, default=0.5)
     wk.add_argument("--worker-id")
     wk.add_argument("--upgrade-schema", action="store_true",
                     help="apply pending migrations first (guarded by a lock)")
@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="target node (repeat for several; default: every node that fits)")
     dr.add_argument("--selector", metavar="LABELS",
                     help="only pods with these labels (k=v,k!=v,k)")
-    dr.add_argument("--max-parallel", type=_positive_int, default=4,
+    dr.add_argument("--max-parallel", type=positive_int, default=4,
                     help="child migrations in flight at once (default 4), but never more "
                     "than --max-per-node (default 2) or --max-operations allow: the plan "
                     "says which caps it, and warns")
@@ -344,7 +344,7 @@ def _wait_options(p: argparse.ArgumentParser, what: str, seconds: float) -> None
     p.add_argument("--wait", action="store_true",
                    help=what + " (on a terminal one progress line is redrawn; otherwise a "
                    "line per change)")
-    p.add_argument("--wait-seconds", type=_positive_float, default=seconds, metavar="S",
+    p.add_argument("--wait-seconds", type=positive_float, default=seconds, metavar="S",
                    help=f"with --wait, give up after S seconds (default {seconds:.0f}) and "
                    "exit 1: the operation itself keeps running")
 
@@ -403,26 +403,6 @@ async def _drain(args: argparse.Namespace) -> int:
     from controlplane.cli.drain import drain_cmd  # loads the drivers only when used
 
     return await drain_cmd(args)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 0 < value <= 1_000_000:
-        raise argparse.ArgumentTypeError(f"{value} is not between 1 and 1000000")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value <= 86400:
-        raise argparse.ArgumentTypeError(f"{value} is not between 0 and 86400")
-    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -68,3 +68,25 @@ def limits_from(args: argparse.Namespace) -> Limits:
     except InvalidSpec as exc:
         raise UsageError(str(exc).replace("limits.max_cluster", "--max-operations")
                          .replace("limits.max_per_source_node", "--max-per-node")) from None
+
+
+def positive_int(text: str) -> int:
+    """A flag's whole number from 1 to 1,000,000 (an argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 < value <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"{value} is not between 1 and 1000000")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A flag's number of seconds, above 0 and at most a day (an argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"{value} is not between 0 and 86400")
+    return value
