@@ -16,7 +16,8 @@ over), node operations (:meth:`fail_node`, :meth:`drain`...), fault hooks
 :meth:`settle` (run the kubelets and controllers until quiescent, when transitions take
 no time).
 
-Called by tests, demos, benchmarks and ``python -m drivers.sim up``.
+Called by tests, demos, benchmarks and ``cpctl sim up`` (through
+:mod:`controlplane.wiring.sim`).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ requests arrive in the same order; time windows read an injectable ``clock``. A 
 takes at most one delay rule and one error rule, each the first that hits in the order
 added; each hit uses one of the rule's ``times``. ``injected`` counts what was injected.
 Called by the server's middleware (:meth:`Faults.take`), the watch streams
-(:meth:`Faults.watch_interrupt`), ``python -m drivers.sim up --fault`` (see
+(:meth:`Faults.watch_interrupt`), ``cpctl sim up --fault`` (see
 :mod:`drivers.sim.faultspec`) and tests through ``SimCluster.faults``. The same rules
 also run in front of a real API server: :mod:`drivers.sim.faultproxy` builds a
 :class:`Faults` over its own :class:`History` (etcd) and :class:`Watches` (proxied

@@ -1,4 +1,4 @@
-"""``--fault`` flags of ``python -m drivers.sim up``: one standing fault per flag.
+"""``--fault`` flags of ``cpctl sim up``: one standing fault per flag.
 
 A spec is a kind, then ``key=value`` pairs, comma-separated; several verbs join with
 ``+``::
@@ -11,7 +11,7 @@ A spec is a kind, then ``key=value`` pairs, comma-separated; several verbs join 
 
 :func:`parse` checks a spec completely (a ``ValueError`` names the bad part) and returns
 a :class:`FaultSpec`; :meth:`FaultSpec.install` applies it to a cluster's ``Faults``.
-Pure apart from ``install``. Called by :mod:`drivers.sim.__main__` and tests.
+Pure apart from ``install``. Called by :mod:`controlplane.wiring.sim` and tests.
 """
 
 from __future__ import annotations
