@@ -227,6 +227,15 @@ async def cancel_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+async def wait_cmd(args: argparse.Namespace) -> int:
+    async with opened(args) as db:
+        record = await queries.get_machine(db, args.id)
+        record = await follow(db, record.id, f"{record.kind} {args.id}",
+                              limit_seconds=args.wait_seconds)
+    print(f"{args.id}: {record.phase}")
+    return 0 if record.phase in SUCCESS_PHASES else 1
+
+
 async def report_cmd(args: argparse.Namespace) -> int:
     async with opened(args) as db:
         await migrate.require_current(db)

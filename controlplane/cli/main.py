@@ -95,6 +95,9 @@ Run as many as you like against one PostgreSQL: they share work through leases.
     "cancel": """examples:
   cpctl cancel ID     # a migration whose source is gone is restored where it was
 """,
+    "wait": """examples:
+  id=$(cpctl checkpoint default/web --repository localhost:5000/ckpt) && cpctl wait "$id"
+""",
     "retarget": """examples:
   cpctl retarget ID --to node-3
 """,
@@ -182,6 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("--to", required=True, metavar="NODE")
     _wait_options(rt, "follow the migration until it settles; exit 1 unless it succeeded",
                   600.0)
+
+    wt = verb("wait", commands.wait_cmd, "follow an operation until it settles, as --wait "
+              "does; exit 0 when it did what was asked, 1 otherwise")
+    wt.add_argument("id", help="machine id (the first line a verb printed)")
+    wt.add_argument("--wait-seconds", type=positive_float, default=600.0, metavar="S",
+                    help="give up after S seconds (default 600) and exit 1: the operation "
+                    "itself keeps running")
 
     w = verb("wake", commands.wake_cmd, "make machines due now, by machine id or by key "
              "(e.g. a pod UID), as a pod watch event does")
