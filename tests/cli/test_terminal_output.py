@@ -195,11 +195,22 @@ def test_cancel_wait_prints_plain_lines_through_a_pipe(db_url: str) -> None:
     assert lines[2:] == [f"{job}: Cancelled"]
 
 
-def test_retarget_wait_exits_1_when_the_operation_did_not_succeed(db_url: str) -> None:
+def test_wait_follows_any_operation_and_exits_1_unless_it_succeeded(db_url: str) -> None:
+    job = _submitted(db_url)
+    assert _piped(db_url, "cancel", job).returncode == 0
+    result = _piped(db_url, "wait", job)
+    assert result.returncode == 1  # cancelled: settled, but not what was asked
+    assert result.stdout.strip().splitlines()[-1] == f"{job}: Cancelled"
+    unknown = _piped(db_url, "wait", "no-such-machine")
+    assert unknown.returncode == 2
+    assert "no-such-machine" in unknown.stderr
+
+
+def test_retarget_wait_on_a_kind_without_retarget_is_refused_naming_it(db_url: str) -> None:
     job = _submitted(db_url)
     assert _piped(db_url, "cancel", job).returncode == 0
     result = _piped(db_url, "retarget", job, "--to", "node-2", "--wait")
-    assert result.returncode == 2  # a steps machine takes no Retarget: refused, named
+    assert result.returncode == 2  # a steps machine takes no Retarget
     assert "Retarget" in result.stderr
 
 
