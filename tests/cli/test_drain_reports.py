@@ -1,4 +1,5 @@
-"""The drain reporting views (migration 0005) give the same figures on SQLite and
+"""The drain reporting views (migration 0005) and a drain's one row in
+``report_operations`` (0006) give the same figures on SQLite and
 PostgreSQL: children per drain, outcomes, failures by reason, durations.
 
 The history is made by the real decider (pure) and committed through the event store, as
@@ -87,6 +88,16 @@ async def test_drain_views_count_children_outcomes_and_failure_reasons(
         db, "SELECT reason, children FROM report_drain_failures ORDER BY reason")
     assert [(f["reason"], f["children"]) for f in failures] == [("Refused", 1),
                                                                 ("RestoreFailed", 1)]
+
+    # One row per operation: a drain's ChildFinished events are not its end (0006).
+    [operation] = await reports.rows(
+        db, "SELECT operation_id, duration_seconds FROM report_operations")
+    assert operation["operation_id"] == DRAIN
+    assert abs(float(operation["duration_seconds"]) - 14) < 0.01
+    [by_kind] = await reports.report(db, report="operations", by="kind")
+    assert (by_kind["kind"], by_kind["count"], by_kind["failed"]) == ("drain", 1, 1)
+    [daily] = await reports.rows(db, "SELECT operations FROM report_daily")
+    assert daily["operations"] == 1
 
     [row] = await reports.report(db, report="drains", by="kind")
     assert (row["drain"], row["node"], row["outcome"]) == (DRAIN, "n1", "Failed")
