@@ -73,10 +73,11 @@ async def checkpoints_cmd(args: argparse.Namespace) -> int:
         print(_none_found(workload, restorable=args.restorable))
         return 0
     now = clock.now()
-    headers = ["id", "workload", "node", "class", "size", "age", "artifact", "restorable"]
-    # A pinned reference runs past the default 80 characters; cut, it names nothing.
+    headers = ["id", "workload", "node", "class", "size", "age", "restorable", "artifact"]
+    # A pinned reference runs past the default 80 characters; on a narrow terminal it
+    # gives way first (the id, never cut, is what `cpctl restore` takes).
     render.table(headers, [_row(c, now) for c in found], max_width=256, wide=args.wide,
-                 whole=[0])
+                 whole=[0], fill=len(headers) - 1)
     if total > len(found):  # stderr: a pipe reading the table stays clean
         sys.stderr.write(f"showing the newest {len(found)} of {total}; --limit N shows more\n")
     return 0
@@ -84,8 +85,8 @@ async def checkpoints_cmd(args: argparse.Namespace) -> int:
 
 def _row(c: Listed, now: datetime) -> tuple[str, ...]:
     return (c.checkpoint_id, c.workload or "-", c.node or "-", c.klass or "-",
-            human_size(c.size_bytes), render.age(c.verified_at, now), c.artifact,
-            "yes" if c.why_not is None else f"no: {c.why_not}")
+            human_size(c.size_bytes), render.age(c.verified_at, now),
+            "yes" if c.why_not is None else f"no: {c.why_not}", c.artifact)
 
 
 def _none_found(workload: str | None, *, restorable: bool) -> str:

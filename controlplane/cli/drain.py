@@ -75,7 +75,8 @@ async def drain_cmd(args: argparse.Namespace) -> int:
             nodes, pods = await cluster_objects(access)
             plan = build_plan(nodes, pods, args)
             run = parallelism(args.max_parallel, limits_from(args))
-            if run.warning:  # stderr: -o json on stdout stays one document
+            if run.warning and not (args.dry_run and args.output == "table"):
+                # stderr: -o json on stdout stays one document (a table plan says it)
                 sys.stderr.write(f"cpctl: warning: {run.warning}\n")
             if args.dry_run:
                 print_plan(plan, plan_document(plan, klass, args.max_parallel,

@@ -20,7 +20,7 @@ import pytest
 from controlplane.cli.main import build_parser
 from tests.cli.processes import MARKER, REPO, Deployment, deployed
 
-HEADERS = ["ID", "WORKLOAD", "NODE", "CLASS", "SIZE", "AGE", "ARTIFACT", "RESTORABLE"]
+HEADERS = ["ID", "WORKLOAD", "NODE", "CLASS", "SIZE", "AGE", "RESTORABLE", "ARTIFACT"]
 
 
 def table_rows(text: str) -> list[dict[str, str]]:

@@ -18,9 +18,8 @@ import aiohttp
 import pytest
 
 from drivers.sim import SimCluster
-from drivers.sim.__main__ import parse_args
 from drivers.sim.faults import Faults, Request
-from drivers.sim.faultspec import FaultSpec, parse
+from drivers.sim.faultspec import parse
 from drivers.sim.store import Store
 from drivers.sim.watch import WatchHub
 
@@ -219,11 +218,3 @@ def test_fault_specs_parse_into_the_hooks_they_name() -> None:
 def test_a_bad_fault_spec_is_refused_naming_the_bad_part(text: str, says: str) -> None:
     with pytest.raises(ValueError, match=re.escape(says)):
         parse(text)
-
-
-def test_the_command_line_takes_fault_flags_and_a_seed() -> None:
-    args = parse_args(["up", "--fault", "error,verb=get,rate=0.5", "--fault",
-                       "conflicts,seconds=10", "--seed", "9"])
-    assert [spec.kind for spec in args.fault] == ["error", "conflicts"]
-    assert isinstance(args.fault[0], FaultSpec)
-    assert args.seed == 9
