@@ -214,17 +214,24 @@ def _reason(data: JsonObject) -> str:
 
 
 async def cancel_cmd(args: argparse.Namespace) -> int:
+    await _command_then_wait(args, Command("Cancel", {}), "cancel", f"cancel {args.id}")
+    return 0  # with --wait: it stopped, whatever phase it stopped in
+
+
+async def _command_then_wait(args: argparse.Namespace, command: Command, what: str,
+                             label: str) -> MachineRecord | None:
+    """Record ``command`` for ``args.id``; with ``--wait``, follow it until it settles
+    and return the settled record (``None`` without ``--wait``)."""
     async with opened(args) as db:
         version = await send_command(db, default_kinds(), machine_id=args.id,
-                                     command=Command("Cancel", {}), now=clock.now(),
+                                     command=command, now=clock.now(),
                                      requester=requester(args))
-        print(f"cancel recorded for {args.id} (version {version})")
+        print(f"{what} recorded for {args.id} (version {version})")
         if not args.wait:
-            return 0
-        record = await follow(db, args.id, f"cancel {args.id}",
-                              limit_seconds=args.wait_seconds)
+            return None
+        record = await follow(db, args.id, label, limit_seconds=args.wait_seconds)
     print(f"{args.id}: {record.phase}")
-    return 0
+    return record
 
 
 async def wait_cmd(args: argparse.Namespace) -> int:
@@ -260,17 +267,10 @@ def _fmt(value: object) -> object:
 
 
 async def retarget_cmd(args: argparse.Namespace) -> int:
-    async with opened(args) as db:
-        version = await send_command(db, default_kinds(), machine_id=args.id,
-                                     command=Command("Retarget", {"node": args.to}),
-                                     now=clock.now(), requester=requester(args))
-        print(f"retarget to {args.to} recorded for {args.id} (version {version})")
-        if not args.wait:
-            return 0
-        record = await follow(db, args.id, f"retarget {args.id} to {args.to}",
-                              limit_seconds=args.wait_seconds)
-    print(f"{args.id}: {record.phase}")
-    return 0 if record.phase in SUCCESS_PHASES else 1
+    record = await _command_then_wait(args, Command("Retarget", {"node": args.to}),
+                                      f"retarget to {args.to}",
+                                      f"retarget {args.id} to {args.to}")
+    return 0 if record is None or record.phase in SUCCESS_PHASES else 1
 
 
 async def wake_cmd(args: argparse.Namespace) -> int:
