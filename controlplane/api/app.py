@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from aiohttp import web
 
-from controlplane.api import dashboard, metrics, params
+from controlplane.api import dashboard, metrics, params, summary
 from controlplane.api.openapi import document
 from controlplane.app.drains import drain_children, drain_spec, plan_document, plan_of
 from controlplane.app.operations import send_command, submit_operation
@@ -93,6 +93,7 @@ def make_app(db: Database, *, token: str | Mapping[str, str],
     app.router.add_post("/api/v1/operations/{id}/cancel", _cancel)
     app.router.add_post("/api/v1/operations/{id}/retarget", _retarget)
     app.router.add_get("/api/v1/reports/{report}", _report)
+    summary.add_routes(app)
     return app
 
 
