@@ -1,13 +1,123 @@
-"""The summary page's routes (issue 24, item 4: charts from the reporting views).
+"""The summary page (issue 24, item 4): the reporting views as pictures.
 
-:func:`add_routes` is called by :func:`controlplane.api.app.make_app`; it registers
-nothing yet.
+:func:`add_routes` is called by :func:`controlplane.api.app.make_app`. ``GET /summary``
+is a page that holds no data, like the dashboard: its script reads the token from
+``?token=`` (then drops it from the address bar) and fetches each chart,
+``GET /api/v1/charts/{name}.svg`` (Bearer token; ``?drain=<id>`` picks the drain of the
+drain chart), server-rendered by :mod:`controlplane.api.summary_charts`. The SVG is
+parsed as XML and placed inline (so its ``<title>``/``<desc>`` reach a screen reader);
+scripts and styles run only if the CSP's hashes name them.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+
 from aiohttp import web
+
+from controlplane.api import summary_charts
+from controlplane.api.charts import render
+
+STYLE = """
+body{font:14px system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
+header{background:#1d2330;color:#fff;padding:10px 16px;font-weight:600}
+main{display:grid;grid-template-columns:repeat(auto-fit,minmax(740px,1fr));gap:16px;
+ padding:16px}
+figure{margin:0;background:#fff;border:1px solid #d8dce3;border-radius:6px;padding:8px;
+ min-height:90px;overflow-x:auto}
+figure svg{display:block;max-width:100%;height:auto}
+.error{color:#b3261e;min-height:1em}
+"""
+
+SCRIPT = r"""
+(function () {
+  const url = new URL(window.location.href);
+  const token = url.searchParams.get("token") || "";
+  const drain = url.searchParams.get("drain");
+  url.searchParams.delete("token");
+  window.history.replaceState(null, "", url.pathname + url.search);
+  async function draw(figure) {
+    const name = figure.dataset.chart;
+    const query = drain && name === "drain-load" ? "?drain=" + encodeURIComponent(drain) : "";
+    const error = figure.querySelector(".error");
+    try {
+      const response = await fetch("/api/v1/charts/" + name + ".svg" + query,
+                                   {headers: {"Authorization": "Bearer " + token}});
+      const body = await response.text();
+      if (!response.ok) {
+        let message = response.statusText;
+        try { message = JSON.parse(body).error || message; } catch (e) { /* not JSON */ }
+        throw new Error(message);
+      }
+      const doc = new DOMParser().parseFromString(body, "image/svg+xml");
+      if (doc.querySelector("parsererror")) throw new Error("the chart is not valid SVG");
+      figure.querySelector(".chart-box").replaceChildren(
+        document.importNode(doc.documentElement, true));
+      error.textContent = "";
+    } catch (err) {
+      error.textContent = name + ": " + String(err.message || err);
+    }
+  }
+  document.querySelectorAll("figure[data-chart]").forEach(draw);
+})();
+"""
+
+
+def _sha256(source: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(source.encode()).digest()).decode() + "'"
+
+
+#: Only this page's own script and style run; it talks only to its own origin.
+CSP = (f"default-src 'none'; script-src {_sha256(SCRIPT)}; style-src {_sha256(STYLE)}; "
+       "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+_FIGURES = "\n".join(
+    f'<figure data-chart="{name}"><div class="chart-box"></div>'
+    f'<div class="error" role="alert"></div></figure>' for name in summary_charts.NAMES)
+
+PAGE = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>controlplane summary</title>
+<style>{STYLE}</style></head>
+<body>
+<header>controlplane — summary</header>
+<main>
+{_FIGURES}
+</main>
+<script>{SCRIPT}</script>
+</body></html>
+"""
+
+PATH = "/summary"
 
 
 def add_routes(app: web.Application) -> None:
-    """Register the summary page's routes on ``app`` (none yet)."""
+    """Register ``GET /summary`` (public: a page without data, as ``/``) and
+    ``GET /api/v1/charts/{name}.svg`` (behind the token, as every API route)."""
+    # Imported here: app imports this module at its top, so the keys exist only by now.
+    from controlplane.api.app import DB_KEY, PUBLIC_KEY
+
+    app[PUBLIC_KEY] = app[PUBLIC_KEY] | {PATH}
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(text=PAGE, content_type="text/html",
+                            headers={"Content-Security-Policy": CSP,
+                                     "Referrer-Policy": "no-referrer",
+                                     "Cache-Control": "no-store"})
+
+    async def chart(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in summary_charts.NAMES:
+            raise web.HTTPNotFound(
+                reason=f"no chart {name!r} (charts: {', '.join(summary_charts.NAMES)})")
+        drain = request.query.get("drain") or None
+        svg = render(await summary_charts.load(request.app[DB_KEY], name, drain=drain))
+        return web.Response(text=svg, content_type="image/svg+xml",
+                            headers={"Cache-Control": "no-store",
+                                     "Content-Security-Policy": "default-src 'none'",
+                                     "X-Content-Type-Options": "nosniff"})
+
+    app.router.add_get(PATH, page)
+    app.router.add_get("/api/v1/charts/{name}.svg", chart)
