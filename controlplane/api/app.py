@@ -8,11 +8,12 @@ Errors are JSON ``{"error": message, "parameter"?: name}`` with a 4xx/5xx status
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Protocol, runtime_checkable
@@ -110,6 +111,19 @@ def _default(value: object) -> Any:
 def _json(data: Any, *, status: int = 200) -> web.Response:
     return web.Response(text=json.dumps(data, default=_default), status=status,
                         content_type="application/json")
+
+
+def _revalidated(request: web.Request, data: Any) -> web.Response:
+    """``data`` as JSON with a strong ``ETag`` (a hash of the body); ``304`` with no body
+    when the request's ``If-None-Match`` names it. A polling dashboard re-asks every few
+    seconds: an unchanged answer costs the query but not the transfer or the redraw."""
+    body = json.dumps(data, default=_default)
+    etag = '"' + hashlib.sha256(body.encode()).hexdigest()[:32] + '"'
+    headers = {"ETag": etag, "Cache-Control": "private, no-cache"}
+    offered = {t.strip() for t in request.headers.get("If-None-Match", "").split(",")}
+    if etag in offered or "*" in offered:
+        return web.Response(status=304, headers=headers)
+    return web.Response(text=body, content_type="application/json", headers=headers)
 
 
 def _error(status: int, message: str, parameter: str | None = None) -> web.Response:
@@ -266,10 +280,30 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(text=text, headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
+#: How deep ``offset`` pages (the store has no offset: a page is the tail of a longer read).
+MAX_OFFSET = 10_000
+
+
+def _offset(raw: str | None) -> int:
+    if raw is None:
+        return 0
+    if not raw.isascii() or not raw.isdigit() or int(raw) > MAX_OFFSET:
+        raise params.BadRequest("offset", f"offset must be an integer between 0 and "
+                                          f"{MAX_OFFSET}")
+    return int(raw)
+
+
 async def _list_operations(request: web.Request) -> web.Response:
-    flt = params.machine_filter(request.query, request.app[KINDS_KEY])
-    records = await queries.list_machines(request.app[DB_KEY], flt)
-    return _json({"operations": [_operation(r) for r in records], "limit": flt.limit})
+    """A page of operations, newest first: ``limit`` of them after ``offset``, with the
+    ``total`` the filter selects (a page knows where it is: "51-100 of 312")."""
+    query = {k: v for k, v in request.query.items() if k != "offset"}
+    offset = _offset(request.query.get("offset"))
+    flt = params.machine_filter(query, request.app[KINDS_KEY])
+    db = request.app[DB_KEY]
+    records = await queries.list_machines(db, replace(flt, limit=offset + flt.limit))
+    total = await queries.count_machines(db, flt)
+    return _revalidated(request, {"operations": [_operation(r) for r in records[offset:]],
+                                  "limit": flt.limit, "offset": offset, "total": total})
 
 
 async def _get_operation(request: web.Request) -> web.Response:
@@ -277,7 +311,7 @@ async def _get_operation(request: web.Request) -> web.Response:
     out = _operation(record, detail=True)
     if record.kind == DRAIN:
         out["children"] = await _drain_children(request.app[DB_KEY], record)
-    return _json(out)
+    return _revalidated(request, out)
 
 
 async def _operation_events(request: web.Request) -> web.Response:
@@ -285,7 +319,7 @@ async def _operation_events(request: web.Request) -> web.Response:
     record = await queries.get_machine(db, request.match_info["id"])
     events = await queries.history(db, record.id)
     phases = _phases(request.app[KINDS_KEY], record, events)
-    return _json({"operation": _operation(record), "events": [
+    return _revalidated(request, {"operation": _operation(record), "events": [
         {"seq": e.seq, "type": e.type, "recorded_at": e.recorded_at, "phase": phase,
          "data": e.data, "facts": e.facts, "worker_id": e.worker_id}
         for e, phase in zip(events, phases, strict=True)]})

@@ -32,6 +32,17 @@ def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any
 
 
 _ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+#: The reads a dashboard polls answer with an ``ETag``; ``If-None-Match`` with it: ``304``.
+_IF_NONE_MATCH = {"name": "If-None-Match", "in": "header", "required": False,
+                  "description": "an ETag this route returned: 304 if the answer is unchanged",
+                  "schema": {"type": "string"}}
+_NOT_MODIFIED = {"304": {"description": "unchanged since the ETag in If-None-Match"}}
+_ETAG = {"ETag": {"description": "a hash of the body; send it back in If-None-Match",
+                  "schema": {"type": "string"}}}
+
+
+def _revalidated(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {**_json_response(description, schema), "headers": _ETAG}
 _PUBLIC: list[dict[str, Any]] = [{}]
 
 
@@ -109,11 +120,17 @@ def document() -> dict[str, Any]:
                     _query("since", "submitted at or after (ISO 8601)",
                            {"type": "string", "format": "date-time"}),
                     _query("limit", "at most this many (default 100)",
-                           {"type": "integer", "minimum": 1, "maximum": 1000})],
-                "responses": {"200": _json_response("operations", {
+                           {"type": "integer", "minimum": 1, "maximum": 1000}),
+                    _query("offset", "skip this many first (paging; default 0)",
+                           {"type": "integer", "minimum": 0, "maximum": 10000}),
+                    _IF_NONE_MATCH],
+                "responses": {"200": _revalidated("a page of operations", {
                     "type": "object", "properties": {
                         "operations": {"type": "array", "items": op_ref},
-                        "limit": {"type": "integer"}}}), **_errors(400, 401)}},
+                        "limit": {"type": "integer"}, "offset": {"type": "integer"},
+                        "total": {"type": "integer",
+                                  "description": "how many the filter selects in all"}}}),
+                              **_NOT_MODIFIED, **_errors(400, 401)}},
                 "post": {
                 "summary": "Submit an operation as the CLI's verbs do (dryRun: only the plan)",
                 "description": "checkpoint, migration, suspend and resume name a workload "
@@ -150,21 +167,22 @@ def document() -> dict[str, Any]:
                     **_errors(400, 401, 409, 413, 503)}}},
             "/api/v1/operations/{id}": {"get": {
                 "summary": "One operation, with spec and state (a drain: and its children)",
-                "parameters": [_ID],
-                "responses": {"200": _json_response("operation", {"allOf": [op_ref, {
+                "parameters": [_ID, _IF_NONE_MATCH],
+                "responses": {"200": _revalidated("operation", {"allOf": [op_ref, {
                     "type": "object", "properties": {
                         "spec": {"type": "object"}, "state": {"type": "object"},
                         "children": {"type": "array", "description": "drains only",
                                      "items": {"$ref": "#/components/schemas/DrainChild"}}}}]}),
-                              **_errors(401, 404)}}},
+                              **_NOT_MODIFIED, **_errors(401, 404)}}},
             "/api/v1/operations/{id}/events": {"get": {
-                "summary": "The operation's event history, in order", "parameters": [_ID],
-                "responses": {"200": _json_response("history", {
+                "summary": "The operation's event history, in order",
+                "parameters": [_ID, _IF_NONE_MATCH],
+                "responses": {"200": _revalidated("history", {
                     "type": "object", "properties": {
                         "operation": op_ref, "events": {
                             "type": "array",
                             "items": {"$ref": "#/components/schemas/Event"}}}}),
-                    **_errors(401, 404)}}},
+                    **_NOT_MODIFIED, **_errors(401, 404)}}},
             "/api/v1/operations/{id}/cancel": {"post": {
                 "summary": "Ask the operation to cancel", "parameters": [_ID],
                 "requestBody": {"required": False, "content": {"application/json": {
