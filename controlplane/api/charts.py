@@ -31,6 +31,8 @@ def count(value: float) -> str:
 
 
 def seconds(value: float) -> str:
+    if 0 < value < 1:
+        return f"{value * 1000:.0f} ms"
     if value >= 120:
         return f"{value / 60:.1f} min"
     return f"{value:.2f} s" if value < 10 else f"{value:.1f} s"
@@ -77,14 +79,24 @@ class BarChart:
                 raise ValueError(f"colour {s.colour!r} is not #rrggbb")
 
 
-def ticks(top: float) -> list[float]:
-    """Round axis values from 0 to at least ``top`` (about four steps)."""
+def ticks(top: float, *, whole: bool = False) -> list[float]:
+    """Round axis values from 0 to at least ``top`` (about four steps); ``whole`` for
+    counts (no step below 1)."""
     if top <= 0:
         return [0.0, 1.0]
     raw = top / 4
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    if whole:
+        step = max(1, math.ceil(step))
     return [i * step for i in range(math.ceil(top / step - 1e-9) + 1)]
+
+
+def _axis_values(unit: Callable[[float], str], top: float) -> list[float]:
+    if unit is size and top >= 1024:  # round in the unit shown: 20 KiB, not 19.5 KiB
+        scale = 1024 ** min(3, int(math.log(top, 1024)))
+        return [t * scale for t in ticks(top / scale)]
+    return ticks(top, whole=unit is count)
 
 
 def render(chart: BarChart) -> str:
@@ -102,7 +114,7 @@ def render(chart: BarChart) -> str:
     highest = max((sum(s.values[i] for s in chart.series) if chart.stacked
                    else max(s.values[i] for s in chart.series))
                   for i in range(len(chart.groups)))
-    axis = ticks(highest)
+    axis = _axis_values(chart.unit, highest)
     scale = plot_w / axis[-1]
     out = [_open(chart, height), _defs(chart.name, colours),
            _text(8, 20, chart.title, size=15, weight="600"), _legend(chart, colours)]
@@ -116,6 +128,8 @@ def render(chart: BarChart) -> str:
             value = s.values[i]
             width = value * scale
             bar_y = y if chart.stacked else y + k * BAR
+            if chart.stacked and value == 0:
+                continue  # a zero segment would be an invisible bar with a tooltip
             out.append(
                 f'<rect class="bar" data-series="{escape(s.name)}" data-value="{value:g}" '
                 f'x="{x:.2f}" y="{bar_y}" width="{width:.2f}" height="{BAR - 2}" '

@@ -23,7 +23,7 @@ STYLE = """
 body{font:14px system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
 header{background:#1d2330;color:#fff;padding:10px 16px;font-weight:600}
 main{display:grid;grid-template-columns:repeat(auto-fit,minmax(740px,1fr));gap:16px;
- padding:16px}
+ padding:16px;align-items:start}
 figure{margin:0;background:#fff;border:1px solid #d8dce3;border-radius:6px;padding:8px;
  min-height:90px;overflow-x:auto}
 figure svg{display:block;max-width:100%;height:auto}

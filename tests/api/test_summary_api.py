@@ -52,7 +52,7 @@ async def test_every_chart_is_svg_from_the_history(client: Client) -> None:
     values = {r.get("data-series"): float(r.get("data-value", "")) for r in root.iter(f"{SVG}rect")
               if r.get("class") == "bar"}
     assert values["succeeded"] >= 4
-    assert values["failed"] == 0
+    assert "failed" not in values  # no bar for a zero segment
 
 
 async def test_an_unknown_chart_is_a_json_404(client: Client) -> None:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from controlplane.api.charts import BarChart, Series, render, size, ticks
+from controlplane.api.charts import BarChart, Series, render, seconds, size, ticks
 from controlplane.api.summary_charts import (
     bytes_by_class,
     drain_load,
@@ -128,7 +128,23 @@ def test_axis_ticks_are_round_and_cover_the_highest_value() -> None:
     assert ticks(7.3) == [0, 2, 4, 6, 8]
     assert ticks(0) == [0, 1]
     assert ticks(1234)[-1] >= 1234
+    assert ticks(1, whole=True) == [0, 1]
     assert size(3 * 1024 * 1024) == "3.0 MiB"
+    assert [seconds(v) for v in (0, 0.012, 4.5, 300)] == ["0.00 s", "12 ms", "4.50 s",
+                                                          "5.0 min"]
+
+
+def axis_labels(svg: str) -> list[str | None]:
+    axis = next(g for g in parse(svg).iter(f"{SVG}g") if g.get("class") == "axis")
+    return [t.text for t in axis.iter(f"{SVG}text")]
+
+
+def test_axis_labels_are_round_in_the_unit_shown() -> None:
+    assert axis_labels(render(chart(groups=("x",), series=(Series("n", (1.0,)),)))) == [
+        "0", "1"]  # a count has no quarter steps
+    assert axis_labels(render(chart(groups=("x",), unit=size,
+                                    series=(Series("n", (50 * 1024.0,)),)))) == [
+        "0 B", "20.0 KiB", "40.0 KiB", "60.0 KiB"]
 
 
 def test_percentile_interpolates_between_ranks_as_cpctl_report() -> None:
