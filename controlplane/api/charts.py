@@ -31,7 +31,9 @@ def count(value: float) -> str:
 
 
 def seconds(value: float) -> str:
-    if 0 < value < 1:
+    if value == 0:
+        return "0 s"
+    if value < 1:
         return f"{value * 1000:.0f} ms"
     if value >= 120:
         return f"{value / 60:.1f} min"

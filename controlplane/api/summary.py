@@ -97,7 +97,7 @@ def add_routes(app: web.Application) -> None:
     """Register ``GET /summary`` (public: a page without data, as ``/``) and
     ``GET /api/v1/charts/{name}.svg`` (behind the token, as every API route)."""
     # Imported here: app imports this module at its top, so the keys exist only by now.
-    from controlplane.api.app import DB_KEY, PUBLIC_KEY
+    from controlplane.api.app import CLOCK_KEY, DB_KEY, PUBLIC_KEY
 
     app[PUBLIC_KEY] = app[PUBLIC_KEY] | {PATH}
 
@@ -113,7 +113,12 @@ def add_routes(app: web.Application) -> None:
             raise web.HTTPNotFound(
                 reason=f"no chart {name!r} (charts: {', '.join(summary_charts.NAMES)})")
         drain = request.query.get("drain") or None
-        svg = render(await summary_charts.load(request.app[DB_KEY], name, drain=drain))
+        try:
+            built = await summary_charts.load(request.app[DB_KEY], name, drain=drain,
+                                              now=request.app[CLOCK_KEY].now())
+        except summary_charts.NoSuchDrain:
+            raise web.HTTPNotFound(reason=f"no drain {drain!r}") from None
+        svg = render(built)
         return web.Response(text=svg, content_type="image/svg+xml",
                             headers={"Cache-Control": "no-store",
                                      "Content-Security-Policy": "default-src 'none'",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from controlplane.api.charts import BarChart, Series, seconds, size
@@ -54,13 +54,23 @@ def _outcome_series(groups: Sequence[str], counted: Mapping[tuple[str, str], int
                         _OUTCOME_COLOURS[o]) for o in (OK, FAILED, RUNNING))
 
 
-def operations_per_hour(rows: Iterable[Row]) -> BarChart:
-    """``report_operations`` rows (``submitted_at``, ``outcome``, ``terminal``)."""
+#: How far back the hourly chart looks.
+HOURS = 24
+
+
+def operations_per_hour(rows: Iterable[Row], now: datetime) -> BarChart:
+    """``report_operations`` rows (``submitted_at``, ``outcome``, ``terminal``) of the
+    last :data:`HOURS` hours before ``now``: one row per hour from the first with an
+    operation to ``now``'s, quiet hours included (the axis is time, not only events)."""
+    window = [hour_of(now - timedelta(hours=h)) for h in range(HOURS - 1, -1, -1)]
     counted: dict[tuple[str, str], int] = defaultdict(int)
     for row in rows:
-        counted[hour_of(row["submitted_at"]), _outcome(row)] += 1
-    hours = tuple(sorted({h for h, _ in counted}))
-    return BarChart("operations-per-hour", "Operations per hour, by outcome",
+        hour = hour_of(row["submitted_at"])
+        if window[0] <= hour <= window[-1]:
+            counted[hour, _outcome(row)] += 1
+    seen = {h for h, _ in counted}
+    hours = tuple(window[min((window.index(h) for h in seen), default=HOURS):])
+    return BarChart("operations-per-hour", f"Operations per hour, by outcome (last {HOURS} h)",
                     "Operations submitted in each hour (UTC), stacked by how they ended",
                     hours, _outcome_series(hours, counted), stacked=True)
 
@@ -138,12 +148,17 @@ NAMES = ("operations-per-hour", "durations-by-kind", "durations-by-phase",
          "bytes-by-class", "failures-by-reason", "drain-load")
 
 
-async def load(db: Database, name: str, *, drain: str | None = None) -> BarChart:
-    """Chart ``name`` (one of :data:`NAMES`) from the database as it is now. The drain
-    chart shows ``drain`` (an id), or the latest drain."""
+class NoSuchDrain(LookupError):
+    """``drain`` names no drain."""
+
+
+async def load(db: Database, name: str, *, now: datetime,
+               drain: str | None = None) -> BarChart:
+    """Chart ``name`` (one of :data:`NAMES`) from the database as it is at ``now``. The
+    drain chart shows ``drain`` (an id; :class:`NoSuchDrain` if none), or the latest."""
     if name == "operations-per-hour":
         return operations_per_hour(await reports.rows(
-            db, "SELECT submitted_at, outcome, terminal FROM report_operations"))
+            db, "SELECT submitted_at, outcome, terminal FROM report_operations"), now)
     if name == "durations-by-kind":
         return durations_by_kind(await reports.finished_durations(db))
     if name == "durations-by-phase":
@@ -170,6 +185,8 @@ async def _drain_load(db: Database, drain: str | None) -> BarChart:
     else:
         found = await reports.rows(db, "SELECT drain_id, node FROM report_drains "
                                        "WHERE drain_id = :id", {"id": drain})
+    if not found and drain is not None:
+        raise NoSuchDrain(drain)
     if not found:
         return drain_load(None, [])
     children = await reports.rows(db, "SELECT target, outcome FROM report_drain_children "

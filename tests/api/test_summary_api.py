@@ -55,7 +55,18 @@ async def test_every_chart_is_svg_from_the_history(client: Client) -> None:
     assert "failed" not in values  # no bar for a zero segment
 
 
-async def test_an_unknown_chart_is_a_json_404(client: Client) -> None:
+async def test_an_unknown_chart_or_drain_is_a_json_404(client: Client) -> None:
     response = await client.get("/api/v1/charts/nope.svg", headers=auth())
     assert response.status == 404
     assert "operations-per-hour" in (await response.json())["error"]
+    response = await client.get("/api/v1/charts/drain-load.svg?drain=nope", headers=auth())
+    assert response.status == 404
+    assert (await response.json())["error"] == "no drain 'nope'"
+
+
+async def test_the_drain_chart_says_when_there_is_no_drain(client: Client) -> None:
+    response = await client.get("/api/v1/charts/drain-load.svg", headers=auth())
+    root = ET.fromstring(await response.text())
+    assert "empty" in (root.get("class") or "")  # the demo ran no drain
+    assert root.find(f"{SVG}title").text == (  # type: ignore[union-attr]
+        "Per-node load of a drain (no drain yet)")

@@ -109,6 +109,7 @@ async def test_every_chart_is_drawn_inside_its_panel_from_the_history(
         shot = tmp_path / "summary.png"
         shot.write_bytes(base64.b64decode(captured["data"]))
         assert page.problems() == []  # no CSP refusal, no exception
+
     if os.environ.get("SUMMARY_SCREENSHOT"):
         await asyncio.to_thread(shutil.copyfile, shot, os.environ["SUMMARY_SCREENSHOT"])
     width, _, pixels = png_pixels(shot)
@@ -124,3 +125,16 @@ async def test_without_the_token_every_panel_shows_the_refusal(
                                    "every panel's error")
         assert all("missing or wrong bearer token" in c["error"] for c in charts), charts
         assert [c["drawn"] for c in charts] == [None] * len(NAMES)
+
+
+async def test_the_page_passes_the_drain_in_its_address_to_the_drain_chart(
+        base_url: str, tmp_path: Path) -> None:
+    """``?drain=`` reaches the drain chart (an unknown one is refused there) and no other."""
+    async with browser(tmp_path) as page:
+        await page.send("Page.navigate", url=f"{base_url}/summary?token={TOKEN}&drain=nope")
+        charts = await charts_when(
+            page, "(f) => f.querySelector('svg.chart') || f.querySelector('.error').textContent",
+            "every panel drawn or refused")
+        assert {c["name"]: c["error"] for c in charts if c["error"]} == {
+            "drain-load": "drain-load: no drain 'nope'"}
+        assert await page.evaluate("window.location.search") == "?drain=nope"

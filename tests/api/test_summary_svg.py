@@ -130,7 +130,7 @@ def test_axis_ticks_are_round_and_cover_the_highest_value() -> None:
     assert ticks(1234)[-1] >= 1234
     assert ticks(1, whole=True) == [0, 1]
     assert size(3 * 1024 * 1024) == "3.0 MiB"
-    assert [seconds(v) for v in (0, 0.012, 4.5, 300)] == ["0.00 s", "12 ms", "4.50 s",
+    assert [seconds(v) for v in (0, 0.012, 4.5, 300)] == ["0 s", "12 ms", "4.50 s",
                                                           "5.0 min"]
 
 
@@ -159,17 +159,22 @@ def test_hour_is_utc_whatever_the_driver_returns() -> None:
     assert hour_of("2026-11-25 10:59:47.123456") == "2026-11-25 10:00"
 
 
-def test_operations_per_hour_stack_by_outcome() -> None:
+def test_operations_per_hour_stack_by_outcome_over_the_last_day_quiet_hours_too() -> None:
     t = datetime(2026, 11, 25, 10, 5, tzinfo=UTC)
     built = operations_per_hour([
         {"submitted_at": t, "outcome": "Succeeded", "terminal": True},
         {"submitted_at": t, "outcome": "Suspended", "terminal": True},
-        {"submitted_at": t + timedelta(hours=1), "outcome": "Failed", "terminal": True},
-        {"submitted_at": t + timedelta(hours=1), "outcome": "Restoring", "terminal": False}])
-    assert built.groups == ("2026-11-25 10:00", "2026-11-25 11:00")
+        {"submitted_at": t + timedelta(hours=2), "outcome": "Failed", "terminal": True},
+        {"submitted_at": t + timedelta(hours=2), "outcome": "Restoring", "terminal": False},
+        {"submitted_at": t - timedelta(days=2), "outcome": "Failed", "terminal": True},
+    ], now=t + timedelta(hours=3))
+    assert built.groups == ("2026-11-25 10:00", "2026-11-25 11:00", "2026-11-25 12:00",
+                            "2026-11-25 13:00")
     assert {s.name: s.values for s in built.series} == {
-        "succeeded": (2.0, 0.0), "failed": (0.0, 1.0), "running": (0.0, 1.0)}
+        "succeeded": (2.0, 0.0, 0.0, 0.0), "failed": (0.0, 0.0, 1.0, 0.0),
+        "running": (0.0, 0.0, 1.0, 0.0)}
     assert built.stacked
+    assert "no data yet" in render(operations_per_hour([], now=t))
 
 
 def test_durations_show_p50_and_p95_per_kind_and_per_phase_in_phase_order() -> None:
