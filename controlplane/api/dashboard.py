@@ -1,16 +1,20 @@
 """The dashboard: one self-contained HTML page (inline CSS and JS, no external assets).
 
-Served at ``/`` by :mod:`controlplane.api.app`. The page holds no data: it reads the
-token from ``?token=`` (then drops it from the address bar), calls the JSON API with a
-Bearer header, lists operations with kind/phase filters and, for the selected operation
-(``&select=<id>`` or a click), draws a timeline: phases as bars over time and events as
-marks labelled with their type and reason. Data is inserted with ``textContent`` only.
+Served at ``/`` by :mod:`controlplane.api.app` under a CSP that admits only this page's
+script and style (by hash) and requests to its own origin. The page holds no data: it
+reads the token from ``?token=`` (then drops it from the address bar: it lives in one
+closure, sent as a Bearer header), and draws everything from the JSON API with
+``textContent`` only.
 
-A drain is shown as a group: its row carries its node and a children summary ("2/3
-moved, 1 failed") from the list's ``drain`` field, and expands (its toggle, or selecting
-it) into a table of its child migrations read from ``GET /operations/{id}``'s
-``children``; a child with a machine opens its timeline on click. In the flat list a
-child migration (``parent`` set) is indented and labelled ``drain <short id>``.
+Full width, top to bottom: the operations list (filters kind, phase, node, namespace,
+since; sortable columns; pages with the API's ``total``; rows focusable, arrows move,
+Enter opens), then the selected operation: its phases as a bar whose widths are
+durations, its events as markers stacked into rows so no two overlap (details on hover
+and on keyboard focus), and the event table (time, phase change, event, reason, facts as
+``key=value`` as ``cpctl history`` prints them, who). A drain's row opens into its child
+migrations; a child opens its own timeline. The view is in the fragment
+(``#/op/<id>?kind=...``), so a URL can be shared; ``?select=<id>`` still works. The page
+polls every few seconds with ``If-None-Match`` and redraws only what changed.
 """
 
 from __future__ import annotations
@@ -18,91 +22,215 @@ from __future__ import annotations
 import base64
 import hashlib
 
+#: How often the page re-asks the API (milliseconds); an unchanged answer is a 304.
+POLL_MS = 2000
+
 STYLE = """
+*{box-sizing:border-box}
+html{overflow-y:scroll}
 body{font:14px system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
-header{background:#1d2330;color:#fff;padding:10px 16px;font-weight:600}
-main{display:grid;grid-template-columns:minmax(0,2fr) minmax(0,3fr);gap:16px;padding:16px}
-section{background:#fff;border:1px solid #d8dce3;border-radius:6px;padding:12px;
- overflow:auto}
-table{border-collapse:collapse;width:100%}
-td,th{padding:4px 6px;border-bottom:1px solid #eceef2;text-align:left;white-space:nowrap}
-tr.operation{cursor:pointer} tr.operation:hover,tr.selected{background:#e8f0fe}
-.phase-Succeeded,.phase-Resumed,.phase-Suspended{color:#137333}
-.phase-Failed,.phase-Cancelled{color:#b3261e}
-#error{color:#b3261e;min-height:1em}
-#timeline{position:relative;margin-top:8px}
-.lane{position:relative;height:34px;border-bottom:1px dashed #d8dce3}
-.phase-bar{position:absolute;top:6px;height:22px;border-radius:3px;color:#fff;
- font-size:11px;line-height:22px;padding-left:4px;overflow:hidden;box-sizing:border-box}
-.event-mark{position:absolute;width:2px;height:14px;background:#1d2330}
-.event-label{position:absolute;font-size:11px;white-space:nowrap;
- transform:rotate(30deg);transform-origin:0 0}
-#events{height:260px;position:relative;overflow:hidden}
-.axis{font-size:11px;color:#5f6673;display:flex;justify-content:space-between}
-.phase-Refused,.phase-Skipped{color:#b3261e}
+header{background:#1d2330;color:#fff;padding:8px 16px;display:flex;gap:16px;
+ align-items:baseline}
+header h1{font-size:16px;margin:0}
+#live{font-size:12px;color:#c9ced8;margin-left:auto}
+main{display:flex;flex-direction:column;gap:12px;padding:12px 16px}
+section{background:#fff;border:1px solid #d8dce3;border-radius:6px;padding:10px 12px;
+ min-width:0}
+h2{font-size:15px;margin:0 0 6px;overflow-wrap:anywhere}
+.filters{display:flex;flex-wrap:wrap;gap:6px 14px;align-items:center;margin-bottom:6px}
+.filters input{width:11em} .filters input[type=datetime-local]{width:14em}
+#error{color:#b3261e;min-height:1em;font-weight:600}
+table{border-collapse:collapse;width:100%;table-layout:fixed}
+td,th{padding:3px 6px;border-bottom:1px solid #eceef2;text-align:left;white-space:nowrap;
+ overflow:hidden;text-overflow:ellipsis}
+th.col-kind{width:15%} th.col-phase{width:12%} th.col-workload{width:21%}
+th.col-node{width:11%} th.col-created_at{width:15%} th.col-took{width:8%}
+th.col-id{width:18%}
+th button{font:inherit;font-weight:600;border:0;background:none;padding:0;cursor:pointer;
+ color:inherit}
+th[aria-sort=ascending] button::after{content:" \\25B2"}
+th[aria-sort=descending] button::after{content:" \\25BC"}
+tr.operation,tr.child.clickable{cursor:pointer}
+tr.operation:hover,tr.child.clickable:hover,tr.selected{background:#e8f0fe}
+tr.operation:focus,tr.child:focus,.event-mark:focus{outline:2px solid #1a73e8;
+ outline-offset:-2px}
+.ok{color:#137333} .bad{color:#b3261e} .live{color:#8a5300}
+.ok::before{content:"\\2713  "} .bad::before{content:"\\2717  "} .live::before{content:"\\25B6  "}
 .toggle{border:0;background:none;cursor:pointer;padding:0 4px 0 0;font:inherit}
 tr.in-drain td.kind{padding-left:18px}
 .parent-label{margin-left:6px;font-size:11px;color:#5f6673;background:#eceef2;
  border-radius:3px;padding:0 4px}
 tr.drain-children>td{padding:0 0 8px 24px;background:#fafbfc;white-space:normal}
-table.children{width:auto}
 table.children td,table.children th{font-size:12px;padding:2px 6px}
-table.children td.reason{white-space:normal;min-width:10em;color:#5f6673}
-tr.child.clickable{cursor:pointer} tr.child.clickable:hover{background:#e8f0fe}
+table.children td.reason{white-space:normal;color:#5f6673}
+.pager{display:flex;gap:10px;align-items:center;margin-top:6px}
+#waiting{margin:0 0 8px;color:#5f6673}
+#timeline{position:relative}
+#phases{display:flex;height:24px;gap:1px}
+.phase-bar{min-width:4px;height:24px;border-radius:3px;color:#fff;font-size:11px;
+ line-height:24px;padding:0 4px;overflow:hidden;white-space:nowrap;text-overflow:ellipsis}
+.axis{font-size:11px;color:#5f6673;display:flex;justify-content:space-between;margin:2px 0}
+#events{position:relative;border-top:1px dashed #d8dce3}
+.event-mark{position:absolute;display:flex;align-items:center;gap:3px;height:18px;
+ font-size:11px;white-space:nowrap;cursor:default;border-radius:3px;padding:0 2px}
+.event-mark::before{content:"";width:7px;height:7px;background:#1d2330;
+ transform:rotate(45deg);flex:none}
+.event-mark[data-side=left]{flex-direction:row-reverse}
+.event-label{overflow:hidden;text-overflow:ellipsis;max-width:200px}
+#tip{position:absolute;z-index:2;background:#1d2330;color:#fff;font-size:12px;padding:6px 8px;
+ border-radius:4px;max-width:420px;white-space:normal;overflow-wrap:anywhere;
+ pointer-events:none}
+#tip[hidden]{display:none}
+#event-table{margin-top:10px}
+#event-table td{vertical-align:top}
+.c-seq{width:3em} .c-time{width:8.5em} .c-after{width:5.5em} .c-change{width:15%}
+.c-type{width:14%} .c-reason{width:18%} .c-by{width:10%}
+#event-table td.facts,#event-table td.reason{white-space:normal;overflow-wrap:anywhere}
+#event-table td.facts{font:12px ui-monospace,monospace}
+#event-table summary{cursor:pointer}
 """
 
 SCRIPT = r"""
 (function () {
-  const url = new URL(window.location.href);
-  const token = url.searchParams.get("token") || "";
-  let selected = url.searchParams.get("select");
-  // Drains shown with their children; a selected drain is opened (select= one too).
-  const expanded = new Set(selected ? [selected] : []);
+  "use strict";
+  const POLL_MS = __POLL_MS__;
+  const start = new URL(window.location.href);
+  const token = start.searchParams.get("token") || "";
+  const legacy = start.searchParams.get("select");
+  start.searchParams.delete("token");
+  start.searchParams.delete("select");
+  const FILTERS = ["kind", "phase", "node", "namespace", "since"];
+  // The view: which operation, the filters, the page and the sort; the fragment says it.
+  const view = {id: null, q: {}, offset: 0, limit: 50, sort: "-created_at"};
+  readHash(window.location.hash);
+  if (legacy && !view.id) view.id = legacy;
+  window.history.replaceState(null, "", start.pathname + start.search + fragment());
+  const expanded = new Set(view.id ? [view.id] : []);
+  const etags = new Map();  // path -> [etag, body]: polling re-asks with If-None-Match
   let generation = 0;  // a newer load wins: an older one's answers are dropped
-  url.searchParams.delete("token");
-  window.history.replaceState(null, "", url.pathname + url.search);
+  let listed = null, drawnEvents = null;
   const $ = (id) => document.getElementById(id);
-  const colours = ["#1a73e8", "#e8710a", "#12b5cb", "#9334e6", "#188038", "#d01884",
-                   "#5f6368", "#f9ab00", "#a142f4", "#24c1e0"];
+  const colours = ["#1a73e8", "#c5221f", "#007b83", "#9334e6", "#188038", "#b0006d",
+                   "#5f6368", "#8a5300", "#3c4fb5", "#00639b"];
+  const OK = new Set(["Succeeded", "Resumed", "Suspended", "Finished"]);
+  const BAD = new Set(["Failed", "Cancelled", "Refused", "RolledBack", "Skipped"]);
   const el = (tag, cls, text) => {
     const node = document.createElement(tag);
     if (cls) node.className = cls;
     if (text !== undefined && text !== null) node.textContent = String(text);
     return node;
   };
+  // Phase text always shows; the mark (tick, cross, arrow) and colour only add to it.
+  const outcomeClass = (phase, terminal) => OK.has(phase) ? "ok"
+    : (BAD.has(phase) ? "bad" : (terminal === false ? "live" : ""));
+
+  function readHash(hash) {
+    const m = /^#\/(?:op\/([^?]*))?(?:\?(.*))?$/.exec(hash || "");
+    if (!m) return;
+    view.id = m[1] ? decodeURIComponent(m[1]) : null;
+    const q = new URLSearchParams(m[2] || "");
+    view.q = {};
+    for (const f of FILTERS) if (q.get(f)) view.q[f] = q.get(f);
+    view.offset = Math.max(0, parseInt(q.get("offset") || "0", 10) || 0);
+    view.limit = [25, 50, 100, 200].includes(+q.get("limit")) ? +q.get("limit") : 50;
+    view.sort = q.get("sort") || "-created_at";
+  }
+  function fragment() {
+    const q = new URLSearchParams(view.q);
+    if (view.offset) q.set("offset", view.offset);
+    if (view.limit !== 50) q.set("limit", view.limit);
+    if (view.sort !== "-created_at") q.set("sort", view.sort);
+    const tail = q.toString() ? "?" + q : "";
+    return "#/" + (view.id ? "op/" + encodeURIComponent(view.id) : "") + tail;
+  }
+  function go(push) {  // the view changed here: say it in the URL, then draw it
+    const url = window.location.pathname + window.location.search + fragment();
+    if (push) window.history.pushState(null, "", url);
+    else window.history.replaceState(null, "", url);
+    refresh(true);
+  }
+  function select(id) { view.id = id; go(true); }
+
   async function api(path) {
-    const response = await fetch(path, {headers: {"Authorization": "Bearer " + token}});
+    const known = etags.get(path);
+    const headers = {"Authorization": "Bearer " + token};
+    if (known) headers["If-None-Match"] = known[0];
+    const response = await fetch(path, {headers, cache: "no-store"});
+    if (response.status === 304 && known) return {body: known[1], changed: false};
     const body = await response.json();
     if (!response.ok) throw new Error(body.error || response.statusText);
-    return body;
+    const etag = response.headers.get("ETag");
+    if (etag) etags.set(path, [etag, body]);
+    return {body, changed: true};
   }
   function showError(err) { $("error").textContent = err ? String(err.message || err) : ""; }
 
-  async function loadOperations() {
-    const mine = ++generation;
-    const query = new URLSearchParams({limit: "200"});
-    if ($("kind").value) query.set("kind", $("kind").value);
-    if ($("phase").value.trim()) query.set("phase", $("phase").value.trim());
-    let data, details;
-    try {
-      data = await api("/api/v1/operations?" + query);
-      details = await Promise.all(data.operations
-        .filter((op) => op.kind === "drain" && expanded.has(op.id))
-        .map((op) => api("/api/v1/operations/" + encodeURIComponent(op.id))));
-      showError(null);
-    } catch (err) { showError(err); return; }
+  // -- the list -------------------------------------------------------------------------
+  const COLUMNS = [["kind", "kind"], ["phase", "phase"], ["workload", "workload / drain"],
+                   ["node", "node"], ["created_at", "submitted (UTC)"],
+                   ["took", "took"], ["id", "id"]];
+  const took = (op) => Date.parse(op.updated_at) - Date.parse(op.created_at);
+  const sortValue = (op, key) => key === "took" ? took(op)
+    : key === "node" ? ((op.drain ? op.drain.node : op.source_node) || "")
+    : (op[key] === null || op[key] === undefined ? "" : String(op[key]));
+  function sorted(ops) {
+    const key = view.sort.replace(/^-/, ""), sign = view.sort.startsWith("-") ? -1 : 1;
+    return ops.slice().sort((a, b) => {
+      const x = sortValue(a, key), y = sortValue(b, key);
+      return sign * (x < y ? -1 : x > y ? 1 : 0);
+    });
+  }
+  function header() {
+    const row = $("columns");
+    row.replaceChildren();
+    const key = view.sort.replace(/^-/, "");
+    for (const [name, label] of COLUMNS) {
+      const th = el("th"); th.className = "col-" + name;
+      th.setAttribute("aria-sort", key !== name ? "none"
+        : view.sort.startsWith("-") ? "descending" : "ascending");
+      const button = el("button", null, label); button.type = "button";
+      button.addEventListener("click", () => {
+        view.sort = (key === name && !view.sort.startsWith("-") ? "-" : "") + name;
+        go(false);
+      });
+      th.append(button); row.append(th);
+    }
+  }
+
+  async function loadList(mine, force) {
+    const query = new URLSearchParams(view.q);
+    query.set("limit", view.limit); query.set("offset", view.offset);
+    const got = await api("/api/v1/operations?" + query);
+    const drains = got.body.operations.filter((op) => op.kind === "drain" && expanded.has(op.id));
+    const details = await Promise.all(drains.map(
+      (op) => api("/api/v1/operations/" + encodeURIComponent(op.id))));
     if (mine !== generation) return;
-    const children = new Map(details.map((d) => [d.id, d.children || []]));
-    const rows = $("operations");
+    if (!force && !got.changed && !details.some((d) => d.changed)) return;
+    listed = got.body;
+    drawList(new Map(details.map((d) => [d.body.id, d.body.children || []])));
+  }
+
+  function drawList(children) {
+    const data = listed, rows = $("operations");
+    const focused = document.activeElement && document.activeElement.dataset
+      && rows.contains(document.activeElement) ? document.activeElement.dataset.id : null;
+    header();
     rows.replaceChildren();
-    for (const op of data.operations) {
+    for (const op of sorted(data.operations)) {
       if (![...$("kind").options].some((o) => o.value === op.kind))
         $("kind").append(el("option", null, op.kind));
       rows.append(operationRow(op));
       if (children.has(op.id)) rows.append(childrenRow(op, children.get(op.id)));
     }
-    $("count").textContent = data.operations.length + " operations";
-    if (selected) await drawTimeline(selected, mine);
+    const first = data.total ? data.offset + 1 : 0;
+    const last = data.offset + data.operations.length;
+    $("count").textContent = first + "\u2013" + last + " of " + data.total + " operations";
+    $("prev").disabled = data.offset === 0;
+    $("next").disabled = last >= data.total;
+    if (focused) {
+      const again = rows.querySelector('[data-id="' + CSS.escape(focused) + '"]');
+      if (again) again.focus();
+    }
   }
 
   function drainSummary(d) {
@@ -113,44 +241,53 @@ SCRIPT = r"""
     if (d.skipped) parts.push(d.skipped + " skipped");
     return parts.join(", ");
   }
-
   // A child's id is "<drain id>-<12 hex>": its own part is the tail.
-  const shortId = (op) => op.parent ? "…" + op.id.slice(-12) : op.id.slice(0, 8);
+  const shortId = (op) => op.parent ? "\u2026" + op.id.slice(-12) : op.id.slice(0, 8);
+  const stamp = (iso) => iso.replace("T", " ").slice(0, 19);
+  function seconds(ms) {
+    const s = ms / 1000;
+    if (s < 1) return Math.round(ms) + " ms";
+    return s < 60 ? s.toFixed(1) + " s" : s < 3600 ? (s / 60).toFixed(1) + " min"
+      : (s / 3600).toFixed(1) + " h";
+  }
+  function cell(cls, text) { const td = el("td", cls, text); td.title = td.textContent; return td; }
 
   function operationRow(op) {
     const drain = op.kind === "drain" ? op.drain : null;
     const tr = el("tr", "operation" + (drain ? " drain" : "") + (op.parent ? " in-drain" : "")
-                        + (op.id === selected ? " selected" : ""));
+                        + (op.id === view.id ? " selected" : ""));
     tr.dataset.id = op.id;
     if (op.parent) tr.dataset.parent = op.parent;
+    tr.tabIndex = 0;
+    if (op.id === view.id) tr.setAttribute("aria-current", "true");
     const kind = el("td", "kind");
     if (drain) {
       const open = expanded.has(op.id);
-      const toggle = el("button", "toggle", open ? "▾" : "▸");
+      const toggle = el("button", "toggle", open ? "\u25BE" : "\u25B8");
       toggle.type = "button";
       toggle.title = open ? "hide children" : "show children";
       toggle.setAttribute("aria-expanded", String(open));
+      toggle.setAttribute("aria-label", (open ? "hide" : "show") + " the drain's children");
       toggle.addEventListener("click", (event) => {
         event.stopPropagation();
         if (open) expanded.delete(op.id); else expanded.add(op.id);
-        loadOperations();
+        refresh(true);
       });
       kind.append(toggle, el("span", null, op.kind));
     } else {
       kind.append(el("span", null, op.kind));
     }
     if (op.parent) kind.append(el("span", "parent-label", "drain " + op.parent.slice(0, 8)));
-    tr.append(kind, el("td", "phase-" + op.phase, op.phase),
-              drain ? el("td", "drain-summary", drainSummary(drain))
-                    : el("td", null, op.workload || ""),
-              el("td", null, (drain ? drain.node : op.source_node) || ""),
-              el("td", null, op.created_at.replace("T", " ").slice(0, 19)),
-              el("td", "op-id", shortId(op)));
+    const node = (drain ? drain.node : op.source_node) || "";
+    tr.append(kind, cell("phase " + outcomeClass(op.phase, op.terminal), op.phase),
+              drain ? cell("drain-summary", drainSummary(drain)) : cell(null, op.workload || ""),
+              cell(null, node), cell(null, stamp(op.created_at)),
+              cell(null, op.terminal ? seconds(took(op)) : "running"),
+              cell("op-id", shortId(op)));
     tr.lastChild.title = op.id;
     tr.addEventListener("click", () => {
-      selected = op.id;
       if (drain) expanded.add(op.id);
-      loadOperations();
+      select(op.id);
     });
     return tr;
   }
@@ -158,62 +295,140 @@ SCRIPT = r"""
   function childrenRow(op, children) {
     const tr = el("tr", "drain-children");
     tr.dataset.drain = op.id;
-    const cell = el("td");
-    cell.colSpan = 6;
+    const td = el("td");
+    td.colSpan = COLUMNS.length;
     const table = el("table", "children");
     const head = el("tr");
     for (const h of ["child", "pod", "target", "phase / outcome", "reason"])
-      head.append(el("th", null, h));
+      head.append(el("th", "child-" + h.split(" ")[0], h));
     table.append(head);
     if (!children.length) table.append(el("tr", null, "no children"));
     for (const c of children) {
       // Pending, Skipped and Refused children never became machines: nothing to open.
       const opens = c.status === "Started" || c.status === "Finished";
       const row = el("tr", "child" + (opens ? " clickable" : "")
-                           + (c.id === selected ? " selected" : ""));
+                           + (c.id === view.id ? " selected" : ""));
       row.dataset.id = c.id;
       row.dataset.status = c.status;
       const outcome = c.phase || c.status;
-      const reason = c.reason || "";
-      row.append(el("td", "op-id", "…" + c.id.slice(-12)), el("td", null, c.pod),
-                 el("td", null, c.target), el("td", "phase-" + outcome, outcome),
-                 el("td", "reason", reason.length > 80 ? reason.slice(0, 79) + "…" : reason));
+      row.append(cell("op-id", "\u2026" + c.id.slice(-12)), cell(null, c.pod),
+                 cell(null, c.target),
+                 cell("phase " + outcomeClass(outcome, c.status !== "Started" ? true : false),
+                      outcome),
+                 cell("reason", c.reason || ""));
       row.firstChild.title = c.id;
-      row.lastChild.title = reason;
-      if (opens) row.addEventListener("click", (event) => {
-        event.stopPropagation();
-        selected = c.id;
-        loadOperations();
-      });
+      if (opens) {
+        row.tabIndex = 0;
+        row.addEventListener("click", (event) => { event.stopPropagation(); select(c.id); });
+      }
       table.append(row);
     }
-    cell.append(table);
-    tr.append(cell);
+    td.append(table);
+    tr.append(td);
     return tr;
   }
 
+  // Rows: arrows move between focusable rows, Enter or Space opens the focused one.
+  $("operations").addEventListener("keydown", (event) => {
+    const row = event.target.closest && event.target.closest("tr[tabindex]");
+    if (!row || event.target !== row) return;
+    const rows = [...$("operations").querySelectorAll("tr[tabindex]")];
+    const at = rows.indexOf(row);
+    const to = {ArrowDown: at + 1, ArrowUp: at - 1, Home: 0, End: rows.length - 1}[event.key];
+    if (to !== undefined) {
+      event.preventDefault();
+      if (rows[to]) rows[to].focus();
+    } else if (event.key === "Enter" || event.key === " ") {
+      event.preventDefault();
+      row.click();
+    }
+  });
+
+  // -- one operation ----------------------------------------------------------------------
+  // cpctl history's reading of facts (controlplane/cli/why.py facts_text), in JS.
+  const TELLING = ["present", "phase", "deleting", "node", "ready", "unschedulable", "error",
+                   "class", "message", "digest", "problem", "command", "action", "uid"];
+  const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+  function* flat(facts, prefix) {
+    for (const [key, value] of Object.entries(facts)) {
+      if (isObject(value)) {
+        const named = Object.keys(value).some((k) => k.split("_")[0] === key.split(" ")[0]);
+        yield* flat(value, named ? "" : prefix + key + ".");
+      } else {
+        yield [prefix + key, value];
+      }
+    }
+  }
+  function canonical(v) {
+    if (Array.isArray(v)) return "[" + v.map(canonical).join(",") + "]";
+    if (isObject(v)) return "{" + Object.keys(v).sort().map(
+      (k) => JSON.stringify(k) + ":" + canonical(v[k])).join(",") + "}";
+    return JSON.stringify(v);
+  }
+  function factValue(v) {
+    if (v === null || v === undefined) return "-";
+    if (typeof v === "boolean") return v ? "true" : "false";
+    const text = Array.isArray(v) ? v.map(factValue).join(",")
+      : typeof v === "string" ? v : canonical(v);
+    return text.includes(" ") || !text ? '"' + text + '"' : text;
+  }
+  function rank(key) {
+    const last = key.split("_").pop().split(".").pop();
+    const telling = TELLING.includes(last) ? TELLING.indexOf(last) : TELLING.length;
+    return [key.includes("_") || key.includes(".") ? 1 : 0, telling, key];
+  }
+  function factsText(facts) {
+    const pairs = [];
+    for (const [key, value] of flat(facts || {}, "")) {
+      const text = factValue(value);
+      if (!pairs.some(([k, t]) => k === key && t === text)) pairs.push([key, text]);
+    }
+    pairs.sort((a, b) => {
+      const x = rank(a[0]), y = rank(b[0]);
+      for (let i = 0; i < 3; i++) if (x[i] !== y[i]) return x[i] < y[i] ? -1 : 1;
+      return 0;
+    });
+    return pairs.map(([k, t]) => k + "=" + t).join(" ");
+  }
   function reasonOf(ev) {
     const r = (ev.data && (ev.data.reason || ev.data.message)) ||
               (ev.facts && ev.facts.reason) || "";
     return typeof r === "string" ? r : JSON.stringify(r);
   }
+  const time = (iso) => iso.slice(11, 23);
 
-  async function drawTimeline(id, mine) {
-    let data;
-    try { data = await api("/api/v1/operations/" + encodeURIComponent(id) + "/events"); }
-    catch (err) { showError(err); return; }
-    if (mine !== generation) return;
-    const op = data.operation, events = data.events;
-    $("selected-title").textContent = op.kind + " " + op.id + " — " + op.phase
+  async function loadOperation(mine, force) {
+    if (!view.id) {
+      $("selected-title").textContent = "select an operation";
+      $("waiting").textContent = "";
+      $("timeline").replaceChildren(); $("event-rows").replaceChildren();
+      drawnEvents = null;
+      return;
+    }
+    const got = await api("/api/v1/operations/" + encodeURIComponent(view.id) + "/events");
+    if (mine !== generation || (!force && !got.changed && drawnEvents === got.body)) return;
+    drawnEvents = got.body;
+    const op = got.body.operation, events = got.body.events;
+    $("selected-title").textContent = op.kind + " " + op.id + " \u2014 " + op.phase
       + (op.parent ? " (drain " + op.parent.slice(0, 8) + ")" : "");
+    $("waiting").textContent = op.terminal ? "finished " + stamp(op.updated_at) + " UTC, took "
+        + seconds(took(op))
+      : (op.held ? "held in the admission queue in " + op.phase
+        : "waiting in " + op.phase) + (op.waiting_for ? " for " + op.waiting_for : "")
+        + " (last change " + stamp(op.updated_at) + " UTC)";
+    drawEventTable(events);
+    drawTimeline(op, events);
+  }
+
+  function drawTimeline(op, events) {
     const box = $("timeline");
     box.replaceChildren();
     if (!events.length) return;
     const t = (ev) => Date.parse(ev.recorded_at);
     const start = t(events[0]);
     const end = Math.max(t(events[events.length - 1]), Date.parse(op.updated_at), start + 1);
-    const pct = (ms) => (100 * (ms - start) / (end - start));
-    const lane = el("div", "lane"); lane.id = "phases";
+    const lane = el("div"); lane.id = "phases";
+    lane.setAttribute("role", "list"); lane.setAttribute("aria-label", "phases over time");
     let runStart = 0, colour = 0;
     for (let i = 1; i <= events.length; i++) {
       const phase = events[runStart].phase || "?";
@@ -222,41 +437,178 @@ SCRIPT = r"""
       const to = i < events.length ? t(events[i]) : end;
       const bar = el("div", "phase-bar", phase);
       bar.dataset.phase = phase;
-      bar.title = phase + " " + ((to - from) / 1000).toFixed(2) + "s";
-      bar.style.left = pct(from) + "%";
-      bar.style.width = Math.max(pct(to) - pct(from), 0.6) + "%";
+      bar.setAttribute("role", "listitem");
+      bar.title = phase + " " + seconds(to - from);
+      bar.style.flex = Math.max(to - from, 0) + " 1 0px";
       bar.style.background = colours[colour++ % colours.length];
       lane.append(bar);
       runStart = i;
     }
-    box.append(lane);
     const axis = el("div", "axis");
-    axis.append(el("span", null, events[0].recorded_at.slice(11, 23)),
-                el("span", null, ((end - start) / 1000).toFixed(2) + " s"));
-    box.append(axis);
+    axis.append(el("span", null, time(events[0].recorded_at) + " UTC"),
+                el("span", null, seconds(end - start)));
     const marks = el("div"); marks.id = "events";
-    events.forEach((ev, i) => {
+    const tip = el("div"); tip.id = "tip"; tip.hidden = true; tip.setAttribute("role", "tooltip");
+    box.append(lane, axis, marks, tip);
+    const nodes = events.map((ev, i) => {
       const mark = el("div", "event-mark");
       mark.dataset.type = ev.type;
-      const reason = reasonOf(ev);
-      mark.title = ev.seq + " " + ev.type + (reason ? " (" + reason + ")" : "");
-      mark.style.left = pct(t(ev)) + "%";
-      mark.style.top = ((i % 4) * 6) + "px";
-      const short = reason.length > 40 ? reason.slice(0, 39) + "…" : reason;
-      const label = el("span", "event-label", ev.type + (short ? ": " + short : ""));
-      label.style.left = "4px"; label.style.top = "12px";
-      mark.append(label);
+      mark.dataset.seq = ev.seq;
+      mark.tabIndex = 0;
+      mark.setAttribute("aria-describedby", "tip");
+      mark.setAttribute("aria-label", "event " + ev.seq + " " + ev.type);
+      mark.append(el("span", "event-label", ev.type));
+      const show = () => showTip(mark, ev, i ? events[i - 1].phase : null);
+      mark.addEventListener("mouseenter", show);
+      mark.addEventListener("focus", show);
+      mark.addEventListener("mouseleave", () => {
+        if (document.activeElement !== mark) tip.hidden = true;
+      });
+      mark.addEventListener("blur", () => { tip.hidden = true; });
+      mark.addEventListener("keydown", (event) => {
+        const to = {ArrowRight: i + 1, ArrowLeft: i - 1}[event.key];
+        if (to !== undefined && marks.children[to]) {
+          event.preventDefault();
+          marks.children[to].focus();
+        }
+        if (event.key === "Escape") tip.hidden = true;
+      });
       marks.append(mark);
+      return [mark, (t(ev) - start) / (end - start)];
     });
-    box.append(marks);
+    placeMarks(marks, nodes);
+    marks.placed = nodes;
+    resized.observe(marks);
   }
 
-  $("kind").addEventListener("change", loadOperations);
-  $("phase").addEventListener("change", loadOperations);
-  $("reload").addEventListener("click", loadOperations);
-  loadOperations();
+  // Each marker (diamond + label) takes the first row where it overlaps no other: labels
+  // never sit on each other and never turn. Near the right edge a label runs leftwards.
+  function placeMarks(marks, nodes) {
+    const width = marks.clientWidth, gap = 6, rowHeight = 20, rows = [];
+    for (const [mark, at] of nodes) {
+      delete mark.dataset.side;
+      const w = mark.offsetWidth, x = at * width;
+      let left = x - 5;
+      if (left + w > width) { mark.dataset.side = "left"; left = Math.max(0, x + 5 - w); }
+      left = Math.max(0, left);
+      let row = rows.findIndex(
+        (spans) => spans.every(([a, b]) => left >= b + gap || left + w + gap <= a));
+      if (row < 0) { rows.push([]); row = rows.length - 1; }
+      rows[row].push([left, left + w]);
+      mark.style.left = left + "px";
+      mark.style.top = (4 + row * rowHeight) + "px";
+    }
+    marks.style.height = (8 + rows.length * rowHeight) + "px";
+    marks.placedAt = width;
+  }
+  // Placed in pixels: a new width (the window, or a scrollbar coming) places them again.
+  const resized = new ResizeObserver((entries) => {
+    for (const entry of entries) {
+      const marks = entry.target;
+      if (marks.placed && marks.clientWidth !== marks.placedAt) placeMarks(marks, marks.placed);
+    }
+  });
+
+  function showTip(mark, ev, before) {
+    const tip = $("tip");
+    tip.replaceChildren();
+    const line = (text) => tip.append(el("div", null, text));
+    line("#" + ev.seq + " " + ev.type + " at " + time(ev.recorded_at) + " UTC");
+    if (ev.phase && ev.phase !== before)
+      line("phase " + (before || "\u2013") + " \u2192 " + ev.phase);
+    const reason = reasonOf(ev);
+    if (reason) line("reason: " + reason);
+    const facts = factsText(ev.facts);
+    if (facts) line(facts);
+    if (ev.worker_id) line("by " + ev.worker_id);
+    tip.hidden = false;
+    const box = $("timeline").getBoundingClientRect(), r = mark.getBoundingClientRect();
+    const left = Math.min(Math.max(0, r.left - box.left), box.width - tip.offsetWidth);
+    tip.style.left = Math.max(0, left) + "px";
+    tip.style.top = (r.bottom - box.top + 4) + "px";
+  }
+
+  // Long facts (a verified artifact's annotations) open on demand: a row stays a row.
+  function factsCell(text) {
+    const td = el("td", "facts");
+    if (text.length <= 240) { td.textContent = text; return td; }
+    const more = el("details");
+    more.append(el("summary", null, text.slice(0, 200) + "\u2026"), el("div", null, text));
+    td.append(more);
+    return td;
+  }
+
+  function drawEventTable(events) {
+    const rows = $("event-rows");
+    rows.replaceChildren();
+    let before = null;
+    const first = events.length ? Date.parse(events[0].recorded_at) : 0;
+    for (const ev of events) {
+      const change = ev.phase && ev.phase !== before
+        ? (before ? before + " \u2192 " : "") + ev.phase : "";
+      const tr = el("tr");
+      tr.dataset.seq = ev.seq;
+      tr.append(el("td", null, ev.seq), el("td", null, time(ev.recorded_at)),
+                el("td", null, "+" + seconds(Date.parse(ev.recorded_at) - first)),
+                cell("change", change), cell("type", ev.type), el("td", "reason", reasonOf(ev)),
+                factsCell(factsText(ev.facts)), cell("by", ev.worker_id || ""));
+      rows.append(tr);
+      if (ev.phase) before = ev.phase;
+    }
+  }
+
+  // -- loading, live --------------------------------------------------------------------
+  async function refresh(force) {
+    const mine = ++generation;
+    try {
+      await loadList(mine, force);
+      await loadOperation(mine, force);
+      if (mine === generation) {
+        showError(null);
+        $("live").textContent = "live \u00b7 checked " + new Date().toISOString().slice(11, 19)
+          + " UTC";
+      }
+    } catch (err) { if (mine === generation) showError(err); }
+  }
+  let timer = null;
+  function poll() {
+    clearTimeout(timer);
+    timer = setTimeout(async () => {
+      if (!document.hidden) await refresh(false);
+      poll();
+    }, POLL_MS);
+  }
+
+  if (view.q.kind) $("kind").append(el("option", null, view.q.kind));
+  for (const f of FILTERS) {
+    const input = $(f);
+    input.value = view.q[f] || "";
+    input.addEventListener("change", () => {
+      if (input.value.trim()) view.q[f] = input.value.trim(); else delete view.q[f];
+      view.offset = 0;
+      go(false);
+    });
+  }
+  $("limit").value = String(view.limit);
+  $("limit").addEventListener("change", () => {
+    view.limit = +$("limit").value;
+    view.offset = 0;
+    go(false);
+  });
+  $("prev").addEventListener("click", () => {
+    view.offset = Math.max(0, view.offset - view.limit);
+    go(false);
+  });
+  $("next").addEventListener("click", () => { view.offset += view.limit; go(false); });
+  window.addEventListener("hashchange", () => {
+    readHash(window.location.hash);
+    if (view.id) expanded.add(view.id);
+    for (const f of FILTERS) $(f).value = view.q[f] || "";
+    refresh(true);
+  });
+  refresh(true).then(poll);
 })();
-"""
+""".replace("__POLL_MS__", str(POLL_MS))
 
 
 def _sha256(source: str) -> str:
@@ -265,7 +617,8 @@ def _sha256(source: str) -> str:
 
 #: Only this page's own script and style may run; it may only talk to its own origin.
 CSP = (f"default-src 'none'; script-src {_sha256(SCRIPT)}; style-src {_sha256(STYLE)}; "
-       "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'")
+       "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+       "frame-ancestors 'none'")
 
 PAGE = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -273,19 +626,33 @@ PAGE = f"""<!doctype html>
 <title>controlplane dashboard</title>
 <style>{STYLE}</style></head>
 <body>
-<header>controlplane — operations</header>
+<header><h1>controlplane — operations</h1><span id="live" aria-live="off"></span></header>
 <main>
-<section>
+<section id="list-panel" aria-label="operations">
+  <div class="filters">
   <label>kind <select id="kind"><option value="">any</option></select></label>
-  <label>phase <input id="phase" size="14" placeholder="e.g. Succeeded"></label>
-  <button id="reload" type="button">reload</button> <span id="count"></span>
+  <label>phase <input id="phase" placeholder="e.g. Succeeded"></label>
+  <label>node <input id="node" placeholder="e.g. node-1"></label>
+  <label>namespace <input id="namespace" placeholder="e.g. default"></label>
+  <label>since (UTC) <input id="since" type="datetime-local"></label>
+  </div>
   <div id="error" role="alert"></div>
-  <table><thead><tr><th>kind</th><th>phase</th><th>workload</th><th>node</th>
-  <th>submitted (UTC)</th><th>id</th></tr></thead><tbody id="operations"></tbody></table>
+  <table id="operations-table"><thead><tr id="columns"></tr></thead>
+  <tbody id="operations"></tbody></table>
+  <div class="pager"><button id="prev" type="button">previous</button>
+  <button id="next" type="button">next</button> <span id="count"></span>
+  <label>per page <select id="limit"><option>25</option><option>50</option>
+  <option>100</option><option>200</option></select></label></div>
 </section>
-<section>
-  <h3 id="selected-title">select an operation</h3>
+<section id="detail-panel" aria-label="the selected operation">
+  <h2 id="selected-title">select an operation</h2>
+  <p id="waiting"></p>
   <div id="timeline"></div>
+  <table id="event-table"><colgroup><col class="c-seq"><col class="c-time"><col class="c-after">
+  <col class="c-change"><col class="c-type"><col class="c-reason"><col><col class="c-by">
+  </colgroup>
+  <thead><tr><th>#</th><th>time (UTC)</th><th>after</th><th>phase change</th><th>event</th>
+  <th>reason</th><th>facts</th><th>by</th></tr></thead><tbody id="event-rows"></tbody></table>
 </section>
 </main>
 <script>{SCRIPT}</script>
