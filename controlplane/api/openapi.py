@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from controlplane.api import summary_charts
 from controlplane.store import reports
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -95,10 +96,26 @@ def document() -> dict[str, Any]:
             },
         },
         "paths": {
-            "/": {"get": {"summary": "The dashboard (HTML; reads ?token= and &select=)",
+            "/": {"get": {"summary": "The dashboard (HTML; reads ?token=, then keeps its "
+                                     "view in the fragment: #/op/<id>?kind=...)",
                           "security": _PUBLIC, "responses": {"200": {
                               "description": "HTML page",
                               "content": {"text/html": {"schema": {"type": "string"}}}}}}},
+            "/summary": {"get": {"summary": "The summary page: the reports as charts (HTML; "
+                                            "reads ?token= as the dashboard does)",
+                                 "security": _PUBLIC, "responses": {"200": {
+                                     "description": "HTML page",
+                                     "content": {"text/html": {"schema": {"type": "string"}}}}}}},
+            "/api/v1/charts/{name}.svg": {"get": {
+                "summary": "One chart of the summary page, server-rendered SVG",
+                "parameters": [
+                    {"name": "name", "in": "path", "required": True,
+                     "schema": {"type": "string", "enum": list(summary_charts.NAMES)}},
+                    _query("drain", "the drain whose per-node load to draw",
+                           {"type": "string"})],
+                "responses": {"200": {"description": "SVG image", "content": {
+                    "image/svg+xml": {"schema": {"type": "string"}}}},
+                              **_errors(401, 404)}}},
             "/healthz": {"get": {"summary": "Liveness", "security": _PUBLIC,
                                  "responses": {"200": _json_response("ok")}}},
             "/metrics": {"get": {"summary": "Prometheus metrics (text format 0.0.4)",
