@@ -132,7 +132,8 @@ SCRIPT = r"""
     view.q = {};
     for (const f of FILTERS) if (q.get(f)) view.q[f] = q.get(f);
     view.offset = Math.max(0, parseInt(q.get("offset") || "0", 10) || 0);
-    view.limit = [25, 50, 100, 200].includes(+q.get("limit")) ? +q.get("limit") : 50;
+    const limit = parseInt(q.get("limit") || "50", 10);
+    view.limit = limit >= 1 && limit <= 1000 ? limit : 50;
     view.sort = q.get("sort") || "-created_at";
   }
   function fragment() {
@@ -589,6 +590,8 @@ SCRIPT = r"""
       go(false);
     });
   }
+  if (![...$("limit").options].some((o) => o.value === String(view.limit)))
+    $("limit").append(el("option", null, view.limit));
   $("limit").value = String(view.limit);
   $("limit").addEventListener("change", () => {
     view.limit = +$("limit").value;

@@ -285,3 +285,48 @@ async def test_keyboard_alone_selects_an_operation_and_reads_an_event(
         await key(page, "Escape", 27)
         assert await page.evaluate("document.getElementById('tip').hidden") is True
         assert page.problems() == []
+
+
+async def test_pages_follow_the_api_total_and_live_in_the_fragment(
+        demo_url: str, history: History, tmp_path: Path) -> None:
+    """Two a page over the demo's four: "1-2 of 4", next shows the other two, the offset
+    is in the fragment, and the first page has no "previous"."""
+    listed = [m.id for m in await queries.list_machines(history.db, queries.MachineFilter())]
+    rows = ("(() => { const r = [...document.querySelectorAll('tr.operation')];"
+            " return r.map((e) => e.dataset.id); })()")
+    async with browser(tmp_path) as page:
+        await page.send("Page.navigate", url=f"{demo_url}/?token={TOKEN}#/?limit=2")
+        await page.until("document.getElementById('count')?.textContent === "
+                         "'1\u20132 of 4 operations'", "the first page")
+        assert await page.evaluate(rows) == listed[:2]
+        assert await page.evaluate("document.getElementById('prev').disabled") is True
+        await page.click("#next")
+        await page.until("document.getElementById('count').textContent === "
+                         "'3\u20134 of 4 operations'", "the second page")
+        assert await page.evaluate(rows) == listed[2:]
+        assert await page.evaluate("document.getElementById('next').disabled") is True
+        assert await page.evaluate("window.location.hash") == "#/?offset=2&limit=2"
+        assert page.problems() == []
+
+
+async def test_a_column_header_sorts_the_page_both_ways(
+        demo_url: str, history: History, tmp_path: Path) -> None:
+    """A header's button sorts by its column, again the other way; aria-sort says which."""
+    kinds = ("[...document.querySelectorAll('tr.operation td.kind')]"
+             ".map((td) => td.textContent)")
+    async with browser(tmp_path) as page:
+        await page.send("Page.navigate", url=f"{demo_url}/?token={TOKEN}")
+        await page.until("document.querySelectorAll('tr.operation').length === 4", "the list")
+        await page.click("th.col-kind button")
+        await page.until("document.querySelector('th.col-kind')"
+                         ".getAttribute('aria-sort') === 'ascending'", "sorted by kind")
+        ascending = await page.evaluate(kinds)
+        assert ascending == sorted(ascending) != await page.evaluate(
+            "[...document.querySelectorAll('tr.operation td.kind')].reverse()"
+            ".map((td) => td.textContent)")
+        await page.click("th.col-kind button")
+        await page.until("document.querySelector('th.col-kind')"
+                         ".getAttribute('aria-sort') === 'descending'", "the other way")
+        assert await page.evaluate(kinds) == sorted(ascending, reverse=True)
+        assert await page.evaluate("window.location.hash") == "#/?sort=-kind"
+        assert page.problems() == []
