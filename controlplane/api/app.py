@@ -21,6 +21,17 @@ from typing import Any, Protocol, runtime_checkable
 from aiohttp import web
 
 from controlplane.api import dashboard, metrics, params, summary
+from controlplane.api.keys import (
+    CLOCK_KEY,
+    CLUSTER_KEY,
+    DB_KEY,
+    KINDS_KEY,
+    LIMITS_KEY,
+    PUBLIC_KEY,
+    PUBLIC_PATHS,
+    REQUESTER,
+    TOKEN_KEY,
+)
 from controlplane.api.openapi import document
 from controlplane.app.drains import drain_children, drain_spec, plan_document, plan_of
 from controlplane.app.operations import send_command, submit_operation
@@ -46,16 +57,6 @@ from controlplane.store.records import MachineRecord, RecordedEvent
 log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024
-PUBLIC_PATHS = frozenset({"/", "/healthz", "/api/v1/openapi.json"})
-
-DB_KEY = web.AppKey("db", Database)
-KINDS_KEY = web.AppKey("kinds", KindRegistry)
-CLOCK_KEY = web.AppKey("clock", Clock)
-TOKEN_KEY = web.AppKey("tokens", tuple)  # ((name, token bytes), ...)
-REQUESTER = web.RequestKey("requester", str)  # who asked: token:<name>
-PUBLIC_KEY = web.AppKey("public", frozenset)
-CLUSTER_KEY = web.AppKey("cluster", object)
-LIMITS_KEY = web.AppKey("limits", Limits)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

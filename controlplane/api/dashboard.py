@@ -2,9 +2,9 @@
 
 Served at ``/`` by :mod:`controlplane.api.app` under a CSP that admits only this page's
 script and style (by hash) and requests to its own origin. The page holds no data: it
-reads the token from ``?token=`` (then drops it from the address bar: it lives in one
-closure, sent as a Bearer header), and draws everything from the JSON API with
-``textContent`` only.
+reads the token from ``?token=`` (then drops it from the address bar and keeps it in the
+tab's ``sessionStorage`` for the summary page: :mod:`controlplane.api.pages`; it is sent
+as a Bearer header), and draws everything from the JSON API with ``textContent`` only.
 
 Full width, top to bottom: the operations list (filters kind, phase, node, namespace,
 since; sortable columns; pages with the API's ``total``; rows focusable, arrows move,
@@ -19,8 +19,7 @@ polls every few seconds with ``If-None-Match`` and redraws only what changed.
 
 from __future__ import annotations
 
-import base64
-import hashlib
+from controlplane.api.pages import NAV_CSS, NAV_HTML, TOKEN_JS, csp_hash
 
 #: How often the page re-asks the API (milliseconds); an unchanged answer is a 304.
 POLL_MS = 2000
@@ -88,16 +87,16 @@ table.children td.reason{white-space:normal;color:#5f6673}
 #event-table td.facts,#event-table td.reason{white-space:normal;overflow-wrap:anywhere}
 #event-table td.facts{font:12px ui-monospace,monospace}
 #event-table summary{cursor:pointer}
-"""
+""" + NAV_CSS
 
 SCRIPT = r"""
 (function () {
   "use strict";
   const POLL_MS = __POLL_MS__;
   const start = new URL(window.location.href);
-  const token = start.searchParams.get("token") || "";
+__TOKEN_JS__
+  const token = takeToken(start);
   const legacy = start.searchParams.get("select");
-  start.searchParams.delete("token");
   start.searchParams.delete("select");
   const FILTERS = ["kind", "phase", "node", "namespace", "since"];
   // The view: which operation, the filters, the page and the sort; the fragment says it.
@@ -611,15 +610,11 @@ SCRIPT = r"""
   });
   refresh(true).then(poll);
 })();
-""".replace("__POLL_MS__", str(POLL_MS))
-
-
-def _sha256(source: str) -> str:
-    return "'sha256-" + base64.b64encode(hashlib.sha256(source.encode()).digest()).decode() + "'"
+""".replace("__POLL_MS__", str(POLL_MS)).replace("__TOKEN_JS__", TOKEN_JS)
 
 
 #: Only this page's own script and style may run; it may only talk to its own origin.
-CSP = (f"default-src 'none'; script-src {_sha256(SCRIPT)}; style-src {_sha256(STYLE)}; "
+CSP = (f"default-src 'none'; script-src {csp_hash(SCRIPT)}; style-src {csp_hash(STYLE)}; "
        "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
        "frame-ancestors 'none'")
 
@@ -629,7 +624,8 @@ PAGE = f"""<!doctype html>
 <title>controlplane dashboard</title>
 <style>{STYLE}</style></head>
 <body>
-<header><h1>controlplane — operations</h1><span id="live" aria-live="off"></span></header>
+<header><h1>controlplane — operations</h1><span id="live" aria-live="off"></span>
+{NAV_HTML}</header>
 <main>
 <section id="list-panel" aria-label="operations">
   <div class="filters">

@@ -11,31 +11,31 @@ scripts and styles run only if the CSP's hashes name them.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-
 from aiohttp import web
 
 from controlplane.api import summary_charts
 from controlplane.api.charts import render
+from controlplane.api.keys import CLOCK_KEY, DB_KEY
+from controlplane.api.pages import NAV_CSS, NAV_HTML, TOKEN_JS, csp_hash
 
 STYLE = """
 body{font:14px system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
-header{background:#1d2330;color:#fff;padding:10px 16px;font-weight:600}
+header{background:#1d2330;color:#fff;padding:10px 16px;font-weight:600;display:flex;
+ justify-content:space-between}
 main{display:grid;grid-template-columns:repeat(auto-fit,minmax(740px,1fr));gap:16px;
  padding:16px;align-items:start}
 figure{margin:0;background:#fff;border:1px solid #d8dce3;border-radius:6px;padding:8px;
  min-height:90px;overflow-x:auto}
 figure svg{display:block;max-width:100%;height:auto}
 .error{color:#b3261e;min-height:1em}
-"""
+""" + NAV_CSS
 
 SCRIPT = r"""
 (function () {
   const url = new URL(window.location.href);
-  const token = url.searchParams.get("token") || "";
+__TOKEN_JS__
+  const token = takeToken(url);
   const drain = url.searchParams.get("drain");
-  url.searchParams.delete("token");
   window.history.replaceState(null, "", url.pathname + url.search);
   async function draw(figure) {
     const name = figure.dataset.chart;
@@ -61,15 +61,11 @@ SCRIPT = r"""
   }
   document.querySelectorAll("figure[data-chart]").forEach(draw);
 })();
-"""
-
-
-def _sha256(source: str) -> str:
-    return "'sha256-" + base64.b64encode(hashlib.sha256(source.encode()).digest()).decode() + "'"
+""".replace("__TOKEN_JS__", TOKEN_JS)
 
 
 #: Only this page's own script and style run; it talks only to its own origin.
-CSP = (f"default-src 'none'; script-src {_sha256(SCRIPT)}; style-src {_sha256(STYLE)}; "
+CSP = (f"default-src 'none'; script-src {csp_hash(SCRIPT)}; style-src {csp_hash(STYLE)}; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 _FIGURES = "\n".join(
@@ -82,7 +78,7 @@ PAGE = f"""<!doctype html>
 <title>controlplane summary</title>
 <style>{STYLE}</style></head>
 <body>
-<header>controlplane — summary</header>
+<header><span>controlplane — summary</span>{NAV_HTML}</header>
 <main>
 {_FIGURES}
 </main>
@@ -94,13 +90,9 @@ PATH = "/summary"
 
 
 def add_routes(app: web.Application) -> None:
-    """Register ``GET /summary`` (public: a page without data, as ``/``) and
+    """Register ``GET /summary`` (public, in ``keys.PUBLIC_PATHS``: a page without data,
+    as ``/``) and
     ``GET /api/v1/charts/{name}.svg`` (behind the token, as every API route)."""
-    # Imported here: app imports this module at its top, so the keys exist only by now.
-    from controlplane.api.app import CLOCK_KEY, DB_KEY, PUBLIC_KEY
-
-    app[PUBLIC_KEY] = app[PUBLIC_KEY] | {PATH}
-
     async def page(request: web.Request) -> web.Response:
         return web.Response(text=PAGE, content_type="text/html",
                             headers={"Content-Security-Policy": CSP,

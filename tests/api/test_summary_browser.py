@@ -138,3 +138,23 @@ async def test_the_page_passes_the_drain_in_its_address_to_the_drain_chart(
         assert {c["name"]: c["error"] for c in charts if c["error"]} == {
             "drain-load": "drain-load: no drain 'nope'"}
         assert await page.evaluate("window.location.search") == "?drain=nope"
+
+
+async def test_the_header_link_opens_the_summary_with_the_token_left_out_of_the_url(
+        base_url: str, tmp_path: Path) -> None:
+    """The token given to the dashboard once follows a link to the summary page (in the
+    tab's sessionStorage), never in an address; and the way back works the same."""
+    async with browser(tmp_path) as page:
+        await page.send("Page.navigate", url=f"{base_url}/?token={TOKEN}")
+        await page.until("document.querySelectorAll('tr.operation').length > 0",
+                         "the operations listed")
+        await page.click('header nav a[href="/summary"]')
+        charts = await charts_when(page, "(f) => f.querySelector('svg.chart')",
+                                   "every chart drawn after the link")
+        assert [c["error"] for c in charts] == [""] * len(NAMES)
+        assert await page.evaluate("window.location.href") == f"{base_url}/summary"
+        await page.click('header nav a[href="/"]')
+        await page.until("document.querySelectorAll('tr.operation').length > 0",
+                         "the operations listed again")
+        assert "token" not in await page.evaluate("window.location.href")
+        assert page.problems() == []

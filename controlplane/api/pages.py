@@ -1,0 +1,38 @@
+"""What the HTML pages (the dashboard at ``/``, the summary at ``/summary``) share: the
+CSP hash that lets exactly one inline source run, the token hand-off, and the links
+between them.
+
+The token arrives once as ``?token=``; :data:`TOKEN_JS` drops it from the address bar
+and keeps it in this tab's ``sessionStorage`` (never the URL, never a log line), so a link
+from one page to the other keeps working without it in the URL.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+
+def csp_hash(source: str) -> str:
+    """The CSP source expression admitting exactly this inline script or style."""
+    return "'sha256-" + base64.b64encode(hashlib.sha256(source.encode()).digest()).decode() + "'"
+
+
+#: ``takeToken(url)``: the token from ``url``'s ``?token=`` (remembered for this tab and
+#: removed from ``url``), else the one this tab remembered; "" when there is none.
+TOKEN_JS = r"""
+  function takeToken(url) {
+    const given = url.searchParams.get("token");
+    url.searchParams.delete("token");
+    try {
+      if (given) window.sessionStorage.setItem("controlplane.token", given);
+      return given || window.sessionStorage.getItem("controlplane.token") || "";
+    } catch (err) { return given || ""; }  // storage off: this page only
+  }
+"""
+
+#: The header's links between the pages (the token follows in ``sessionStorage``).
+NAV_HTML = ('<nav aria-label="pages"><a href="/">operations</a> · '
+            '<a href="/summary">summary</a></nav>')
+#: Their style, for a dark header.
+NAV_CSS = "header nav a{color:#fff}header nav{margin-left:auto;font-weight:400}"
