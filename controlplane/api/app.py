@@ -13,7 +13,7 @@ import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Protocol, runtime_checkable
@@ -40,6 +40,7 @@ from controlplane.app.ports import ClusterAccess
 from controlplane.app.replay import phase_after_each
 from controlplane.app.requester import token_requester
 from controlplane.app.specs import restore_spec, workload_of, workload_spec
+from controlplane.app.waiting import settled, waiting_for
 from controlplane.clock import Clock, SystemClock, new_id
 from controlplane.engine.decider import Command
 from controlplane.engine.kinds import KindRegistry
@@ -183,6 +184,8 @@ def _operation(record: MachineRecord, *, detail: bool = False) -> dict[str, Any]
         "held": record.held, "attempts": record.attempts,
         "created_at": record.created_at, "updated_at": record.updated_at,
         "parent": _parent(record),
+        # what it waits for now, as cpctl --wait says it; None once settled
+        "waiting_for": None if settled(record) else waiting_for(record),
     }
     if record.kind == DRAIN:
         out["drain"] = _drain_summary(record)
@@ -281,30 +284,17 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(text=text, headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
-#: How deep ``offset`` pages (the store has no offset: a page is the tail of a longer read).
-MAX_OFFSET = 10_000
-
-
-def _offset(raw: str | None) -> int:
-    if raw is None:
-        return 0
-    if not raw.isascii() or not raw.isdigit() or int(raw) > MAX_OFFSET:
-        raise params.BadRequest("offset", f"offset must be an integer between 0 and "
-                                          f"{MAX_OFFSET}")
-    return int(raw)
-
-
 async def _list_operations(request: web.Request) -> web.Response:
-    """A page of operations, newest first: ``limit`` of them after ``offset``, with the
-    ``total`` the filter selects (a page knows where it is: "51-100 of 312")."""
-    query = {k: v for k, v in request.query.items() if k != "offset"}
-    offset = _offset(request.query.get("offset"))
-    flt = params.machine_filter(query, request.app[KINDS_KEY])
+    """A page of operations in ``sort`` order (default newest first): ``limit`` of them
+    after ``offset``, with the ``total`` the filter selects (a page knows where it is:
+    "51-100 of 312")."""
+    flt = params.machine_filter(dict(request.query), request.app[KINDS_KEY])
     db = request.app[DB_KEY]
-    records = await queries.list_machines(db, replace(flt, limit=offset + flt.limit))
+    records = await queries.list_machines(db, flt)
     total = await queries.count_machines(db, flt)
-    return _revalidated(request, {"operations": [_operation(r) for r in records[offset:]],
-                                  "limit": flt.limit, "offset": offset, "total": total})
+    return _revalidated(request, {"operations": [_operation(r) for r in records],
+                                  "limit": flt.limit, "offset": flt.offset,
+                                  "sort": flt.order, "total": total})
 
 
 async def _get_operation(request: web.Request) -> web.Response:

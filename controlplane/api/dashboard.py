@@ -200,6 +200,8 @@ __TOKEN_JS__
   async function loadList(mine, force) {
     const query = new URLSearchParams(view.q);
     query.set("limit", view.limit); query.set("offset", view.offset);
+    // The API sorts every page by these; "took" is this page's own order only.
+    if (view.sort.replace(/^-/, "") !== "took") query.set("sort", view.sort);
     const got = await api("/api/v1/operations?" + query);
     const drains = got.body.operations.filter((op) => op.kind === "drain" && expanded.has(op.id));
     const details = await Promise.all(drains.map(

@@ -69,6 +69,9 @@ def document() -> dict[str, Any]:
                     "updated_at": {"type": "string", "format": "date-time"},
                     "parent": {"type": ["string", "null"],
                                "description": "the drain that started this migration"},
+                    "waiting_for": {"type": ["string", "null"],
+                                    "description": "what it waits for now, as cpctl --wait "
+                                    "says it; null once settled"},
                     "drain": {"$ref": "#/components/schemas/DrainSummary"}}},
                 "DrainSummary": {
                     "type": "object", "description": "drains only: node and children counts",
@@ -139,12 +142,17 @@ def document() -> dict[str, Any]:
                     _query("limit", "at most this many (default 100)",
                            {"type": "integer", "minimum": 1, "maximum": 1000}),
                     _query("offset", "skip this many first (paging; default 0)",
-                           {"type": "integer", "minimum": 0, "maximum": 10000}),
+                           {"type": "integer", "minimum": 0, "maximum": 1000000}),
+                    _query("sort", "order of every page: created_at, kind, phase, workload, "
+                           "node or id, '-' first for descending (default -created_at)",
+                           {"type": "string", "pattern":
+                            "^-?(created_at|kind|phase|workload|node|id)$"}),
                     _IF_NONE_MATCH],
                 "responses": {"200": _revalidated("a page of operations", {
                     "type": "object", "properties": {
                         "operations": {"type": "array", "items": op_ref},
                         "limit": {"type": "integer"}, "offset": {"type": "integer"},
+                        "sort": {"type": "string"},
                         "total": {"type": "integer",
                                   "description": "how many the filter selects in all"}}}),
                               **_NOT_MODIFIED, **_errors(400, 401)}},

@@ -13,7 +13,7 @@ from typing import Any
 
 from controlplane.engine.kinds import KindRegistry
 from controlplane.store import reports
-from controlplane.store.queries import NAMESPACE_NAME, PHASE_NAME, MachineFilter
+from controlplane.store.queries import NAMESPACE_NAME, ORDERS, PHASE_NAME, MachineFilter
 
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
@@ -21,7 +21,10 @@ DEFAULT_LIMIT = 100
 _PHASE = PHASE_NAME
 #: A Kubernetes node name (RFC 1123 subdomain), the decider re-checks it.
 _NODE_MAX = 253
-LIST_PARAMS = frozenset({"kind", "phase", "active", "since", "limit", "node", "namespace"})
+LIST_PARAMS = frozenset({"kind", "phase", "active", "since", "limit", "offset", "sort",
+                         "node", "namespace"})
+#: How deep ``offset`` may page.
+MAX_OFFSET = 1_000_000
 REPORTS = reports.NAMES
 REPORT_BY = reports.GROUPINGS
 
@@ -63,7 +66,26 @@ def machine_filter(query: Mapping[str, str], kinds: KindRegistry) -> MachineFilt
     return MachineFilter(kind=kind, phase=phase, terminal=terminal,
                          since=since(query.get("since")),
                          node=None if node is None else node_name(node), namespace=namespace,
-                         limit=limit(query.get("limit")))
+                         limit=limit(query.get("limit")), offset=offset(query.get("offset")),
+                         order=order(query.get("sort")))
+
+
+def offset(raw: str | None) -> int:
+    if raw is None:
+        return 0
+    if not raw.isascii() or not raw.isdigit() or int(raw) > MAX_OFFSET:
+        raise BadRequest("offset", f"offset must be an integer between 0 and {MAX_OFFSET}")
+    return int(raw)
+
+
+def order(raw: str | None) -> str:
+    """``sort``: a column of :data:`queries.ORDERS`, ``-`` first for descending."""
+    if raw is None:
+        return "-created_at"
+    if raw.removeprefix("-") not in ORDERS:
+        raise BadRequest("sort", f"sort must be one of {', '.join(ORDERS)}, '-' first for "
+                                 "descending (e.g. -created_at)")
+    return raw
 
 
 def since(raw: str | None) -> datetime | None:

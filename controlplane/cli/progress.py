@@ -11,6 +11,7 @@ import asyncio
 import sys
 import time
 
+from controlplane.app.waiting import settled, waiting_for
 from controlplane.errors import ControlPlaneError
 from controlplane.store import queries
 from controlplane.store.database import Database
@@ -20,53 +21,8 @@ from controlplane.store.records import MachineRecord
 SUCCESS_PHASES = frozenset({"Succeeded", "Suspended", "Resumed"})
 
 
-#: What a machine in each non-terminal phase is waiting for (every product kind's phases).
-WAITING_FOR = {
-    "Pending": "a worker to start it",
-    "Running": "its next step",
-    "Requested": "the node agent to capture and push the checkpoint",
-    "Checkpointing": "the node agent to capture and push the checkpoint, and the "
-                     "registry to show it",
-    "Captured": "the registry to show the pushed checkpoint",
-    "Verified": "the workload to be released after the capture",
-    "DeletingSource": "the source pod to be gone",
-    "Restoring": "the restored pod to be scheduled, restored by the node agent and Ready",
-    "Adopting": "the ReplicaSet to adopt the restored pod, and the source to be gone",
-    "RollingBack": "the workload to be restored on its source node",
-    "CollectingGarbage": "the checkpoint artifact to be deleted from the registry",
-    "WakingInPlace": "the source pod to resume where it is",
-    "Unsticking": "the source pod to resume after a failed capture",
-    "Resolving": "the registry to resolve the checkpoint",
-    "Selecting": "a checkpoint to resume from",
-    "ColdBooting": "the pod to start from its spec (no usable checkpoint)",
-    "CleaningUp": "a failed restore's pod to be removed",
-    "Cordoning": "the node to be cordoned",
-    "Draining": "the drain's child migrations",
-    "Uncordoning": "the node to be uncordoned",
-    "Waiting": "its next check",
-    "Started": "its first step",
-}
-
-
-def waiting_for(record: MachineRecord) -> str:
-    """One line saying what ``record`` waits for now."""
-    if record.held:
-        return "its turn in the admission queue (a concurrency limit is full)"
-    if record.terminal:
-        return ("its last actions to be performed" if record.pending_actions
-                else "its worker to let go of it")
-    if record.pending_actions:
-        kinds = sorted({str(a.get("type", "action")) for a in record.pending_actions})
-        return "a worker to perform " + ", ".join(kinds)
-    return WAITING_FOR.get(record.phase, "its next observation")
-
-
 class WaitTimedOut(ControlPlaneError):
     """The machine did not settle within the wait limit (it keeps running)."""
-
-
-def settled(record: MachineRecord) -> bool:
-    return record.terminal and record.lease_owner is None and record.next_wake_at is None
 
 
 async def follow(db: Database, machine_id: str, label: str, *, limit_seconds: float = 600,

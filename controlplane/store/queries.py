@@ -74,6 +74,8 @@ class MachineFilter:
     node: str | None = None  # the node it moves load off, or the node it targets
     namespace: str | None = None  # of the workload
     limit: int = 100
+    offset: int = 0  # skip this many of the ordered matches (a page further on)
+    order: str = "-created_at"  # a key of ORDERS, "-" first for descending
 
 
 #: What a phase name looks like (a filter that cannot match one is refused, not run).
@@ -107,9 +109,21 @@ def _where(stmt: Select[Any], flt: MachineFilter) -> Select[Any]:
     return stmt
 
 
+#: What ``MachineFilter.order`` may sort by (then newest first, then by id).
+ORDERS = {"created_at": m.c.created_at, "kind": m.c.kind, "phase": m.c.phase,
+          "workload": m.c.workload, "node": m.c.source_node, "id": m.c.id}
+
+
 async def list_machines(db: Database, flt: MachineFilter) -> list[MachineRecord]:
-    """The newest ``flt.limit`` machines ``flt`` selects."""
-    stmt = _where(select(m), flt).order_by(m.c.created_at.desc(), m.c.id).limit(flt.limit)
+    """``flt.limit`` machines ``flt`` selects, in ``flt.order`` (default newest first),
+    after skipping ``flt.offset``; ties newest first, then by id, so pages never overlap."""
+    key = flt.order.removeprefix("-")
+    if key not in ORDERS:
+        raise ValueError(f"order {flt.order!r}: sort by one of {', '.join(ORDERS)}")
+    column = ORDERS[key]
+    first = (column.desc() if flt.order.startswith("-") else column.asc()).nulls_last()
+    stmt = (_where(select(m), flt).order_by(first, m.c.created_at.desc(), m.c.id)
+            .offset(flt.offset).limit(flt.limit))
     async with read_txn(db) as conn:
         return [row_to_record(r) for r in (await conn.execute(stmt)).all()]
 

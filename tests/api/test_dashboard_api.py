@@ -59,10 +59,33 @@ async def test_the_total_counts_what_the_filter_selects_not_the_page(
 
 
 async def test_a_bad_offset_is_refused_naming_it(client: Client) -> None:
-    for bad in ("-1", "x", "10001", "1.5"):
+    for bad in ("-1", "x", "1000001", "1.5"):
         response = await client.get(f"/api/v1/operations?offset={bad}", headers=auth())
         assert response.status == 400, bad
         assert (await response.json())["parameter"] == "offset"
+
+
+async def test_sort_orders_every_page_and_pages_still_cover_the_list_once(
+        client: Client, history: History) -> None:
+    everything = await queries.list_machines(history.db, queries.MachineFilter())
+    for sort, key, reverse in (("kind", "kind", False), ("-phase", "phase", True)):
+        seen: list[dict[str, str]] = []
+        for offset in range(0, len(everything), 2):
+            page = await (await client.get(
+                f"/api/v1/operations?limit=2&offset={offset}&sort={sort}",
+                headers=auth())).json()
+            assert page["sort"] == sort
+            seen += page["operations"]
+        assert sorted(op["id"] for op in seen) == sorted(m.id for m in everything)
+        values = [op[key] for op in seen]
+        assert values == sorted(values, reverse=reverse), (sort, values)
+
+
+async def test_a_bad_sort_is_refused_naming_it(client: Client) -> None:
+    for bad in ("took", "created", "--kind", "spec"):
+        response = await client.get(f"/api/v1/operations?sort={bad}", headers=auth())
+        assert response.status == 400, bad
+        assert (await response.json())["parameter"] == "sort"
 
 
 async def test_an_unchanged_read_is_304_and_a_change_gives_a_new_etag(

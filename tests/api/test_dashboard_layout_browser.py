@@ -188,8 +188,8 @@ async def test_the_layout_check_sees_an_overlap_and_an_overflow(
 async def test_a_running_operation_updates_by_itself_without_a_reload(
         demo_url: str, history: History, tmp_path: Path) -> None:
     """The database changes under an open page: the selected operation's phase, what it
-    waits in, its new event (facts as cpctl reads them) and a new operation in the list
-    all arrive, and the page was never reloaded."""
+    waits for (as cpctl --wait says it), its new event (facts as cpctl reads them) and a
+    new operation in the list all arrive, and the page was never reloaded."""
     db = history.db
     await add_running_migration(db, "live-1")
     facts: dict[str, Any] = {"pod default/live": {"pod": "default/live", "pod_phase": "Running",
@@ -204,8 +204,10 @@ async def test_a_running_operation_updates_by_itself_without_a_reload(
         await add_running_migration_elsewhere(db)
         await page.until("document.getElementById('selected-title')?.textContent"
                          " === 'migration live-1 \u2014 Checkpointing'", "the new phase")
-        await page.until("document.getElementById('waiting')?.textContent"
-                         ".startsWith('waiting in Checkpointing')", "what it waits in")
+        await page.until("document.getElementById('waiting')?.textContent.startsWith("
+                         "'waiting in Checkpointing for the node agent to capture and push "
+                         "the checkpoint, and the registry to show it (last change ')",
+                         "what it waits for")
         row = await page.until(
             "(() => { const r = document.querySelector('#event-rows tr:last-child');"
             " return r && r.cells[4].textContent === 'CaptureRequested' &&"

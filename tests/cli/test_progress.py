@@ -1,11 +1,12 @@
-"""``--wait`` says what an operation waits for, from its projection alone."""
+"""What an operation waits for (``--wait``, and the API's ``waiting_for``), from its
+projection alone."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from controlplane.cli.progress import WAITING_FOR, waiting_for
+from controlplane.app.waiting import WAITING_FOR, waiting_for
 from controlplane.store.records import MachineRecord
 
 T0 = datetime(2026, 11, 22, tzinfo=UTC)
