@@ -9,7 +9,6 @@ Called by :mod:`controlplane.api.summary`.
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -28,11 +27,10 @@ _SUCCESS_SQL = ", ".join(f"'{o}'" for o in sorted(reports.SUCCESS))
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between the closest ranks (as ``cpctl report``)."""
-    if len(values) == 1:
-        return float(values[0])
-    cuts = statistics.quantiles(values, n=100, method="inclusive")
-    return cuts[round(q * 100) - 1]
+    """``cpctl report``'s percentile (:func:`reports.percentile`) of a non-empty group."""
+    found = reports.percentile(values, q)
+    assert found is not None, "a chart's group has at least one sample"
+    return found
 
 
 def hour_of(stamp: datetime | str) -> str:
@@ -157,8 +155,9 @@ async def load(db: Database, name: str, *, now: datetime,
     """Chart ``name`` (one of :data:`NAMES`) from the database as it is at ``now``. The
     drain chart shows ``drain`` (an id; :class:`NoSuchDrain` if none), or the latest."""
     if name == "operations-per-hour":
-        return operations_per_hour(await reports.rows(
-            db, "SELECT submitted_at, outcome, terminal FROM report_operations"), now)
+        return operations_per_hour(await reports.operations_since(
+            db, now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=HOURS)),
+            now)
     if name == "durations-by-kind":
         return durations_by_kind(await reports.finished_durations(db))
     if name == "durations-by-phase":

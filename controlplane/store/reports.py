@@ -73,7 +73,8 @@ async def checkpoint_summaries(db: Database) -> list[dict[str, Any]]:
                           "ORDER BY verified_at")
 
 
-def _percentile(values: Sequence[float], q: float) -> float | None:
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear interpolation between the closest ranks; ``None`` for no values."""
     if not values:
         return None
     ordered = sorted(values)
@@ -94,6 +95,13 @@ def _since_param(db: Database, since: datetime) -> Any:
     # SQLite keeps UTC text in one fixed format (see schema.UtcDateTime): compare alike.
     return (since.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
             if db.backend == "sqlite" else since)
+
+
+async def operations_since(db: Database, since: datetime) -> list[dict[str, Any]]:
+    """``report_operations``' ``submitted_at``, ``outcome`` and ``terminal`` of those
+    submitted at or after ``since`` (the summary page's hourly chart)."""
+    return await rows(db, "SELECT submitted_at, outcome, terminal FROM report_operations "
+                          "WHERE submitted_at >= :since", {"since": _since_param(db, since)})
 
 
 async def drains(db: Database, *, since: datetime | None = None) -> list[dict[str, Any]]:
@@ -122,8 +130,8 @@ async def drains(db: Database, *, since: datetime | None = None) -> list[dict[st
             "failed": int(row["failed"]), "in_flight": int(row["in_flight"]),
             "duration_seconds": None if row["duration_seconds"] is None
             else float(row["duration_seconds"]),
-            "p50_child_seconds": _percentile(times, 0.5),
-            "p95_child_seconds": _percentile(times, 0.95),
+            "p50_child_seconds": percentile(times, 0.5),
+            "p95_child_seconds": percentile(times, 0.95),
             "failures": "; ".join(failures.get(drain_id, [])),
         })
     return out
@@ -157,10 +165,10 @@ async def summary(db: Database, *, report: str, by: str,
             entry.update(succeeded=ok, failed=len(done) - ok, running=len(members) - len(done),
                          success_rate=round(ok / len(done), 4) if done else None)
         times = _numbers(members, duration)
-        entry.update(p50_seconds=_percentile(times, 0.5), p95_seconds=_percentile(times, 0.95))
+        entry.update(p50_seconds=percentile(times, 0.5), p95_seconds=percentile(times, 0.95))
         if report == "migrations":
             for phase in MIGRATION_PHASES:
-                entry[f"p50_{phase}"] = _percentile(_numbers(members, phase), 0.5)
+                entry[f"p50_{phase}"] = percentile(_numbers(members, phase), 0.5)
         if report != "operations":
             entry["bytes"] = sum(int(r["size_bytes"]) for r in members
                                  if r["size_bytes"] is not None)
