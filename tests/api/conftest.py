@@ -7,6 +7,7 @@ PostgreSQL over events the real product wrote.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from controlplane.api.app import make_app
-from controlplane.api.serving import RedactingAccessLogger
+from controlplane.api.serving import RedactingAccessLogger, make_runner
 from controlplane.cli.demo import Demo
 from controlplane.clock import SystemClock
 from controlplane.store import queries
@@ -55,6 +56,19 @@ async def client(history: History) -> AsyncIterator[TestClient[web.Request, web.
     await server.start_server(access_log_class=RedactingAccessLogger)
     async with TestClient(server) as test_client:
         yield test_client
+
+
+@contextlib.asynccontextmanager
+async def serving(db: Database) -> AsyncIterator[str]:
+    """The API over ``db`` on a free loopback port, as ``cpctl serve`` runs it; its URL."""
+    runner = make_runner(make_app(db, token=TOKEN))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
 
 
 def auth(token: str = TOKEN) -> dict[str, str]:

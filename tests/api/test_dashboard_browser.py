@@ -17,10 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.api.app import make_app
-from controlplane.api.serving import make_runner
 from controlplane.store import queries
-from tests.api.conftest import TOKEN, History
+from tests.api.conftest import TOKEN, History, serving
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -30,17 +28,8 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 @pytest.fixture
 async def base_url(history: History) -> AsyncIterator[str]:
-    from aiohttp import web
-
-    runner = make_runner(make_app(history.db, token=TOKEN))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serving(history.db) as url:
+        yield url
 
 
 async def chromium(tmp_path: Path, *args: str) -> str:

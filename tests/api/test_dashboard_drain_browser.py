@@ -26,11 +26,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from controlplane.api.app import make_app
-from controlplane.api.serving import make_runner
 from controlplane.app.drains import drain_spec
 from controlplane.app.operations import submit_operation
 from controlplane.clock import SystemClock, new_id
@@ -40,7 +38,7 @@ from controlplane.machines.submission import Limits
 from controlplane.store import queries
 from controlplane.store.database import Database
 from controlplane.wiring.embedded import embedded
-from tests.api.conftest import TOKEN, auth, run_demo
+from tests.api.conftest import TOKEN, auth, run_demo, serving
 from tests.api.test_dashboard_browser import CHROMIUM, png_pixels
 from tests.support.waiting import eventually
 
@@ -137,14 +135,8 @@ async def test_the_list_labels_children_and_a_drain_lists_them_with_outcomes(
 
 @pytest.fixture
 async def base_url(drained: DrainHistory) -> AsyncIterator[str]:
-    runner = make_runner(make_app(drained.db, token=TOKEN))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serving(drained.db) as url:
+        yield url
 
 
 class Page:

@@ -20,17 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
-from controlplane.api.app import make_app
-from controlplane.api.serving import make_runner
 from controlplane.cli.why import facts_text
 from controlplane.clock import SystemClock
 from controlplane.engine.decider import Event
 from controlplane.store import event_store, queries
 from controlplane.store.database import Database
 from controlplane.store.records import Projection
-from tests.api.conftest import TOKEN, History, run_demo
+from tests.api.conftest import TOKEN, History, run_demo, serving
 from tests.api.test_dashboard_api import add_running_migration, advance
 from tests.api.test_dashboard_browser import png_pixels
 from tests.api.test_dashboard_drain_browser import Page, browser, run_drain
@@ -85,26 +82,17 @@ async def world(db: Database, tmp_path: Path) -> History:
     return demo
 
 
-async def serve(db: Database) -> AsyncIterator[str]:
-    runner = make_runner(make_app(db, token=TOKEN))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
 
 
 @pytest.fixture
 async def base_url(world: History) -> AsyncIterator[str]:
-    async for url in serve(world.db):
+    async with serving(world.db) as url:
         yield url
 
 
 @pytest.fixture
 async def demo_url(history: History) -> AsyncIterator[str]:
-    async for url in serve(history.db):
+    async with serving(history.db) as url:
         yield url
 
 

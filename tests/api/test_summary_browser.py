@@ -20,12 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
-from controlplane.api.app import make_app
-from controlplane.api.serving import make_runner
 from controlplane.api.summary_charts import NAMES
-from tests.api.conftest import TOKEN
+from tests.api.conftest import TOKEN, serving
 from tests.api.test_dashboard_browser import png_pixels
 from tests.api.test_dashboard_drain_browser import DrainHistory, Page, browser, drained
 from tests.support.waiting import eventually
@@ -47,14 +44,8 @@ CHARTS = ("(() => [...document.querySelectorAll('figure[data-chart]')].map((f) =
 
 @pytest.fixture
 async def base_url(drained: DrainHistory) -> AsyncIterator[str]:
-    runner = make_runner(make_app(drained.db, token=TOKEN))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serving(drained.db) as url:
+        yield url
 
 
 async def charts_when(page: Page, done: str, what: str) -> list[dict[str, Any]]:
