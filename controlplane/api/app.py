@@ -33,6 +33,7 @@ from controlplane.api.keys import (
     TOKEN_KEY,
 )
 from controlplane.api.openapi import document
+from controlplane.api.pages import page_headers
 from controlplane.app.drains import drain_children, drain_spec, plan_document, plan_of
 from controlplane.app.operations import send_command, submit_operation
 from controlplane.app.plan import plan_operation
@@ -266,9 +267,7 @@ async def _command(request: web.Request, command: Command) -> web.Response:
 
 async def _dashboard(request: web.Request) -> web.Response:
     return web.Response(text=dashboard.PAGE, content_type="text/html",
-                        headers={"Content-Security-Policy": dashboard.CSP,
-                                 "Referrer-Policy": "no-referrer",
-                                 "Cache-Control": "no-store"})
+                        headers=page_headers(dashboard.CSP))
 
 
 async def _healthz(request: web.Request) -> web.Response:

@@ -19,7 +19,7 @@ polls every few seconds with ``If-None-Match`` and redraws only what changed.
 
 from __future__ import annotations
 
-from controlplane.api.pages import NAV_CSS, NAV_HTML, TOKEN_JS, csp_hash
+from controlplane.api.pages import NAV_CSS, TOKEN_JS, page_csp, page_html
 
 #: How often the page re-asks the API (milliseconds); an unchanged answer is a 304.
 POLL_MS = 2000
@@ -616,20 +616,11 @@ __TOKEN_JS__
 
 
 #: Only this page's own script and style may run; it may only talk to its own origin.
-CSP = (f"default-src 'none'; script-src {csp_hash(SCRIPT)}; style-src {csp_hash(STYLE)}; "
-       "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
-       "frame-ancestors 'none'")
+CSP = page_csp(SCRIPT, STYLE, images=True)
 
-PAGE = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>controlplane dashboard</title>
-<style>{STYLE}</style></head>
-<body>
-<header><h1>controlplane — operations</h1><span id="live" aria-live="off"></span>
-{NAV_HTML}</header>
-<main>
-<section id="list-panel" aria-label="operations">
+PAGE = page_html("controlplane dashboard", STYLE,
+                 '<h1>controlplane — operations</h1><span id="live" aria-live="off"></span>',
+                 """<section id="list-panel" aria-label="operations">
   <div class="filters">
   <label>kind <select id="kind"><option value="">any</option></select></label>
   <label>phase <input id="phase" placeholder="e.g. Succeeded"></label>
@@ -654,8 +645,4 @@ PAGE = f"""<!doctype html>
   </colgroup>
   <thead><tr><th>#</th><th>time (UTC)</th><th>after</th><th>phase change</th><th>event</th>
   <th>reason</th><th>facts</th><th>by</th></tr></thead><tbody id="event-rows"></tbody></table>
-</section>
-</main>
-<script>{SCRIPT}</script>
-</body></html>
-"""
+</section>""", SCRIPT)

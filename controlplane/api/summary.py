@@ -16,7 +16,7 @@ from aiohttp import web
 from controlplane.api import summary_charts
 from controlplane.api.charts import render
 from controlplane.api.keys import CLOCK_KEY, DB_KEY
-from controlplane.api.pages import NAV_CSS, NAV_HTML, TOKEN_JS, csp_hash
+from controlplane.api.pages import NAV_CSS, TOKEN_JS, page_csp, page_headers, page_html
 
 STYLE = """
 body{font:14px system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
@@ -65,26 +65,14 @@ __TOKEN_JS__
 
 
 #: Only this page's own script and style run; it talks only to its own origin.
-CSP = (f"default-src 'none'; script-src {csp_hash(SCRIPT)}; style-src {csp_hash(STYLE)}; "
-       "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+CSP = page_csp(SCRIPT, STYLE)
 
 _FIGURES = "\n".join(
     f'<figure data-chart="{name}"><div class="chart-box"></div>'
     f'<div class="error" role="alert"></div></figure>' for name in summary_charts.NAMES)
 
-PAGE = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>controlplane summary</title>
-<style>{STYLE}</style></head>
-<body>
-<header><span>controlplane — summary</span>{NAV_HTML}</header>
-<main>
-{_FIGURES}
-</main>
-<script>{SCRIPT}</script>
-</body></html>
-"""
+PAGE = page_html("controlplane summary", STYLE, "<span>controlplane — summary</span>",
+                 _FIGURES, SCRIPT)
 
 PATH = "/summary"
 
@@ -94,10 +82,7 @@ def add_routes(app: web.Application) -> None:
     as ``/``) and
     ``GET /api/v1/charts/{name}.svg`` (behind the token, as every API route)."""
     async def page(request: web.Request) -> web.Response:
-        return web.Response(text=PAGE, content_type="text/html",
-                            headers={"Content-Security-Policy": CSP,
-                                     "Referrer-Policy": "no-referrer",
-                                     "Cache-Control": "no-store"})
+        return web.Response(text=PAGE, content_type="text/html", headers=page_headers(CSP))
 
     async def chart(request: web.Request) -> web.Response:
         name = request.match_info["name"]
