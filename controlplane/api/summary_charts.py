@@ -23,7 +23,6 @@ Row = Mapping[str, Any]
 OK, FAILED, RUNNING = "succeeded", "failed", "running"
 _OUTCOME_COLOURS = {OK: "#009E73", FAILED: "#D55E00", RUNNING: "#0072B2"}
 _PHASES = tuple(p.removesuffix("_seconds") for p in reports.MIGRATION_PHASES)
-_SUCCESS_SQL = ", ".join(f"'{o}'" for o in sorted(reports.SUCCESS))
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -167,11 +166,7 @@ async def load(db: Database, name: str, *, now: datetime,
             db, "SELECT class_name, sum(size_bytes) AS bytes FROM report_checkpoints "
                 "GROUP BY class_name"))
     if name == "failures-by-reason":
-        return failures_by_reason(await reports.rows(
-            db, "SELECT finish_reason AS reason, kind, count(*) AS operations "
-                "FROM report_operations "
-                f"WHERE terminal AND outcome NOT IN ({_SUCCESS_SQL}) "
-                "GROUP BY finish_reason, kind"))
+        return failures_by_reason(await reports.failures_by_reason(db))
     if name == "drain-load":
         return await _drain_load(db, drain)
     raise KeyError(name)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import bindparam, text
 
 from controlplane.store.database import Database
 from controlplane.store.session import read_txn
@@ -102,6 +102,17 @@ async def operations_since(db: Database, since: datetime) -> list[dict[str, Any]
     submitted at or after ``since`` (the summary page's hourly chart)."""
     return await rows(db, "SELECT submitted_at, outcome, terminal FROM report_operations "
                           "WHERE submitted_at >= :since", {"since": _since_param(db, since)})
+
+
+async def failures_by_reason(db: Database) -> list[dict[str, Any]]:
+    """Ended operations that did not succeed, counted by ``reason`` (their finish
+    reason) and ``kind`` (``operations``): the summary page's failures chart."""
+    stmt = text("SELECT finish_reason AS reason, kind, count(*) AS operations "
+                "FROM report_operations WHERE terminal AND outcome NOT IN :succeeded "
+                "GROUP BY finish_reason, kind").bindparams(
+        bindparam("succeeded", value=sorted(SUCCESS), expanding=True))
+    async with read_txn(db) as conn:
+        return [dict(r._mapping) for r in (await conn.execute(stmt)).all()]
 
 
 async def drains(db: Database, *, since: datetime | None = None) -> list[dict[str, Any]]:
