@@ -1,7 +1,7 @@
 """The summary page's pictures: the reporting views (``docs/reporting.md``) as bar charts.
 
-:func:`load` reads the views through :func:`controlplane.store.reports.rows` (plain SQL
-that runs alike on SQLite and PostgreSQL) and hands the rows to a pure builder per
+:func:`load` reads the views through :mod:`controlplane.store.reports` (the store's
+queries, alike on SQLite and PostgreSQL) and hands the rows to a pure builder per
 chart (``operations_per_hour`` ...), which the tests call directly. Hours and
 percentiles are computed here in Python, so both backends give the same figures.
 Called by :mod:`controlplane.api.summary`.
@@ -162,9 +162,7 @@ async def load(db: Database, name: str, *, now: datetime,
     if name == "durations-by-phase":
         return durations_by_phase(await reports.migration_phases(db))
     if name == "bytes-by-class":
-        return bytes_by_class(await reports.rows(
-            db, "SELECT class_name, sum(size_bytes) AS bytes FROM report_checkpoints "
-                "GROUP BY class_name"))
+        return bytes_by_class(await reports.bytes_by_class(db))
     if name == "failures-by-reason":
         return failures_by_reason(await reports.failures_by_reason(db))
     if name == "drain-load":
@@ -173,16 +171,9 @@ async def load(db: Database, name: str, *, now: datetime,
 
 
 async def _drain_load(db: Database, drain: str | None) -> BarChart:
-    if drain is None:
-        found = await reports.rows(db, "SELECT drain_id, node FROM report_drains "
-                                       "ORDER BY submitted_at DESC, drain_id LIMIT 1")
-    else:
-        found = await reports.rows(db, "SELECT drain_id, node FROM report_drains "
-                                       "WHERE drain_id = :id", {"id": drain})
-    if not found and drain is not None:
+    found = await reports.drain_row(db, drain)
+    if found is None and drain is not None:
         raise NoSuchDrain(drain)
-    if not found:
+    if found is None:
         return drain_load(None, [])
-    children = await reports.rows(db, "SELECT target, outcome FROM report_drain_children "
-                                      "WHERE drain_id = :id", {"id": found[0]["drain_id"]})
-    return drain_load(found[0], children)
+    return drain_load(found, await reports.drain_targets(db, str(found["drain_id"])))

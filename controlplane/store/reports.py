@@ -115,6 +115,30 @@ async def failures_by_reason(db: Database) -> list[dict[str, Any]]:
         return [dict(r._mapping) for r in (await conn.execute(stmt)).all()]
 
 
+async def bytes_by_class(db: Database) -> list[dict[str, Any]]:
+    """Bytes checkpointed per class (``class_name``, ``bytes``)."""
+    return await rows(db, "SELECT class_name, sum(size_bytes) AS bytes "
+                          "FROM report_checkpoints GROUP BY class_name")
+
+
+async def drain_row(db: Database, drain_id: str | None) -> dict[str, Any] | None:
+    """``drain_id`` and ``node`` of drain ``drain_id``, or of the latest drain (``None``);
+    ``None`` when there is no such drain."""
+    if drain_id is None:
+        found = await rows(db, "SELECT drain_id, node FROM report_drains "
+                               "ORDER BY submitted_at DESC, drain_id LIMIT 1")
+    else:
+        found = await rows(db, "SELECT drain_id, node FROM report_drains "
+                               "WHERE drain_id = :id", {"id": drain_id})
+    return found[0] if found else None
+
+
+async def drain_targets(db: Database, drain_id: str) -> list[dict[str, Any]]:
+    """Each child of drain ``drain_id``: its ``target`` node and ``outcome``."""
+    return await rows(db, "SELECT target, outcome FROM report_drain_children "
+                          "WHERE drain_id = :id", {"id": drain_id})
+
+
 async def drains(db: Database, *, since: datetime | None = None) -> list[dict[str, Any]]:
     """One row per drain, oldest first: node, outcome, children moved / failed / in
     flight, duration, p50/p95 of its children's durations, and failures by reason."""
