@@ -2,9 +2,10 @@
 
 - ``events``: append-only history, ordered per machine (``machine_id, seq`` unique) and
   globally (``position``). Each row carries the observation facts that caused it.
-- ``decisions``: one row per committed decision (or accepted command): its input (the
-  observation, or the command) and the time it was decided at, so ``replay --verify`` can
-  re-run ``decide`` on exactly what the worker saw.
+- ``decisions``: the decision records written before revision 0007, one row per decision:
+  its input and the time it was decided at. Since 0007 a decision is recorded on the first
+  event it appended (``events.cause`` and ``events.input_z``; decided at ``recorded_at``),
+  so history costs one row per event; old rows are read as they are.
 - ``machines``: the current-state projection, lease columns and the wake schedule.
 - ``machine_keys``: the wake index (pod UID -> machines that care).
 """
@@ -24,6 +25,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -73,7 +75,11 @@ machines = Table(
     Column("phase", String(64), nullable=False),
     Column("version", Integer, nullable=False),
     Column("spec", Json, nullable=False),
+    # Before 0007 the state is JSON in ``state``; since, compressed in ``state_z`` (see
+    # ``store.codec``), and ``state`` holds JSON null: small enough to stay inside the row,
+    # so a commit writes no TOAST.
     Column("state", Json, nullable=False),
+    Column("state_z", LargeBinary, nullable=True),
     Column("terminal", Boolean, nullable=False, server_default=text("false")),
     # The transactional outbox: the actions of the last committed decision, written in the
     # same UPDATE as its events and cleared when the lease is released. A worker that dies
@@ -128,9 +134,16 @@ events = Table(
     Column("seq", Integer, nullable=False),
     Column("type", String(128), nullable=False),
     Column("data", Json, nullable=False),
+    # Before 0007 the facts are JSON in ``facts``; since, compressed in ``facts_z``, and
+    # ``facts`` holds JSON null.
     Column("facts", Json, nullable=False),
+    Column("facts_z", LargeBinary, nullable=True),
     Column("recorded_at", UtcDateTime, nullable=False),
     Column("worker_id", String(128), nullable=False),
+    # On the first event of each decision (since 0007): observation | command | engine, and
+    # the decision's input compressed (see ``decisions`` for the rows written before).
+    Column("cause", String(16), nullable=True),
+    Column("input_z", LargeBinary, nullable=True),
     UniqueConstraint("machine_id", "seq", name="uq_events_machine_seq"),
 )
 Index("ix_events_recorded_at", events.c.recorded_at)
