@@ -10,18 +10,23 @@ from sqlalchemy import inspect, text
 from controlplane.store import migrate
 from controlplane.store.database import open_database
 from controlplane.store.errors import SchemaNotReady
+from controlplane.store.partitions import include_in_schema_compare
 from controlplane.store.schema import metadata
 
 
 async def test_upgrade_from_empty_reaches_head_and_matches_the_models(db_url: str) -> None:
-    """Every migration applies from an empty database, and the result is exactly the models."""
+    """Every migration applies from an empty database, and the result is exactly the models
+    (but for what partitioning the history on PostgreSQL changes on purpose: the partitions
+    and the partition key in the unique key, hidden by the same hook ``migrations/env.py``
+    gives Alembic)."""
     db = open_database(db_url)
     try:
         before, after = await migrate.upgrade(db)
         assert (before, after) == (None, migrate.head_revision())
         async with db.reader.connect() as conn:
             diff = await conn.run_sync(
-                lambda sync: compare_metadata(MigrationContext.configure(sync), metadata)
+                lambda sync: compare_metadata(MigrationContext.configure(
+                    sync, opts={"include_object": include_in_schema_compare}), metadata)
             )
             tables = await conn.run_sync(lambda sync: set(inspect(sync).get_table_names()))
         assert diff == []
