@@ -1,8 +1,11 @@
-"""Read the reporting views (migrations 0003, 0004) for ``cpctl report`` and tests.
+"""Read the reporting views (migrations 0003-0008) for ``cpctl report``, the summary page
+and tests.
 
 The views are plain SQL for operators (``docs/reporting.md``); this module only reads
 them, and computes what SQLite cannot (percentiles) in Python, identically on both
-backends.
+backends. Since 0008 each view also holds the operations a prune replaced by a summary
+row (``store/retention.py``), so every report here covers all time; only the figures
+read from ``events`` directly (``event_counts``, the metrics') shrink with a prune.
 """
 
 from __future__ import annotations
@@ -214,9 +217,14 @@ async def summary(db: Database, *, report: str, by: str,
 async def requesters(db: Database) -> dict[str, str]:
     """Who asked for each operation: the recorder of its ``Submitted`` event (``user@host``
     and the kubeconfig's user for the CLI, ``token:<name>`` for the API, ``drain:<id>``
-    for a drain's children; ``operator`` before requesters were recorded)."""
+    for a drain's children; ``operator`` before requesters were recorded). A pruned
+    operation's is kept in its summary row, which wins while both exist."""
     found = await rows(db, "SELECT machine_id, worker_id FROM events WHERE seq = 1", {})
-    return {str(r["machine_id"]): str(r["worker_id"]) for r in found}
+    asked = {str(r["machine_id"]): str(r["worker_id"]) for r in found}
+    for r in await rows(db, "SELECT machine_id, requester FROM operation_summaries "
+                            "WHERE requester IS NOT NULL", {}):
+        asked[str(r["machine_id"])] = str(r["requester"])
+    return asked
 
 
 def _group_key(row: dict[str, Any], by: str, time_col: str) -> str:

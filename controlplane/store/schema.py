@@ -170,4 +170,35 @@ machine_keys = Table(
 )
 Index("ix_machine_keys_machine", machine_keys.c.machine_id)
 
-__all__ = ["decisions", "events", "machine_keys", "machines", "metadata"]
+# Retention (migration 0008): one row per pruned operation, written before its events,
+# decisions and machines row are deleted (``store/retention.py``). The reporting views
+# read it beside the live tables, and count a machine that has a summary from the
+# summary alone, so the reports over all time add up the same before, during and after
+# a prune. ``milestones`` holds the view rows the operation had when it was pruned
+# (``operation``, ``migration``, ``checkpoints``, ``drain``, ``drain_children``), times as
+# the views returned them.
+operation_summaries = Table(
+    "operation_summaries",
+    metadata,
+    Column("machine_id", String(64), primary_key=True),
+    Column("kind", String(64), nullable=False),
+    Column("workload", String(320), nullable=True),
+    Column("source_node", String(253), nullable=True),
+    Column("target_node", String(253), nullable=True),
+    Column("final_node", String(253), nullable=True),
+    Column("outcome", String(64), nullable=False),
+    Column("reason", String(1024), nullable=True),
+    Column("message", String(4096), nullable=True),
+    Column("class_name", String(253), nullable=False),
+    Column("requester", String(320), nullable=True),
+    Column("submitted_at", UtcDateTime, nullable=False),
+    Column("finished_at", UtcDateTime, nullable=True),
+    Column("events", Integer, nullable=False),
+    Column("bytes", BigInteger, nullable=True),
+    Column("milestones", Json, nullable=False),
+    Column("pruned_at", UtcDateTime, nullable=False),
+)
+Index("ix_operation_summaries_submitted", operation_summaries.c.submitted_at)
+
+__all__ = ["decisions", "events", "machine_keys", "machines", "metadata",
+           "operation_summaries"]

@@ -5,8 +5,10 @@ A class names the artifact ``repository`` and the ``tag_scheme`` (which must con
 every waiting phase, the ``retention`` of artifacts (keep the last N, a maximum age,
 delete after a successful migration), the saver/loader container overrides (see
 :mod:`controlplane.machines.config.containers`), the ``on_failure`` behaviour of a failed
-capture (``Resume`` the workload or ``Kill`` it) and how many restore attempts a
-migration or resume makes.
+capture (``Resume`` the workload or ``Kill`` it), how many restore attempts a
+migration or resume makes, and ``history_keep_days``: how long the history of a settled
+operation of this class is kept before ``cpctl history prune`` summarises it
+(``store/retention.py``; unset: the prune's ``--keep-days`` policy decides).
 
 The submitter resolves a class by name and embeds its normalised JSON in the machine spec,
 so a later edit of the class never changes a running machine or its replay.
@@ -93,6 +95,9 @@ class CheckpointClass:
     #: the operator vouches that the owner does not recreate a deleted pod (an operator
     #: that expects suspend/resume, say). Every other controller-owned pod is refused.
     movable_owners: tuple[str, ...] = field(default=(), metadata=OMIT_DEFAULT)
+    #: Days a settled operation's events are kept before a prune replaces them by one
+    #: summary row (``None``: the prune's ``--keep-days`` decides).
+    history_keep_days: int | None = field(default=None, metadata=OMIT_DEFAULT)
 
     def saver_container(self) -> Container:
         return merge(DEFAULT_SAVER, self.saver)
@@ -119,7 +124,8 @@ def _annotation(default: Container, override: ContainerOverride) -> str:
 DEFAULT_CLASS = CheckpointClass()
 
 _KEYS = {"name", "repository", "tag_scheme", "timeouts", "retention", "saver", "loader",
-         "on_failure", "restore_attempts", "owners"}
+         "on_failure", "restore_attempts", "owners", "history_keep_days"}
+MAX_HISTORY_KEEP_DAYS = 100 * 366
 _OWNER_POLICIES = ("move", "refuse")
 
 
@@ -183,7 +189,19 @@ def _parse_class(data: JsonValue, *, field: str) -> CheckpointClass:
         restore_attempts=_int(data.get("restore_attempts", 3), field=f"{field}.restore_attempts",
                               low=1, high=10),
         movable_owners=_owners(data.get("owners"), field=f"{field}.owners"),
+        history_keep_days=_keep_days(data.get("history_keep_days"),
+                                     field=f"{field}.history_keep_days"),
     )
+
+
+def _keep_days(value: JsonValue, *, field: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSpec(f"{field} must be a whole number of days from 0 to "
+                          f"{MAX_HISTORY_KEEP_DAYS} (how long a settled operation's history "
+                          f"is kept before it is pruned to a summary), got {value!r}")
+    return _int(value, field=field, low=0, high=MAX_HISTORY_KEEP_DAYS)
 
 
 def _owners(data: JsonValue, *, field: str) -> tuple[str, ...]:
@@ -217,6 +235,8 @@ def class_to_json(cls: CheckpointClass) -> JsonObject:
         "on_failure": cls.on_failure.value, "restore_attempts": cls.restore_attempts,
         **({"owners": {kind: "move" for kind in cls.movable_owners}}
            if cls.movable_owners else {}),
+        **({"history_keep_days": cls.history_keep_days}
+           if cls.history_keep_days is not None else {}),
     }
 
 
