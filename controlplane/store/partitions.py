@@ -41,9 +41,9 @@ PARTITION_KEY = "recorded_at"
 _MONTHLY = re.compile(r"^events_y(\d{4})m(\d{2})$")
 # One cluster-wide key ("cppar"): creating and dropping partitions never run at once.
 _ADVISORY_LOCK_KEY = 0x6370706172
-# A drop waits at most this long for its locks, so appends never queue behind it for long;
-# a partition it could not lock is tried again on the next run.
-_DROP_LOCK_TIMEOUT = "2s"
+# Creating and dropping wait at most this long for a lock, so appends and reads never
+# queue behind them for long; a month skipped for it is done on the next run.
+_LOCK_TIMEOUT = "2s"
 
 
 def month_start(t: datetime) -> datetime:
@@ -103,12 +103,21 @@ async def create_ahead(db: Database, *, now: datetime, months: int = 3) -> list[
         await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _ADVISORY_LOCK_KEY})
         # Read under the lock: a worker that waited sees what the other one created.
         existing = set(await partition_bounds_txn(conn))
+        await conn.execute(text("SELECT set_config('lock_timeout', :t, true)"),
+                           {"t": _LOCK_TIMEOUT})
         created = []
         for n in range(months + 1):
             month = add_months(first, n)
-            if partition_name(month) not in existing:
-                await create_partition_txn(conn, month)
-                created.append(partition_name(month))
+            if partition_name(month) in existing:
+                continue
+            try:
+                async with conn.begin_nested():
+                    await create_partition_txn(conn, month)
+            except DBAPIError as exc:
+                if _sqlstate(exc) != "55P03":
+                    raise
+                continue  # busy (a long read holds the default partition): next run
+            created.append(partition_name(month))
         return created
 
 
@@ -143,7 +152,7 @@ async def drop_summarized_before(db: Database, *, before: datetime) -> list[str]
 async def _drop_if_summarized_txn(conn: AsyncConnection, name: str) -> bool:
     await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _ADVISORY_LOCK_KEY})
     await conn.execute(text("SELECT set_config('lock_timeout', :t, true)"),
-                       {"t": _DROP_LOCK_TIMEOUT})
+                       {"t": _LOCK_TIMEOUT})
     try:
         async with conn.begin_nested():
             await _run_built(conn, "SELECT format('LOCK TABLE %I IN SHARE MODE', "
@@ -165,32 +174,30 @@ async def _drop_if_summarized_txn(conn: AsyncConnection, name: str) -> bool:
 
 async def create_partition_txn(conn: AsyncConnection, month: datetime) -> None:
     """Create ``month``'s partition, moving into it any rows the default partition holds
-    for that month (PostgreSQL refuses a new partition while the default has its rows)."""
+    for that month (PostgreSQL refuses a new partition while the default has its rows).
+
+    Made as a table of its own and then attached: ``ATTACH PARTITION`` takes only a SHARE
+    UPDATE EXCLUSIVE lock on ``events`` (appends and reads go on), where ``CREATE TABLE
+    ... PARTITION OF`` would take an ACCESS EXCLUSIVE one. It does lock the default
+    partition to check it holds no row of the month, which is why callers bound the wait.
+    """
     lo, hi = month_start(month), add_months(month_start(month), 1)
     bounds = {"name": partition_name(lo), "lo": lo, "hi": hi}
+    await _run_built(conn, (
+        "SELECT format('CREATE TABLE %I (LIKE events INCLUDING DEFAULTS "
+        "INCLUDING CONSTRAINTS INCLUDING STORAGE)', CAST(:name AS text))"),
+        name=bounds["name"])
     default = await conn.execute(text(
         "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
         "WHERE i.inhparent = to_regclass('events') "
         "AND pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT'"))
     default_name = default.scalar_one_or_none()
-    stray = default_name is not None and await _run_built(conn, (
-        "SELECT format('SELECT EXISTS (SELECT 1 FROM %I WHERE recorded_at >= %L "
-        "AND recorded_at < %L)', CAST(:default AS text), CAST(:lo AS timestamptz), "
-        "CAST(:hi AS timestamptz))"), default=default_name, lo=lo, hi=hi)
-    if not stray:
+    if default_name is not None:
         await _run_built(conn, (
-            "SELECT format('CREATE TABLE IF NOT EXISTS %I PARTITION OF events "
-            "FOR VALUES FROM (%L) TO (%L)', CAST(:name AS text), "
-            "CAST(:lo AS timestamptz), CAST(:hi AS timestamptz))"), **bounds)
-        return
-    await _run_built(conn, (
-        "SELECT format('CREATE TABLE %I (LIKE events INCLUDING DEFAULTS "
-        "INCLUDING CONSTRAINTS)', CAST(:name AS text))"), name=bounds["name"])
-    await _run_built(conn, (
-        "SELECT format('WITH moved AS (DELETE FROM %I WHERE recorded_at >= %L "
-        "AND recorded_at < %L RETURNING *) INSERT INTO %I SELECT * FROM moved', "
-        "CAST(:default AS text), CAST(:lo AS timestamptz), CAST(:hi AS timestamptz), "
-        "CAST(:name AS text))"), default=default_name, **bounds)
+            "SELECT format('WITH moved AS (DELETE FROM %I WHERE recorded_at >= %L "
+            "AND recorded_at < %L RETURNING *) INSERT INTO %I SELECT * FROM moved', "
+            "CAST(:default AS text), CAST(:lo AS timestamptz), CAST(:hi AS timestamptz), "
+            "CAST(:name AS text))"), default=default_name, **bounds)
     await _run_built(conn, (
         "SELECT format('ALTER TABLE events ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)', "
         "CAST(:name AS text), CAST(:lo AS timestamptz), CAST(:hi AS timestamptz))"), **bounds)

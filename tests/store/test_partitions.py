@@ -300,3 +300,21 @@ def test_names_and_months_are_utc_calendar_months() -> None:
     assert partitions.is_partition_name("events_y2026m11")
     assert partitions.is_partition_name("events_default")
     assert not partitions.is_partition_name("events")
+
+
+@pytest.mark.postgres
+async def test_create_ahead_gives_up_a_month_a_long_read_holds_and_makes_it_next_time(
+        pg: Database, pg_database: str) -> None:
+    """Making a month locks the default partition; behind a reader that holds it, the
+    month is skipped after the lock timeout (appends never queue behind the attempt), and
+    the next run makes it."""
+    await migrate.upgrade(pg)
+    reader = open_database(pg_database, pool_size=1)
+    try:
+        async with reader.reader.connect() as conn, conn.begin():
+            await conn.execute(text("SELECT count(*) FROM events"))  # holds every partition
+            assert await partitions.create_ahead(pg, now=_t(2029, 3, 1), months=0) == []
+    finally:
+        await reader.dispose()
+    assert await partitions.create_ahead(pg, now=_t(2029, 3, 1), months=0) == [
+        "events_y2029m03"]
