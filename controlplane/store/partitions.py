@@ -44,6 +44,9 @@ _ADVISORY_LOCK_KEY = 0x6370706172
 # Creating and dropping wait at most this long for a lock, so appends and reads never
 # queue behind them for long; a month skipped for it is done on the next run.
 _LOCK_TIMEOUT = "2s"
+# lock_not_available (the timeout above) and deadlock_detected (a drop takes the
+# partition, then ``events``; an append routed to that old month takes them the other way).
+_BUSY = ("55P03", "40P01")
 
 
 def month_start(t: datetime) -> datetime:
@@ -114,7 +117,7 @@ async def create_ahead(db: Database, *, now: datetime, months: int = 3) -> list[
                 async with conn.begin_nested():
                     await create_partition_txn(conn, month)
             except DBAPIError as exc:
-                if _sqlstate(exc) != "55P03":
+                if _sqlstate(exc) not in _BUSY:
                     raise
                 continue  # busy (a long read holds the default partition): next run
             created.append(partition_name(month))
@@ -151,6 +154,10 @@ async def drop_summarized_before(db: Database, *, before: datetime) -> list[str]
 
 async def _drop_if_summarized_txn(conn: AsyncConnection, name: str) -> bool:
     await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _ADVISORY_LOCK_KEY})
+    still_there = (await conn.execute(text("SELECT to_regclass(:name) IS NOT NULL"),
+                                      {"name": name})).scalar_one()
+    if not still_there:  # another run dropped it since we listed it
+        return False
     await conn.execute(text("SELECT set_config('lock_timeout', :t, true)"),
                        {"t": _LOCK_TIMEOUT})
     try:
@@ -167,7 +174,7 @@ async def _drop_if_summarized_txn(conn: AsyncConnection, name: str) -> bool:
                              name=name)
             return True
     except DBAPIError as exc:
-        if _sqlstate(exc) == "55P03":  # lock_not_available: busy now, next run retries
+        if _sqlstate(exc) in _BUSY:  # next run retries
             return False
         raise
 

@@ -318,3 +318,21 @@ async def test_create_ahead_gives_up_a_month_a_long_read_holds_and_makes_it_next
         await reader.dispose()
     assert await partitions.create_ahead(pg, now=_t(2029, 3, 1), months=0) == [
         "events_y2029m03"]
+
+
+@pytest.mark.postgres
+async def test_two_drops_at_once_drop_each_partition_once(pg: Database,
+                                                          pg_database: str) -> None:
+    """Two workers pruning together: no error, and each old empty month dropped by one."""
+    await migrate.upgrade(pg)
+    await partitions.create_ahead(pg, now=_t(2026, 1, 1), months=5)
+    await _summarize(pg, "nobody")  # the summaries table exists (or its stand-in)
+    other = open_database(pg_database, pool_size=2)
+    try:
+        first, second = await asyncio.gather(
+            partitions.drop_summarized_before(pg, before=_t(2026, 7, 1)),
+            partitions.drop_summarized_before(other, before=_t(2026, 7, 1)))
+    finally:
+        await other.dispose()
+    assert sorted(first + second) == [f"events_y2026m{m:02d}" for m in range(1, 7)]
+    assert not set(first) & set(second)
