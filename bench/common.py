@@ -101,7 +101,11 @@ async def footprint(db: Database) -> dict[str, dict[str, int]]:
     async with db.reader.connect() as conn:
         for table in TABLES:
             rows = await conn.scalar(text(f"SELECT count(*) FROM {table}"))
-            size = await conn.scalar(text(f"SELECT pg_total_relation_size('{table}')"))
+            # Summed over the table's partitions (a partitioned table's own size is 0);
+            # a plain table is its own only member.
+            size = await conn.scalar(text(
+                "SELECT coalesce(sum(pg_total_relation_size(relid)), 0) "
+                f"FROM pg_partition_tree('{table}')"))
             out[table] = {"rows": int(rows or 0), "bytes": int(size or 0)}
     return out
 

@@ -6,9 +6,9 @@
 1. template histories: a few real migrations on the simulator (:func:`bench.scale.
    run_scale` into this database), so the events, facts and decisions replayed are the
    product's own, not a synthetic kind;
-2. bulk load: the template machines, their events and decisions cloned server-side
-   (``INSERT ... SELECT`` over ``generate_series``, one statement per table) under fresh
-   ids until the events table holds ``--events`` rows; ``ANALYZE``;
+2. bulk load: the template machines, their events and decisions cloned under fresh ids
+   (renamed in this process, sent with ``COPY``) until the events table holds
+   ``--events`` rows; ``ANALYZE``;
 3. the read alone (machines + events decoded, no fold: what a log-reading figure such
    as the eventsourcing library's measures), timed;
 4. ``controlplane.app.replay.rebuild`` (what ``cpctl replay`` runs): fold every machine's
@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
 import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 from sqlalchemy import text
 
 from bench.common import (
@@ -57,8 +59,8 @@ from controlplane.clock import SystemClock
 from controlplane.gc_tuning import collector_paused
 from controlplane.logs import configure as configure_logs
 from controlplane.machines.catalog import default_kinds
-from controlplane.store import replay_reads
-from controlplane.store.database import Database, open_database
+from controlplane.store import codec, replay_reads
+from controlplane.store.database import Database, json_dumps, open_database
 
 DB_NAME = db_name("replay")
 CHUNK = 250  # copies per INSERT
@@ -75,38 +77,61 @@ async def _columns(db: Database, table: str, *, skip: tuple[str, ...] = ()
     return [(str(c), str(t)) for c, t in rows if c not in skip]
 
 
+def _pod_tag(machine_id: str) -> str:
+    """The part of a restored pod's name hashed from its machine's id."""
+    return "-r" + hashlib.sha256(machine_id.encode()).hexdigest()[:6] + "-"
+
+
+def _renamed(value: Any, kind: str, old: str, new: str) -> Any:
+    """One column of a template row as the clone ``new`` of machine ``old`` holds it."""
+    if kind in ("json", "jsonb"):  # JSON null (a compressed value's plain column) stays
+        text_ = json_dumps(value)
+        return text_.replace(old, new).replace(_pod_tag(old), _pod_tag(new))
+    if value is None:
+        return None
+    if kind == "bytea":  # compressed JSON (store.codec): decoded, renamed, encoded again
+        text_ = json_dumps(codec.decode(bytes(value)))
+        return codec.encode(orjson.loads(
+            text_.replace(old, new).replace(_pod_tag(old), _pod_tag(new))))
+    return value
+
+
 async def clone(db: Database, copies: int) -> None:
-    """``copies`` more of every machine (ids ``<n>-<id>``), with events and decisions."""
-    async with db.writer.begin() as conn:
-        await conn.execute(text("DROP TABLE IF EXISTS bench_template"))
-        await conn.execute(text("CREATE TABLE bench_template AS SELECT id FROM machines"))
+    """``copies`` more of every machine (ids ``<n>-<id>``), with events and decisions.
+
+    A faithful clone: the machine id also appears inside the JSON (checkpoint ids,
+    artifact tags), so it is replaced there too, as if the machine had that id; so is
+    the hash of it that names a restored pod (restoring.restore_pod_name: "-r" +
+    sha256(id)[:6] + "-"), or re-running the decisions (verify) would name the pod
+    differently than the clone's history does. The compressed columns (revision 0007)
+    cannot be rewritten in SQL: their rows are renamed here and sent with COPY.
+    """
+    async with db.reader.connect() as conn:
+        template = [str(i) for i in (await conn.execute(text("SELECT id FROM machines")))
+                    .scalars()]
     for table, skip in (("machines", ()), ("events", ("position",)), ("decisions", ())):
         cols = await _columns(db, table, skip=skip)
         key = "id" if table == "machines" else "machine_id"
-        # A faithful clone: the machine id also appears inside the JSON (checkpoint ids,
-        # artifact tags), so it is replaced there too, as if the machine had that id; so
-        # is the hash of it that names a restored pod (restoring.restore_pod_name:
-        # "-r" + sha256(id)[:6] + "-"), or re-running the decisions (verify) would
-        # name the pod differently than the clone's history does.
-        new_id = f"lpad(g::text, 7, '0') || '-' || t.{key}"
-        old_tag, new_tag = (f"'-r' || left(encode(sha256(convert_to({i}, 'UTF8')), 'hex'), 6)"
-                            " || '-'" for i in (f"t.{key}", new_id))
-        picked = ", ".join(
-            new_id if c == key
-            else (f"CAST(replace(replace(CAST(t.{c} AS text), t.{key}, {new_id}), "
-                  f"{old_tag}, {new_tag}) AS {kind})")
-            if kind in ("json", "jsonb") else f"t.{c}"
-            for c, kind in cols)
-        names = ", ".join(c for c, _ in cols)
-        for first in range(1, copies + 1, CHUNK):  # statements under the 60 s timeout
+        names = [c for c, _ in cols]
+        async with db.reader.connect() as conn:
+            rows = (await conn.execute(text(
+                f"SELECT {', '.join(names)} FROM {table} WHERE {key} = ANY(:ids)"),
+                {"ids": template})).all()
+        if not rows:
+            continue
+        for first in range(1, copies + 1, CHUNK):
+            batch = []
+            for g in range(first, min(copies, first + CHUNK - 1) + 1):
+                for row in rows:
+                    old = str(row._mapping[key])
+                    new = f"{g:07d}-{old}"
+                    batch.append(tuple(new if c == key else _renamed(v, kind, old, new)
+                                       for (c, kind), v in zip(cols, row, strict=True)))
             async with db.writer.begin() as conn:
-                await conn.execute(text(
-                    f"INSERT INTO {table} ({names}) SELECT {picked} "
-                    f"FROM {table} t, generate_series(CAST(:a AS int), CAST(:b AS int)) g "
-                    f"WHERE t.{key} IN (SELECT id FROM bench_template)"),
-                    {"a": first, "b": min(copies, first + CHUNK - 1)})
+                raw = (await conn.get_raw_connection()).driver_connection
+                assert raw is not None
+                await raw.copy_records_to_table(table, records=batch, columns=names)
     async with db.writer.begin() as conn:
-        await conn.execute(text("DROP TABLE bench_template"))
         for table in ("machines", "events", "decisions"):
             await conn.execute(text(f"ANALYZE {table}"))
 

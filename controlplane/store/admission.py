@@ -16,9 +16,10 @@ from datetime import datetime
 from sqlalchemy import and_, case, func, insert, literal, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from controlplane.engine.decider import ADMITTED
+from controlplane.engine.decider import ADMITTED, Event
 from controlplane.store import schema
 from controlplane.store.database import Database
+from controlplane.store.history_rows import event_rows_of
 from controlplane.store.session import read_txn, write_txn
 
 m = schema.machines
@@ -111,11 +112,8 @@ async def admit_held(db: Database, choose: Chooser, *, now: datetime) -> list[st
             )
             if result.rowcount != 1:
                 continue
-            await conn.execute(insert(schema.events).values(
-                machine_id=op.machine_id, seq=op.version + 1, type=ADMITTED,
-                data={"reason": reason}, facts={}, recorded_at=now, worker_id="admitter"))
-            await conn.execute(insert(schema.decisions).values(
-                machine_id=op.machine_id, first_seq=op.version + 1, cause="engine",
-                input={"admitted": reason}, decided_at=now))
+            await conn.execute(insert(schema.events), event_rows_of(
+                op.machine_id, op.version + 1, [Event(ADMITTED, {"reason": reason})], now,
+                "admitter", cause="engine", decision_input={"admitted": reason}))
             admitted.append(op.machine_id)
     return admitted

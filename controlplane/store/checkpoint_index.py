@@ -16,7 +16,7 @@ from sqlalchemy import Select, func, select
 
 from controlplane.machines.steps.capture import ArtifactVerified
 from controlplane.machines.steps.collect import COLLECT_EVENTS
-from controlplane.store import schema
+from controlplane.store import codec, schema
 from controlplane.store.database import Database
 from controlplane.store.session import read_txn
 
@@ -81,6 +81,12 @@ def _select(columns: Select[Any], *, workload: str | None,
     return stmt
 
 
+def _annotations(facts: Any) -> dict[str, Any]:
+    """The manifest's annotations among an ``ArtifactVerified`` event's facts."""
+    found = facts.get("tag_annotations") if isinstance(facts, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
 async def indexed_captures(db: Database, *, workload: str | None = None,
                            restorable: Restorability | None = None,
                            limit: int) -> tuple[list[IndexedCapture], int]:
@@ -89,7 +95,7 @@ async def indexed_captures(db: Database, *, workload: str | None = None,
     match in all (counted only when ``limit`` cuts the list)."""
     columns = select(m.c.id, m.c.kind, m.c.phase, m.c.workload, m.c.source_node,
                      m.c.spec["class"].label("klass"), verified.c.data,
-                     verified.c.facts["tag_annotations"].label("tag_annotations"),
+                     verified.c.facts, verified.c.facts_z,
                      verified.c.recorded_at,
                      _newest_collection(collected.c.type).label("collection"),
                      _newest_collection(collected.c.recorded_at).label("collected_at"))
@@ -110,6 +116,6 @@ async def indexed_captures(db: Database, *, workload: str | None = None,
         machine_id=r.id, kind=r.kind, phase=r.phase, workload=r.workload,
         source_node=r.source_node, klass=r.klass if isinstance(r.klass, dict) else None,
         verified=dict(r.data), verified_at=r.recorded_at,
-        tag_annotations=r.tag_annotations if isinstance(r.tag_annotations, dict) else {},
+        tag_annotations=_annotations(codec.from_columns(r.facts, r.facts_z)),
         collection=r.collection, collected_at=r.collected_at) for r in rows]
     return found, total

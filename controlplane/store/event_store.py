@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import (
     Boolean,
     Integer,
+    LargeBinary,
     String,
     bindparam,
     delete,
@@ -44,7 +45,14 @@ from controlplane.store.errors import (
     StaleWriter,
     WorkloadBusy,
 )
-from controlplane.store.records import Lease, Projection
+from controlplane.store.history_rows import event_rows_of, state_columns
+from controlplane.store.records import (
+    DecisionRecord,
+    Lease,
+    MachineRecord,
+    Projection,
+    RecordedEvent,
+)
 from controlplane.store.session import read_txn, write_txn
 
 m = schema.machines
@@ -108,25 +116,24 @@ async def _create_machine(db: Database, *, machine_id: str, kind: str, spec: Jso
         if held is not None:
             events.append(Event(QUEUED, {"reason": held}, {"limit": held}))
         row = {"id": machine_id, "kind": kind, "phase": initial.phase,
-               "version": len(events), "spec": spec, "state": initial.state,
+               "version": len(events), "spec": spec, **state_columns(initial.state),
                "terminal": initial.terminal, "workload": workload,
                "source_node": source_node, "held": held is not None,
                "next_wake_at": None if initial.terminal or held is not None else now}
         keys = sorted(initial.wake_keys or ())
+        event_rows = event_rows_of(machine_id, 1, events, now, worker_id,
+                                   cause="engine", decision_input={"submitted": True})
         try:
             if conn.dialect.name == "postgresql":
-                await pg_batch.create_machine(
-                    conn, {**row, "now": now, "worker": worker_id},
-                    _event_rows(machine_id, 1, events, now, worker_id),
-                    {"cause": "engine", "input": {"submitted": True}}, keys)
+                await pg_batch.create_machine(conn, {**row, "now": now, "worker": worker_id},
+                                              event_rows, keys)
                 return
             await conn.execute(insert(m).values(
                 **row, pending_actions=[], wake_seq=0, attempts=0, created_at=now,
                 updated_at=now))
         except IntegrityError:
             raise _IdOrWorkloadTaken() from None
-        await _insert_events_txn(conn, machine_id, 1, events, now, worker_id)
-        await _insert_decision_txn(conn, machine_id, 1, "engine", {"submitted": True}, now)
+        await conn.execute(insert(schema.events), event_rows)
         if keys:  # a new machine has no keys to replace
             await conn.execute(insert(schema.machine_keys),
                                [{"key": key, "machine_id": machine_id} for key in keys])
@@ -211,17 +218,13 @@ async def commit_many_txn(
     # Only guarded-in machines get events: a refused one leaves no trace in the batch.
     if accepted:
         event_rows = [row for r in accepted
-                      for row in _event_rows(r.machine_id, r.expected_version + 1, r.events,
-                                             r.now, r.worker_id)]
-        decision_rows = [{"machine_id": r.machine_id, "first_seq": r.expected_version + 1,
-                          "cause": r.cause, "input": r.decision_input, "decided_at": r.now}
-                         for r in accepted]
+                      for row in event_rows_of(r.machine_id, r.expected_version + 1, r.events,
+                                               r.now, r.worker_id, cause=r.cause,
+                                               decision_input=r.decision_input)]
         if conn.dialect.name == "postgresql":
             await pg_batch.insert_events(conn, event_rows)
-            await pg_batch.insert_decisions(conn, decision_rows)
         else:
             await conn.execute(insert(schema.events), event_rows)
-            await conn.execute(insert(schema.decisions), decision_rows)
         keys = {r.machine_id: r.projection.wake_keys for r in accepted
                 if r.projection.wake_keys is not None}
         if conn.dialect.name == "postgresql":
@@ -241,6 +244,7 @@ _SET: dict[str, Any] = {
     "version": bindparam("b_version", type_=Integer),
     "phase": bindparam("b_phase", type_=String),
     "state": bindparam("b_state", type_=schema.Json),
+    "state_z": bindparam("b_state_z", type_=LargeBinary),
     "terminal": bindparam("b_terminal", type_=Boolean),
     "updated_at": bindparam("b_updated_at", type_=schema.UtcDateTime),
     "pending_actions": bindparam("b_pending", type_=schema.Json),
@@ -263,16 +267,17 @@ async def _update_leased_batch_txn(
     return await pg_batch.update_leased(conn, [
         {"id": r.machine_id, "expected": r.expected_version,
          "token": r.lease.token if r.lease else "", "now": r.now, "version": r.new_version,
-         "phase": r.projection.phase, "state": r.projection.state,
+         "phase": r.projection.phase, **state_columns(r.projection.state),
          "terminal": r.projection.terminal, "pending": [action_to_json(a) for a in r.outbox]}
         for r in requests
     ])
 
 
 def _set_params(r: CommitRequest) -> dict[str, Any]:
+    state = state_columns(r.projection.state)
     return {
         "b_id": r.machine_id, "b_expected": r.expected_version, "b_version": r.new_version,
-        "b_phase": r.projection.phase, "b_state": r.projection.state,
+        "b_phase": r.projection.phase, "b_state": state["state"], "b_state_z": state["state_z"],
         "b_terminal": r.projection.terminal, "b_updated_at": r.now,
         "b_pending": [action_to_json(a) for a in r.outbox],
     }
@@ -306,43 +311,6 @@ async def _explain_refusal_txn(conn: AsyncConnection, r: CommitRequest) -> Stale
     )
 
 
-def _event_rows(machine_id: str, first_seq: int, events: Sequence[Event], now: datetime,
-                worker_id: str) -> list[dict[str, Any]]:
-    return [
-        {"machine_id": machine_id, "seq": first_seq + i, "type": e.type, "data": e.data,
-         "facts": e.facts, "recorded_at": now, "worker_id": worker_id}
-        for i, e in enumerate(events)
-    ]
-
-
-async def _insert_events_txn(
-    conn: AsyncConnection,
-    machine_id: str,
-    first_seq: int,
-    events: Sequence[Event],
-    now: datetime,
-    worker_id: str,
-) -> None:
-    await conn.execute(insert(schema.events),
-                       _event_rows(machine_id, first_seq, events, now, worker_id))
-
-
-async def _insert_decision_txn(
-    conn: AsyncConnection,
-    machine_id: str,
-    first_seq: int,
-    cause: str,
-    decision_input: JsonObject,
-    now: datetime,
-) -> None:
-    await conn.execute(
-        insert(schema.decisions).values(
-            machine_id=machine_id, first_seq=first_seq, cause=cause, input=decision_input,
-            decided_at=now,
-        )
-    )
-
-
 async def _replace_keys_txn(conn: AsyncConnection, machine_id: str, keys: frozenset[str]) -> None:
     k = schema.machine_keys
     await conn.execute(delete(k).where(k.c.machine_id == machine_id))
@@ -359,9 +327,53 @@ async def rewrite_projection_txn(
         update(m)
         .where(m.c.id == machine_id)
         .values(
-            version=version, phase=projection.phase, state=projection.state,
+            version=version, phase=projection.phase, **state_columns(projection.state),
             terminal=projection.terminal, updated_at=now,
         )
     )
     if projection.wake_keys is not None:
         await _replace_keys_txn(conn, machine_id, projection.wake_keys)
+
+
+async def restore_history_txn(conn: AsyncConnection, record: MachineRecord,
+                              events: Sequence[RecordedEvent],
+                              decisions: Sequence[DecisionRecord]) -> None:
+    """Write back a machine's whole history as read from the store (``cpctl history
+    import`` of an archive): its ``machines`` row and its events, in today's layout.
+
+    A decision sits on the event it starts when it was decided at that event's time (as
+    every decision the store records is); any other is written to ``decisions`` as the
+    old layout had it. The events get new ``position`` values (appended to the global
+    order now); their ``seq``, times and worker are kept. Raises ``IntegrityError`` if
+    the machine or one of its events is already there.
+    """
+    by_seq = {d.first_seq: d for d in decisions}
+    await conn.execute(insert(m).values(
+        id=record.id, kind=record.kind, phase=record.phase, version=record.version,
+        spec=record.spec, **state_columns(record.state), terminal=record.terminal,
+        pending_actions=record.pending_actions, next_wake_at=record.next_wake_at,
+        wake_seq=record.wake_seq, lease_owner=None, lease_token=None,
+        lease_expires_at=None, attempts=record.attempts, created_at=record.created_at,
+        updated_at=record.updated_at, workload=record.workload,
+        source_node=record.source_node, held=record.held))
+    rows: list[dict[str, Any]] = []
+    legacy: list[DecisionRecord] = []
+    for e in events:
+        decision = by_seq.pop(e.seq, None)
+        on_event = decision is not None and decision.decided_at == e.recorded_at
+        [row] = event_rows_of(record.id, e.seq, [Event(e.type, e.data, e.facts)],
+                              e.recorded_at, e.worker_id,
+                              cause=decision.cause if decision else "",
+                              decision_input=decision.input if decision else {})
+        if not on_event:
+            row.update(cause=None, input_z=None)
+            if decision is not None:
+                legacy.append(decision)
+        rows.append(row)
+    legacy.extend(by_seq.values())  # a decision past the last event: kept as it was
+    if rows:
+        await conn.execute(insert(schema.events), rows)
+    if legacy:
+        await conn.execute(insert(schema.decisions), [
+            {"machine_id": record.id, "first_seq": d.first_seq, "cause": d.cause,
+             "input": d.input, "decided_at": d.decided_at} for d in legacy])

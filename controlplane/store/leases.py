@@ -29,7 +29,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from controlplane.store import pg_batch, schema
+from controlplane.store import codec, pg_batch, schema
 from controlplane.store.database import Database
 from controlplane.store.errors import LeaseLost
 from controlplane.store.records import Claimed, Lease, MachineRecord
@@ -43,7 +43,8 @@ def row_to_record(row: Row[tuple[object, ...]]) -> MachineRecord:
     r = row._mapping
     return MachineRecord(
         id=r["id"], kind=r["kind"], phase=r["phase"], version=r["version"], spec=r["spec"],
-        state=r["state"], terminal=r["terminal"], pending_actions=r["pending_actions"],
+        state=codec.from_columns(r["state"], r["state_z"]), terminal=r["terminal"],
+        pending_actions=r["pending_actions"],
         next_wake_at=r["next_wake_at"],
         wake_seq=r["wake_seq"], lease_owner=r["lease_owner"],
         lease_expires_at=r["lease_expires_at"], attempts=r["attempts"],

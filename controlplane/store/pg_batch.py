@@ -21,34 +21,28 @@ from controlplane.store.database import json_dumps
 
 _UPDATE_LEASED = text("""
 UPDATE machines AS m
-SET version = v.version, phase = v.phase, state = v.state::jsonb, terminal = v.terminal,
-    updated_at = v.now, pending_actions = v.pending::jsonb
+SET version = v.version, phase = v.phase, state = v.state::jsonb, state_z = v.state_z,
+    terminal = v.terminal, updated_at = v.now, pending_actions = v.pending::jsonb
 FROM unnest(CAST(:ids AS varchar[]), CAST(:expected AS int[]), CAST(:tokens AS varchar[]),
             CAST(:nows AS timestamptz[]), CAST(:versions AS int[]),
-            CAST(:phases AS varchar[]), CAST(:states AS text[]),
+            CAST(:phases AS varchar[]), CAST(:states AS text[]), CAST(:state_zs AS bytea[]),
             CAST(:terminals AS boolean[]), CAST(:pendings AS text[]))
-     AS v(id, expected, token, now, version, phase, state, terminal, pending)
+     AS v(id, expected, token, now, version, phase, state, state_z, terminal, pending)
 WHERE m.id = v.id AND m.version = v.expected AND m.lease_token = v.token
   AND m.lease_expires_at > v.now
 RETURNING m.id
 """)
 
 _INSERT_EVENTS = text("""
-INSERT INTO events (machine_id, seq, type, data, facts, recorded_at, worker_id)
-SELECT machine_id, seq, type, data::jsonb, facts::jsonb, recorded_at, worker_id
+INSERT INTO events (machine_id, seq, type, data, facts, facts_z, recorded_at, worker_id,
+                    cause, input_z)
+SELECT machine_id, seq, type, data::jsonb, facts::jsonb, facts_z, recorded_at, worker_id,
+       cause, input_z
 FROM unnest(CAST(:machine_ids AS varchar[]), CAST(:seqs AS int[]), CAST(:types AS varchar[]),
-            CAST(:datas AS text[]), CAST(:factss AS text[]),
-            CAST(:recorded AS timestamptz[]), CAST(:workers AS varchar[]))
-     AS e(machine_id, seq, type, data, facts, recorded_at, worker_id)
-""")
-
-_INSERT_DECISIONS = text("""
-INSERT INTO decisions (machine_id, first_seq, cause, input, decided_at)
-SELECT machine_id, first_seq, cause, input::jsonb, decided_at
-FROM unnest(CAST(:machine_ids AS varchar[]), CAST(:first_seqs AS int[]),
-            CAST(:causes AS varchar[]), CAST(:inputs AS text[]),
-            CAST(:decided AS timestamptz[]))
-     AS d(machine_id, first_seq, cause, input, decided_at)
+            CAST(:datas AS text[]), CAST(:factss AS text[]), CAST(:facts_zs AS bytea[]),
+            CAST(:recorded AS timestamptz[]), CAST(:workers AS varchar[]),
+            CAST(:causes AS varchar[]), CAST(:input_zs AS bytea[]))
+     AS e(machine_id, seq, type, data, facts, facts_z, recorded_at, worker_id, cause, input_z)
 """)
 
 _RELEASE = text("""
@@ -78,25 +72,28 @@ SELECT key, machine_id
 FROM unnest(CAST(:keys AS varchar[]), CAST(:machine_ids AS varchar[])) AS k(key, machine_id)
 """)
 
-# A new machine with its first events, its first decision and its wake keys: one round
-# trip instead of four, inside the admission lock (submission was 8 statements). The
-# child rows' foreign keys are checked at the end of the statement, after the machine.
+# A new machine with its first events (the first carrying its decision record) and its
+# wake keys: one round trip instead of three, inside the admission lock (submission was
+# 8 statements). The child rows' foreign keys are checked at the end of the statement,
+# after the machine.
 _CREATE_MACHINE = text("""
 WITH new_machine AS (
-  INSERT INTO machines (id, kind, phase, version, spec, state, terminal, pending_actions,
-                        wake_seq, attempts, created_at, updated_at, workload, source_node,
-                        held, next_wake_at)
+  INSERT INTO machines (id, kind, phase, version, spec, state, state_z, terminal,
+                        pending_actions, wake_seq, attempts, created_at, updated_at,
+                        workload, source_node, held, next_wake_at)
   VALUES (:id, :kind, :phase, :version, CAST(:spec AS jsonb), CAST(:state AS jsonb),
-          :terminal, '[]'::jsonb, 0, 0, CAST(:now AS timestamptz), CAST(:now AS timestamptz),
+          CAST(:state_z AS bytea), :terminal, '[]'::jsonb, 0, 0, CAST(:now AS timestamptz),
+          CAST(:now AS timestamptz),
           :workload, :source_node, :held, CAST(:next_wake_at AS timestamptz))
 ), new_events AS (
-  INSERT INTO events (machine_id, seq, type, data, facts, recorded_at, worker_id)
-  SELECT :id, seq, type, data::jsonb, facts::jsonb, CAST(:now AS timestamptz), :worker
+  INSERT INTO events (machine_id, seq, type, data, facts, facts_z, recorded_at, worker_id,
+                      cause, input_z)
+  SELECT :id, seq, type, data::jsonb, facts::jsonb, facts_z, CAST(:now AS timestamptz),
+         :worker, cause, input_z
   FROM unnest(CAST(:seqs AS int[]), CAST(:types AS varchar[]), CAST(:datas AS text[]),
-              CAST(:factss AS text[])) AS e(seq, type, data, facts)
-), new_decision AS (
-  INSERT INTO decisions (machine_id, first_seq, cause, input, decided_at)
-  VALUES (:id, 1, :cause, CAST(:input AS jsonb), CAST(:now AS timestamptz))
+              CAST(:factss AS text[]), CAST(:facts_zs AS bytea[]),
+              CAST(:causes AS varchar[]), CAST(:input_zs AS bytea[]))
+       AS e(seq, type, data, facts, facts_z, cause, input_z)
 )
 INSERT INTO machine_keys (key, machine_id)
 SELECT key, :id FROM unnest(CAST(:keys AS varchar[])) AS k(key)
@@ -112,6 +109,7 @@ async def update_leased(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -
         "tokens": [r["token"] for r in rows], "nows": [r["now"] for r in rows],
         "versions": [r["version"] for r in rows], "phases": [r["phase"] for r in rows],
         "states": [_json(r["state"]) for r in rows],
+        "state_zs": [r["state_z"] for r in rows],
         "terminals": [r["terminal"] for r in rows],
         "pendings": [_json(r["pending"]) for r in rows],
     }
@@ -119,21 +117,15 @@ async def update_leased(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -
 
 
 async def insert_events(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
+    """Rows as ``event_store.event_rows_of`` builds them."""
     await conn.execute(_INSERT_EVENTS, {
         "machine_ids": [r["machine_id"] for r in rows], "seqs": [r["seq"] for r in rows],
         "types": [r["type"] for r in rows], "datas": [_json(r["data"]) for r in rows],
         "factss": [_json(r["facts"]) for r in rows],
+        "facts_zs": [r["facts_z"] for r in rows],
         "recorded": [r["recorded_at"] for r in rows],
         "workers": [r["worker_id"] for r in rows],
-    })
-
-
-async def insert_decisions(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
-    await conn.execute(_INSERT_DECISIONS, {
-        "machine_ids": [r["machine_id"] for r in rows],
-        "first_seqs": [r["first_seq"] for r in rows], "causes": [r["cause"] for r in rows],
-        "inputs": [_json(r["input"]) for r in rows],
-        "decided": [r["decided_at"] for r in rows],
+        "causes": [r["cause"] for r in rows], "input_zs": [r["input_z"] for r in rows],
     })
 
 
@@ -160,15 +152,16 @@ async def replace_keys(conn: AsyncConnection, keys: dict[str, frozenset[str]]) -
 
 
 async def create_machine(conn: AsyncConnection, machine: dict[str, Any],
-                         events: Sequence[dict[str, Any]], decision: dict[str, Any],
-                         keys: Sequence[str]) -> None:
-    """Machine: id, kind, phase, version, spec, state, terminal, now, workload,
-    source_node, held, next_wake_at, worker. Events (seq 1...): seq, type, data, facts.
-    Decision: cause, input. Raises ``IntegrityError`` as the four inserts would."""
+                         events: Sequence[dict[str, Any]], keys: Sequence[str]) -> None:
+    """Machine: id, kind, phase, version, spec, state, state_z, terminal, now, workload,
+    source_node, held, next_wake_at, worker. Events (seq 1...) as
+    ``event_store.event_rows_of`` builds them. Raises ``IntegrityError`` as the three
+    inserts would."""
     await conn.execute(_CREATE_MACHINE, {
         **machine, "spec": _json(machine["spec"]), "state": _json(machine["state"]),
         "seqs": [e["seq"] for e in events], "types": [e["type"] for e in events],
         "datas": [_json(e["data"]) for e in events],
         "factss": [_json(e["facts"]) for e in events],
-        "cause": decision["cause"], "input": _json(decision["input"]), "keys": list(keys),
+        "facts_zs": [e["facts_z"] for e in events], "causes": [e["cause"] for e in events],
+        "input_zs": [e["input_z"] for e in events], "keys": list(keys),
     })

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import Row, Select, and_, case, func, or_, select
 
 from controlplane.engine.decider import ACTION_FAILED
-from controlplane.store import schema
+from controlplane.store import codec, schema
 from controlplane.store.database import Database
 from controlplane.store.errors import MachineNotFound
 from controlplane.store.leases import row_to_record
@@ -37,14 +37,33 @@ def _event(row: Row[tuple[object, ...]]) -> RecordedEvent:
     r = row._mapping
     return RecordedEvent(
         position=r["position"], machine_id=r["machine_id"], seq=r["seq"], type=r["type"],
-        data=r["data"], facts=r["facts"], recorded_at=r["recorded_at"],
+        data=r["data"], facts=codec.from_columns(r["facts"], r["facts_z"]),
+        recorded_at=r["recorded_at"],
         worker_id=r["worker_id"],
     )
 
 
 def _decision(row: Row[tuple[object, ...]]) -> DecisionRecord:
+    """A row of the ``decisions`` table (written before revision 0007)."""
     r = row._mapping
     return DecisionRecord(r["machine_id"], r["first_seq"], r["cause"], r["input"], r["decided_at"])
+
+
+def _event_decision(event: RecordedEvent, row: Row[tuple[object, ...]]) -> DecisionRecord | None:
+    """The decision recorded on ``event``'s row (since revision 0007), if it starts one."""
+    r = row._mapping
+    if r["cause"] is None:
+        return None
+    return DecisionRecord(event.machine_id, event.seq, r["cause"], codec.decode(r["input_z"]),
+                          event.recorded_at)
+
+
+def _merged(legacy: list[DecisionRecord], recorded: list[DecisionRecord]) -> list[DecisionRecord]:
+    """A machine's decisions from both places, in seq order (a machine written across the
+    upgrade has its first decisions in ``decisions`` and the later ones on events)."""
+    if not legacy:
+        return recorded
+    return sorted([*legacy, *recorded], key=lambda d: d.first_seq)
 
 
 async def get_machine(db: Database, machine_id: str) -> MachineRecord:
@@ -172,10 +191,15 @@ async def verified_captures(db: Database, *, workload: str | None = None,
 
 
 async def decisions(db: Database, machine_id: str) -> list[DecisionRecord]:
+    """A machine's decision records in seq order, wherever they are stored."""
     async with read_txn(db) as conn:
         rows = (await conn.execute(select(d).where(d.c.machine_id == machine_id)
                                    .order_by(d.c.first_seq))).all()
-    return [_decision(r) for r in rows]
+        starts = (await conn.execute(select(e).where(e.c.machine_id == machine_id,
+                                                     e.c.cause.is_not(None))
+                                     .order_by(e.c.seq))).all()
+    recorded = [_event_decision(_event(r), r) for r in starts]
+    return _merged([_decision(r) for r in rows], [x for x in recorded if x is not None])
 
 
 async def count_by_phase(db: Database) -> dict[tuple[str, str], int]:
@@ -254,13 +278,18 @@ async def stream_histories(
                 .order_by(d.c.machine_id, d.c.first_seq)
             )).all()
         by_machine: dict[str, list[RecordedEvent]] = {r.id: [] for r in records}
+        on_events: dict[str, list[DecisionRecord]] = {r.id: [] for r in records}
         for row in ev_rows:
             ev = _event(row)
             by_machine[ev.machine_id].append(ev)
+            started = _event_decision(ev, row)
+            if started is not None:
+                on_events[ev.machine_id].append(started)
         dec_by: dict[str, list[DecisionRecord]] = {r.id: [] for r in records}
         for row in dec_rows:
             dec = _decision(row)
             dec_by[dec.machine_id].append(dec)
         for record in records:
-            yield record, by_machine[record.id], dec_by[record.id]
+            yield (record, by_machine[record.id],
+                   _merged(dec_by[record.id], on_events[record.id]))
         after = last

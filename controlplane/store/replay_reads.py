@@ -8,7 +8,8 @@ that justified it: history's *why*, which ``evolve`` never reads — a rebuild t
 them would mismatch the projections the workers wrote), not the spec column (the
 ``Submitted`` event carries it).
 
-The JSON columns are read as text and decoded with ``orjson``: the driver's per-value
+The JSON columns are read as text and decoded with ``orjson`` (a state stored compressed,
+since revision 0007, through ``codec``): the driver's per-value
 JSON codec and the ORM-free row mapping were most of a rebuild's time (8k events/s read;
 see ``docs/performance.md``). Batches are large, in id order, and the next batch is read
 while the caller folds the current one, so the database's time overlaps the fold.
@@ -27,7 +28,7 @@ import orjson
 from sqlalchemy import Text, cast, func, select
 
 from controlplane.engine.jsonvalue import JsonObject
-from controlplane.store import schema
+from controlplane.store import codec, schema
 from controlplane.store.database import Database
 from controlplane.store.session import read_txn
 
@@ -58,13 +59,13 @@ class FoldEvent(NamedTuple):
 Batch = list[tuple[StoredProjection, list[FoldEvent]]]
 
 _MACHINES = select(m.c.id, m.c.kind, m.c.phase, m.c.version, m.c.terminal,
-                   cast(m.c.state, Text)).order_by(m.c.id)
+                   cast(m.c.state, Text), m.c.state_z).order_by(m.c.id)
 _EVENTS = select(e.c.machine_id, e.c.seq, e.c.type, cast(e.c.data, Text)).order_by(
     e.c.machine_id, e.c.seq)
 
 
-def _object(text: Any) -> JsonObject:
-    value = orjson.loads(text)
+def _object(text: Any, compressed: bytes | None = None) -> JsonObject:
+    value = codec.decode(compressed) if compressed is not None else orjson.loads(text)
     if not isinstance(value, dict):
         raise ValueError(f"expected a JSON object in the store, got {type(value).__name__}")
     return value
@@ -86,7 +87,7 @@ async def _batch(db: Database, after: str, size: int, until: str | None) -> Batc
     for machine_id, seq, type_, data in ev_rows:
         by_machine[machine_id].append(FoldEvent(seq, type_, loads(data)))
     return [(StoredProjection(str(r[0]), str(r[1]), str(r[2]), int(r[3]), bool(r[4]),
-                              _object(r[5])), by_machine[str(r[0])])
+                              _object(r[5], r[6])), by_machine[str(r[0])])
             for r in rows]
 
 

@@ -47,7 +47,7 @@ from controlplane.errors import ControlPlaneError
 from controlplane.machines.base.refs import parse_artifact_ref
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.submission import Limits
-from controlplane.store import migrate
+from controlplane.store import codec, migrate
 from controlplane.store.database import Database, open_database
 from controlplane.worker.composite import CompositeObserver
 from drivers.agent import AgentSettings, node_agent
@@ -485,7 +485,8 @@ class Campaign:
     async def check(self, db_url: str, world: World) -> None:
         pg = await asyncpg.connect(db_url, timeout=10)
         try:
-            machines = await pg.fetch("SELECT id, kind, phase, terminal, state FROM machines")
+            machines = [_decoded(r) for r in await pg.fetch(
+                "SELECT id, kind, phase, terminal, state, state_z FROM machines")]
             events = await pg.fetch("SELECT machine_id, seq, type, data FROM events "
                                     "ORDER BY machine_id, seq")
         finally:
@@ -524,6 +525,16 @@ def _running(world: World, name: str) -> bool:
 
 # --- the invariants -------------------------------------------------------------------------
 
+def _decoded(row: asyncpg.Record) -> dict[str, Any]:
+    """A machines row with its state decoded, wherever it is stored (``store.codec``)."""
+    out = dict(row)
+    state = out.pop("state_z", None)
+    plain = out["state"]
+    out["state"] = codec.decode(state) if state else (
+        json.loads(plain) if isinstance(plain, str) else plain)
+    return out
+
+
 def _data(e: asyncpg.Record) -> dict[str, Any]:
     data = e["data"]
     return dict(json.loads(data) if isinstance(data, str) else data)
@@ -553,7 +564,7 @@ def history_violations(machine_id: str, kind: str, phase: str, terminal: bool,
     return bad
 
 
-async def check_invariants(machines: list[asyncpg.Record],
+async def check_invariants(machines: list[dict[str, Any]],
                            histories: dict[str, list[asyncpg.Record]], world: World,
                            deleted_pods: list[tuple[str, str]],
                            cfg: CampaignConfig) -> list[str]:
@@ -660,16 +671,20 @@ async def scan_for_secrets(db_url: str, world: World, workdir: Path) -> list[str
         root.setLevel(previous)
     pg = await asyncpg.connect(db_url, timeout=10)
     try:
-        rows = [*await pg.fetch("SELECT machine_id AS id, data::text AS a, facts::text AS b "
-                                "FROM events"),
-                *await pg.fetch("SELECT machine_id AS id, input::text AS a, cause AS b "
-                                "FROM decisions"),
-                *await pg.fetch("SELECT id, spec::text AS a, state::text AS b FROM machines")]
+        rows = [*await pg.fetch("SELECT machine_id AS id, data::text AS a, facts::text AS b, "
+                                "facts_z AS c, input_z AS d FROM events"),
+                *await pg.fetch("SELECT machine_id AS id, input::text AS a, cause AS b, "
+                                "NULL::bytea AS c, NULL::bytea AS d FROM decisions"),
+                *await pg.fetch("SELECT id, spec::text AS a, state::text AS b, state_z AS c, "
+                                "NULL::bytea AS d FROM machines")]
     finally:
         await pg.close()
     places: list[tuple[str, str]] = [("api log", line) for line in captured]
     places += await asyncio.to_thread(_worker_logs, workdir)
-    places += [(f"row of {r['id']}", f"{r['a']} {r['b']}") for r in rows]
+    # The compressed columns (store.codec) are scanned as what they hold, not as bytes.
+    places += [(f"row of {r['id']}", " ".join(
+        [str(r["a"]), str(r["b"]), *(json.dumps(codec.decode(r[z])) for z in "cd" if r[z])]))
+        for r in rows]
     places += [(f"{plural} object", json.dumps(o)) for plural in ("events", "pods")
                for o in world.cluster.store.peek(plural)]
     leaks = []
@@ -724,7 +739,7 @@ class World:
         except Exception:  # the registry's own error types: no evidence
             return None
 
-    async def gc_refusals(self, db_url: str, machines: list[asyncpg.Record]) -> dict[str, int]:
+    async def gc_refusals(self, db_url: str, machines: list[dict[str, Any]]) -> dict[str, int]:
         return {}
 
 

@@ -25,9 +25,9 @@ import re
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
-import asyncpg
 from aiohttp import web
 
 from controlplane.api.metrics import render
@@ -209,7 +209,7 @@ class FaultWorld(World):
         super().count_faults(result)
         result.registry_faults.update(self.proxy.injected)
 
-    async def gc_refusals(self, db_url: str, machines: list[asyncpg.Record]) -> dict[str, int]:
+    async def gc_refusals(self, db_url: str, machines: list[dict[str, Any]]) -> dict[str, int]:
         """How a persistent GC refusal shows: phase, condition, Warning event, metric."""
         failed = [m for m in machines if m["phase"] == "GarbageCollectionFailed"]
         with_condition = 0
