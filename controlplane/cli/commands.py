@@ -24,6 +24,7 @@ from controlplane.app.operations import final_pod, send_command, submit, wake
 from controlplane.app.replay import ReplayReport, auto_jobs, phase_after_each, rebuild, verify
 from controlplane.cli import render
 from controlplane.cli.context import clock, opened, requester
+from controlplane.cli.history import print_pruned
 from controlplane.cli.meter import RebuildMeter
 from controlplane.cli.options import limits_from
 from controlplane.cli.progress import SUCCESS_PHASES, follow
@@ -35,8 +36,9 @@ from controlplane.errors import UsageError
 from controlplane.gc_tuning import tune_for_service
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.drain.state import KIND as DRAIN
-from controlplane.store import migrate, queries, replay_reads, reports
+from controlplane.store import migrate, queries, replay_reads, reports, retention
 from controlplane.store.database import open_database
+from controlplane.store.errors import MachineNotFound
 from controlplane.store.records import MachineRecord
 from controlplane.wiring.engine import build_worker
 from controlplane.worker.runtime import Worker, WorkerConfig
@@ -180,7 +182,14 @@ async def list_cmd(args: argparse.Namespace) -> int:
 
 async def history_cmd(args: argparse.Namespace) -> int:
     async with opened(args) as db:
-        record = await queries.get_machine(db, args.id)
+        try:
+            record = await queries.get_machine(db, args.id)
+        except MachineNotFound:
+            pruned = await retention.summary(db, args.id)
+            if pruned is None:
+                raise
+            print_pruned(pruned, args.output)  # its summary row, and that it was pruned
+            return 0
         events = await queries.history(db, args.id)
     phases = phase_after_each(default_kinds(), record, events)
     if args.output in ("json", "yaml"):

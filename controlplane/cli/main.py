@@ -18,6 +18,7 @@ from typing import NoReturn
 from controlplane import logs
 from controlplane.cli import checkpoints as checkpoints_module
 from controlplane.cli import commands, demo
+from controlplane.cli import history as history_verbs
 from controlplane.cli import sim as sim_module
 from controlplane.cli.options import add_cluster_options, positive_float, positive_int
 from controlplane.cli.webhook import add_webhook_parser
@@ -74,6 +75,8 @@ exit: 0 when it succeeded (with --wait), 1 when it ended otherwise, 2 on bad inp
   cpctl history ID             # time, phase change, event, reason, worker, facts (why)
   cpctl history ID --wide      # the same, nothing cut to fit the terminal
   cpctl history ID -o json     # the same, one object per event, with "phase"
+  cpctl history prune --keep-days 90 --archive /backup/history   # see its --help
+  cpctl history import /backup/history   # put archived (pruned) operations back
 """,
     "report": """examples:
   cpctl report migrations --by node        # p50 of each phase, bytes moved, success rate
@@ -108,6 +111,13 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, exit 2, plus where to look
         sys.stderr.write(f"cpctl: error: {message} (see `{self.prog} --help`)\n")
         raise SystemExit(2)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self.prog == "cpctl":  # `history prune|import`: their own verbs (cli/history.py)
+            args = history_verbs.route(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -198,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     group = w.add_mutually_exclusive_group(required=True)
     group.add_argument("--id")
     group.add_argument("--key")
+
+    history_verbs.add_parsers(sub)  # `cpctl history prune|import` (routed in main)
 
     rp = verb("report", commands.report_cmd, "summarise operations, checkpoints or "
               "migrations from the reporting views: counts, success rate, p50/p95 seconds, "
