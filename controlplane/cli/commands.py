@@ -24,7 +24,7 @@ from controlplane.app.operations import final_pod, send_command, submit, wake
 from controlplane.app.replay import ReplayReport, auto_jobs, phase_after_each, rebuild, verify
 from controlplane.cli import render
 from controlplane.cli.context import clock, opened, requester
-from controlplane.cli.history import print_pruned
+from controlplane.cli.history import parse_policy, print_pruned
 from controlplane.cli.meter import RebuildMeter
 from controlplane.cli.options import limits_from
 from controlplane.cli.progress import SUCCESS_PHASES, follow
@@ -41,6 +41,7 @@ from controlplane.store.database import open_database
 from controlplane.store.errors import MachineNotFound
 from controlplane.store.records import MachineRecord
 from controlplane.wiring.engine import build_worker
+from controlplane.worker.housekeeping import Housekeeping
 from controlplane.worker.runtime import Worker, WorkerConfig
 
 
@@ -332,12 +333,16 @@ async def worker_cmd(args: argparse.Namespace) -> int:
         lease_seconds=args.lease_seconds, heartbeat_seconds=args.lease_seconds / 3,
         poll_seconds=args.poll_seconds,
     )
+    policy = parse_policy(args.history_keep_days, flag="--history-keep-days")
     db = open_database(args.db, pool_size=max(args.concurrency + 2, 5))
+    chores: asyncio.Task[None] | None = None
     try:
         if args.upgrade_schema:
             await migrate.upgrade(db)
         else:
             await migrate.require_current(db)
+        # Partitions ahead and, with --history-keep-days, the prune: hourly, first now.
+        chores = asyncio.create_task(Housekeeping(db, clock, policy).run())
         banner = worker_banner(args, config, db.display_url)
         if args.kubeconfig or args.in_cluster:  # the product against a cluster + registry
             from controlplane.wiring.cluster import run_product_worker
@@ -350,6 +355,10 @@ async def worker_cmd(args: argparse.Namespace) -> int:
             await _drive(build_worker(db, config, clock), args.until_done, args.metrics_listen,
                          banner)
     finally:
+        if chores is not None:
+            chores.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await chores
         await db.dispose()
     return 0
 

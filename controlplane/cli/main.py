@@ -268,6 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="serve this worker's own /metrics (lease losses, conflicts, "
                     "transitions, action failures) and /healthz for a liveness probe "
                     "($CONTROLPLANE_WORKER_METRICS_LISTEN)")
+    wk.add_argument("--history-keep-days", action="append", default=[], metavar="[KIND=]N",
+                    help="prune the history of operations settled more than N days ago "
+                    "(KIND=N for one kind; repeat), hourly and at start, as `cpctl history "
+                    "prune --keep-days` does (and then a class's history_keep_days too). "
+                    "Default: never prune")
     _cluster_options(wk)
 
     for name, text in [
