@@ -131,6 +131,12 @@ async def finish(db: Database, *, before: datetime, batch: int, report: PruneRep
                  progress: Progress) -> None:
     """Phases 2 and 3 for every summarized machine whose rows still exist (a crashed
     prune's too)."""
+    # A revived machine must lose its summary before a partition holding its old events
+    # can be dropped as "fully summarized"; phase 2 checks again under its lock.
+    last: str | None = None
+    while ids := await _summarized_with_history(db, batch, after=last):
+        last = ids[-1]
+        report.revived += await _forget_revived(db, ids)
     report.partitions_dropped += await partitions.drop_summarized_before(db, before=before)
     n, last = 0, None
     while True:  # phase 2
@@ -218,12 +224,29 @@ async def _summarize_batch(db: Database, policy: Policy, now: datetime,
     return len(summaries)
 
 
-async def _view_rows(conn: AsyncConnection, view: str, key: str,
+#: What phase 1 reads of each view, for a batch (``IN``) or one machine (``=``): both
+#: planners push ``key = :id`` into ``report_migrations``' GROUP BY but not ``key IN``,
+#: which would aggregate every event in the database for each batch.
+_OPERATIONS = "SELECT * FROM report_operations WHERE operation_id IN :ids"
+_CHECKPOINTS = "SELECT * FROM report_checkpoints WHERE operation_id IN :ids"
+_DRAINS = "SELECT * FROM report_drains WHERE drain_id IN :ids"
+_CHILDREN = "SELECT * FROM report_drain_children WHERE drain_id IN :ids"
+_MIGRATION = "SELECT * FROM report_migrations WHERE operation_id = :id"
+
+
+async def _view_rows(conn: AsyncConnection, sql: str, key: str,
                      ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
-    stmt = text(f"SELECT * FROM {view} WHERE {key} IN :ids").bindparams(  # names are ours
-        bindparam("ids", value=list(ids), expanding=True))
+    """The rows ``sql`` (one of the constants above) gives for ``ids``, by ``key``."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for r in (await conn.execute(stmt)).all():
+    if not ids:
+        return out
+    if ":ids" in sql:
+        rows = (await conn.execute(text(sql).bindparams(
+            bindparam("ids", value=list(ids), expanding=True)))).all()
+    else:
+        rows = [r for machine_id in ids
+                for r in (await conn.execute(text(sql), {"id": machine_id})).all()]
+    for r in rows:
         row = dict(r._mapping)
         out.setdefault(str(row[key]), []).append(row)
     return out
@@ -259,11 +282,13 @@ async def _summaries_txn(conn: AsyncConnection, db: Database,
                          now: datetime) -> list[dict[str, Any]]:
     """The summary rows of ``machines`` from what the reporting views show of them."""
     ids = sorted(machines)
-    ops = await _view_rows(conn, "report_operations", "operation_id", ids)
-    migrations = await _view_rows(conn, "report_migrations", "operation_id", ids)
-    checkpoints = await _view_rows(conn, "report_checkpoints", "operation_id", ids)
-    drains = await _view_rows(conn, "report_drains", "drain_id", ids)
-    children = await _view_rows(conn, "report_drain_children", "drain_id", ids)
+    of_kind = {kind: [i for i in ids if machines[i]["kind"] == kind]
+               for kind in ("migration", "drain")}
+    ops = await _view_rows(conn, _OPERATIONS, "operation_id", ids)
+    migrations = await _view_rows(conn, _MIGRATION, "operation_id", of_kind["migration"])
+    checkpoints = await _view_rows(conn, _CHECKPOINTS, "operation_id", ids)
+    drains = await _view_rows(conn, _DRAINS, "drain_id", of_kind["drain"])
+    children = await _view_rows(conn, _CHILDREN, "drain_id", of_kind["drain"])
     first = (select(schema.events.c.machine_id, schema.events.c.worker_id)
              .where(schema.events.c.machine_id.in_(ids), schema.events.c.seq == 1))
     asked = {str(r[0]): str(r[1]) for r in (await conn.execute(first)).all()}
@@ -324,19 +349,31 @@ async def _summarized_with_history(db: Database, batch: int, *, after: str | Non
         return [str(r[0]) for r in (await conn.execute(stmt)).all()]
 
 
+async def _revived_txn(conn: AsyncConnection, db: Database, ids: Sequence[str]
+                       ) -> tuple[list[str], list[str]]:
+    """Of summarized ``ids`` (locked on PostgreSQL): (those still as summarized, those
+    that moved since, whose summaries are deleted: their history stays)."""
+    pick = (select(*_PICK, s.c.milestones).join(s, s.c.machine_id == m.c.id)
+            .where(m.c.id.in_(ids)))
+    if db.backend == "postgresql":
+        pick = pick.with_for_update(of=m)
+    rows = [dict(r._mapping) for r in (await conn.execute(pick)).all()]
+    revived = [str(r["id"]) for r in rows if not settled(r)
+               or (r["milestones"] or {}).get("version") != r["version"]]
+    if revived:
+        await conn.execute(delete(s).where(s.c.machine_id.in_(revived)))
+    return [str(r["id"]) for r in rows if str(r["id"]) not in revived], revived
+
+
+async def _forget_revived(db: Database, ids: Sequence[str]) -> int:
+    async with write_txn(db) as conn:
+        return len((await _revived_txn(conn, db, ids))[1])
+
+
 async def _delete_history_batch(db: Database, ids: Sequence[str]) -> tuple[int, int, int]:
     """Phase 2 of one batch: (events, decisions deleted, machines revived)."""
     async with write_txn(db) as conn:
-        pick = (select(*_PICK, s.c.milestones).join(s, s.c.machine_id == m.c.id)
-                .where(m.c.id.in_(ids)))
-        if db.backend == "postgresql":
-            pick = pick.with_for_update(of=m)
-        rows = [dict(r._mapping) for r in (await conn.execute(pick)).all()]
-        revived = [str(r["id"]) for r in rows if not settled(r)
-                   or (r["milestones"] or {}).get("version") != r["version"]]
-        if revived:  # it moved after its summary: keep its history, not the summary
-            await conn.execute(delete(s).where(s.c.machine_id.in_(revived)))
-        gone = [str(r["id"]) for r in rows if str(r["id"]) not in revived]
+        gone, revived = await _revived_txn(conn, db, ids)
         if not gone:
             return 0, 0, len(revived)
         events = await conn.execute(delete(schema.events)
