@@ -45,6 +45,7 @@ from controlplane.store.session import read_txn, write_txn
 
 m, s = schema.machines, schema.operation_summaries
 ARCHIVE_FORMAT = "cpctl-history-archive/1"
+ARCHIVE_READERS = 4  # concurrent reads while archiving (the CLI's pool holds 10)
 Progress = Callable[[str], None]
 
 
@@ -437,15 +438,21 @@ async def write_archive(db: Database, directory: Path, ids: Sequence[str]) -> Pa
     """One line per operation (in id order): its machine row, events and decisions
     (decoded), written to a temp file, fsynced, renamed into place, and the directory
     fsynced."""
-    lines = []
-    for machine_id in sorted(ids):
-        record = await queries.get_machine(db, machine_id)
-        events = await queries.history(db, machine_id)
-        decisions = await queries.decisions(db, machine_id)
-        lines.append(json.dumps({
+    # Through the store's decoding reads, a few machines at a time (each read is its
+    # own round trip; one after another they made archiving 6x slower than pruning).
+    gate = asyncio.Semaphore(ARCHIVE_READERS)
+
+    async def line(machine_id: str) -> str:
+        async with gate:
+            record = await queries.get_machine(db, machine_id)
+            events = await queries.history(db, machine_id)
+            decisions = await queries.decisions(db, machine_id)
+        return json.dumps({
             "format": ARCHIVE_FORMAT, "machine": asdict(record),
             "events": [asdict(e) for e in events], "decisions": [asdict(d) for d in decisions],
-        }, default=_encode, sort_keys=True))
+        }, default=_encode, sort_keys=True)
+
+    lines = await asyncio.gather(*(line(i) for i in sorted(ids)))
     return await asyncio.to_thread(_write_durably, directory, archive_name(ids),
                                    ("\n".join(lines) + "\n").encode())
 
