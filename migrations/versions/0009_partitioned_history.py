@@ -12,10 +12,10 @@ A partitioned table's unique keys must contain the partition key: the primary ke
 ``(position, recorded_at)`` (``position`` keeps its sequence) and ``uq_events_machine_seq``
 becomes ``(machine_id, seq, recorded_at)``, which also serves per-machine reads. What keeps
 a machine's ``seq`` unique is the optimistic check on ``machines.version`` that guards every
-append (``store.event_store``); the unique key was its second guard and is now one per
-partition. Other indexes and the foreign key to ``machines`` are recreated as they were.
-The views that read ``events`` (``report_*``, whichever exist) are captured with
-``pg_get_viewdef``, dropped, and recreated in dependency order.
+append (``store.event_store``); the unique key was its second guard and now refuses only a
+duplicate recorded at the same instant. Other indexes and the foreign key to ``machines``
+are recreated as they were. The views that read ``events`` (``report_*``, whichever
+exist) are captured with ``pg_get_viewdef``, dropped, and recreated in dependency order.
 
 ``decisions`` is not partitioned: since revision 0007 no row is added to it (a decision is
 recorded on its first event), so it only shrinks as retention prunes old operations; a
