@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint unit bench bench-quick bench-scale bench-growth bench-recovery bench-replay \
-	bench-kube-api bench-criu bench-all soak clean
+	bench-history bench-kube-api bench-criu bench-all soak clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -66,7 +66,13 @@ bench-kube-api: $(STAMP)
 	scripts/ensure-postgres
 	eval "$$(scripts/ensure-envtest)" && $(BIN)/python -m bench.kube_api --migrations 200 --nodes 3
 
-bench-all: bench bench-scale bench-growth bench-recovery bench-replay
+# Bytes per migration and database size at 10,000 and 100,000 migrations (a year of
+# history), kept whole and pruned to 30 days (docs/performance.md, "History at scale").
+bench-history: $(STAMP)
+	scripts/ensure-postgres
+	$(BIN)/python -m bench.history_growth --sizes 10000,100000 --days 365 --keep-days 30
+
+bench-all: bench bench-scale bench-growth bench-recovery bench-replay bench-history
 
 # A real container migrated with CRIU at 1, 64 and 512 MiB of touched memory: ours
 # against podman by hand and CRIU alone, plus one migration through the whole product.

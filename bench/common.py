@@ -28,8 +28,9 @@ from controlplane.store.database import Database
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
-#: The tables a machine's history and projection live in (footprint per operation).
-TABLES = ("events", "decisions", "machines", "machine_keys")
+#: The tables a machine's history and projection live in (footprint per operation), and
+#: the one summary row a pruned operation keeps.
+TABLES = ("events", "decisions", "machines", "machine_keys", "operation_summaries")
 
 
 def db_name(scenario: str) -> str:
@@ -101,13 +102,25 @@ async def footprint(db: Database) -> dict[str, dict[str, int]]:
     async with db.reader.connect() as conn:
         for table in TABLES:
             rows = await conn.scalar(text(f"SELECT count(*) FROM {table}"))
-            # Summed over the table's partitions (a partitioned table's own size is 0);
-            # a plain table is its own only member.
+            # A partitioned table's own size is 0: its partitions' sizes are summed.
             size = await conn.scalar(text(
-                "SELECT coalesce(sum(pg_total_relation_size(relid)), 0) "
-                f"FROM pg_partition_tree('{table}')"))
+                "SELECT CASE WHEN c.relkind = 'p' THEN (SELECT coalesce(sum("
+                "pg_total_relation_size(t.relid)), 0) FROM pg_partition_tree(c.oid) t) "
+                "ELSE pg_total_relation_size(c.oid) END "
+                f"FROM pg_class c WHERE c.oid = to_regclass('{table}')"))
             out[table] = {"rows": int(rows or 0), "bytes": int(size or 0)}
     return out
+
+
+async def live_footprint(db: Database) -> dict[str, dict[str, int]]:
+    """:func:`footprint` after ``VACUUM FULL`` of those tables: the bytes the live rows
+    take, without the dead row versions every commit leaves until autovacuum reuses
+    their space (what history costs to keep, as opposed to what a burst left behind)."""
+    async with db.writer.connect() as conn:
+        conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        for table in TABLES:
+            await conn.execute(text(f"VACUUM FULL {table}"))
+    return await footprint(db)
 
 
 def rss_bytes(pid: int | None = None) -> int:

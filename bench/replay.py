@@ -36,6 +36,7 @@ import asyncio
 import hashlib
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -82,13 +83,16 @@ def _pod_tag(machine_id: str) -> str:
     return "-r" + hashlib.sha256(machine_id.encode()).hexdigest()[:6] + "-"
 
 
-def _renamed(value: Any, kind: str, old: str, new: str) -> Any:
-    """One column of a template row as the clone ``new`` of machine ``old`` holds it."""
+def _renamed(value: Any, kind: str, old: str, new: str, shift: timedelta) -> Any:
+    """One column of a template row as the clone ``new`` of machine ``old`` holds it,
+    its times moved by ``shift``."""
     if kind in ("json", "jsonb"):  # JSON null (a compressed value's plain column) stays
         text_ = json_dumps(value)
         return text_.replace(old, new).replace(_pod_tag(old), _pod_tag(new))
     if value is None:
         return None
+    if kind.startswith("timestamp"):
+        return value + shift
     if kind == "bytea":  # compressed JSON (store.codec): decoded, renamed, encoded again
         text_ = json_dumps(codec.decode(bytes(value)))
         return codec.encode(orjson.loads(
@@ -96,8 +100,10 @@ def _renamed(value: Any, kind: str, old: str, new: str) -> Any:
     return value
 
 
-async def clone(db: Database, copies: int) -> None:
-    """``copies`` more of every machine (ids ``<n>-<id>``), with events and decisions.
+async def clone(db: Database, copies: int, *, spread: timedelta = timedelta(0)) -> None:
+    """``copies`` more of every machine (ids ``<n>-<id>``), with events and decisions;
+    copy ``n`` of ``copies`` happened ``spread * n / copies`` earlier (its row times are
+    moved back by that much: a history that grew over ``spread``).
 
     A faithful clone: the machine id also appears inside the JSON (checkpoint ids,
     artifact tags), so it is replaced there too, as if the machine had that id; so is
@@ -125,7 +131,8 @@ async def clone(db: Database, copies: int) -> None:
                 for row in rows:
                     old = str(row._mapping[key])
                     new = f"{g:07d}-{old}"
-                    batch.append(tuple(new if c == key else _renamed(v, kind, old, new)
+                    shift = -spread * g / copies
+                    batch.append(tuple(new if c == key else _renamed(v, kind, old, new, shift)
                                        for (c, kind), v in zip(cols, row, strict=True)))
             async with db.writer.begin() as conn:
                 raw = (await conn.get_raw_connection()).driver_connection

@@ -15,8 +15,9 @@ local PostgreSQL (a fresh ``cp_bench_scale`` database each run):
 
 Reports: wall time (submission, run), transitions/s, API requests per migration by verb
 (and by verb/resource) for the worker and for submission, registry requests per
-migration, peak RSS, database rows and bytes per migration, and the bare PostgreSQL
-commit floor of the same run; and the node agents' restore delay (p50/p99/max from each
+migration, peak RSS, database rows and bytes per migration (live, after ``VACUUM FULL``;
+and at the end of the run, with the dead row versions), and the bare PostgreSQL commit
+floor of the same run; and the node agents' restore delay (p50/p99/max from each
 restored pod's creation to its agent acting). Prints a table and one JSON line; writes
 ``bench/results/scale.json`` (or ``--json FILE``).
 """
@@ -43,6 +44,7 @@ from bench.common import (
     floors,
     footprint,
     fresh_database,
+    live_footprint,
     mib,
     peak_rss_bytes,
     rss_bytes,
@@ -166,6 +168,7 @@ async def run_scale(*, migrations: int, nodes: int, concurrency: int = 64, qps: 
                 results["agent_restore_delay"] = agents.pop("restore_delay", {})
                 results["agents"] = agents
         results["db"] = await footprint(db)
+        results["db_live"] = await live_footprint(db)
     finally:
         await db.dispose()
     n = migrations
@@ -173,6 +176,8 @@ async def run_scale(*, migrations: int, nodes: int, concurrency: int = 64, qps: 
     db_bytes = sum(t["bytes"] for t in results["db"].values())
     results["db_rows_per_migration"] = round(db_rows / n, 2)
     results["db_bytes_per_migration"] = round(db_bytes / n)
+    results["db_live_bytes_per_migration"] = round(
+        sum(t["bytes"] for t in results["db_live"].values()) / n)
     results["events_per_migration"] = round(results["db"]["events"]["rows"] / n, 2)
     return results
 
@@ -292,8 +297,9 @@ def print_table(r: dict[str, Any]) -> None:
     if r.get("worker_error"):
         print(f"  WORKER ERROR                  {r['worker_error'][:300]}")
     print(f"  DB per migration              {r['db_rows_per_migration']:.1f} rows, "
-          f"{r['db_bytes_per_migration'] / 1024:.1f} KiB "
-          f"({r['events_per_migration']:.1f} events)")
+          f"{r['db_live_bytes_per_migration'] / 1024:.1f} KiB live (after VACUUM FULL), "
+          f"{r['db_bytes_per_migration'] / 1024:.1f} KiB at the end of the run with the dead "
+          f"row versions ({r['events_per_migration']:.1f} events)")
 
 
 def agent_options(args: argparse.Namespace) -> tuple[str, ...]:

@@ -150,6 +150,22 @@ def test_engine_benchmark_reports_throughput_and_exact_recovery(tmp_path: Path) 
     assert r["recovery"]["histories_exact"]
 
 
+def test_history_growth_prunes_a_year_to_its_policy_with_the_reports_unchanged(
+        tmp_path: Path) -> None:
+    r = bench(tmp_path, "history_growth", "--sizes", "40", "--template", "4", "--days", "90",
+              "--keep-days", "30")
+    [run] = r["sizes"]
+    kept, live = run["kept_all"], run["after_prune_live"]
+    assert kept["tables"]["machines"]["rows"] == 40
+    assert kept["tables"]["events"]["rows"] == 40 * 12  # a migration is 12 events
+    # About two thirds of 90 days lie beyond 30: those operations keep only a summary.
+    assert 20 <= run["pruned"]["summarized"] <= 30
+    assert live["tables"]["operation_summaries"]["rows"] == run["pruned"]["summarized"]
+    assert live["tables"]["machines"]["rows"] == 40 - run["pruned"]["summarized"]
+    assert live["bytes_per_migration"] < kept["bytes_per_migration"]
+    assert run["reports_equal"] is True
+
+
 def test_growth_prints_ratios_and_the_idle_tick(tmp_path: Path) -> None:
     r = bench(tmp_path, "growth", "--sizes", "4,8", "--nodes", "4", "--history-events", "600")
     assert [run["succeeded"] for run in r["runs"]] == [4, 8]
