@@ -36,7 +36,7 @@ RETURNING m.id
 _INSERT_EVENTS = text("""
 INSERT INTO events (machine_id, seq, type, data, facts, facts_z, recorded_at, worker_id,
                     cause, input_z)
-SELECT machine_id, seq, type, data::jsonb, facts::jsonb, facts_z, recorded_at, worker_id,
+SELECT machine_id, seq, type, data::json, facts::json, facts_z, recorded_at, worker_id,
        cause, input_z
 FROM unnest(CAST(:machine_ids AS varchar[]), CAST(:seqs AS int[]), CAST(:types AS varchar[]),
             CAST(:datas AS text[]), CAST(:factss AS text[]), CAST(:facts_zs AS bytea[]),
@@ -81,14 +81,14 @@ WITH new_machine AS (
   INSERT INTO machines (id, kind, phase, version, spec, state, state_z, terminal,
                         pending_actions, wake_seq, attempts, created_at, updated_at,
                         workload, source_node, held, next_wake_at)
-  VALUES (:id, :kind, :phase, :version, CAST(:spec AS jsonb), CAST(:state AS jsonb),
+  VALUES (:id, :kind, :phase, :version, CAST(:spec AS json), CAST(:state AS jsonb),
           CAST(:state_z AS bytea), :terminal, '[]'::jsonb, 0, 0, CAST(:now AS timestamptz),
           CAST(:now AS timestamptz),
           :workload, :source_node, :held, CAST(:next_wake_at AS timestamptz))
 ), new_events AS (
   INSERT INTO events (machine_id, seq, type, data, facts, facts_z, recorded_at, worker_id,
                       cause, input_z)
-  SELECT :id, seq, type, data::jsonb, facts::jsonb, facts_z, CAST(:now AS timestamptz),
+  SELECT :id, seq, type, data::json, facts::json, facts_z, CAST(:now AS timestamptz),
          :worker, cause, input_z
   FROM unnest(CAST(:seqs AS int[]), CAST(:types AS varchar[]), CAST(:datas AS text[]),
               CAST(:factss AS text[]), CAST(:facts_zs AS bytea[]),
