@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import statistics
 import time
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -94,17 +93,6 @@ def _ms(samples: list[float]) -> dict[str, float]:
     return {"p50_ms": 1000 * statistics.median(samples),
             "p99_ms": 1000 * samples[int(0.99 * (len(samples) - 1))],
             "n": len(samples)}
-
-
-async def _timed(n: int, call: Callable[[int], Awaitable[Any]]) -> dict[str, float]:
-    for i in range(min(n, 20)):  # warm the caches and the prepared statements
-        await call(i)
-    samples = []
-    for i in range(n):
-        t0 = time.perf_counter()
-        await call(i)
-        samples.append(time.perf_counter() - t0)
-    return _ms(samples)
 
 
 async def _history_all(db: Database) -> dict[str, float]:
@@ -228,7 +216,7 @@ async def _lockstep(layouts: dict[str, _Calls], samples: int) -> dict[str, dict[
     names = list(layouts)
     for op in OPERATIONS:
         timings: dict[str, list[float]] = {name: [] for name in layouts}
-        for warm in range(20):  # caches and prepared statements
+        for warm in range(min(samples, 20)):  # caches and prepared statements
             for name in names:
                 await getattr(layouts[name], op)(warm)
         for i in range(samples):
