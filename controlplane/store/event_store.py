@@ -4,8 +4,10 @@ A machine's ``version`` is the ``seq`` of its last event. A commit says which ve
 read (``expected_version``) and, when a worker makes it, which lease it holds; the
 projection UPDATE is guarded on both, and only if it matched are the events inserted at
 ``seq = version+1 ...``. A stale writer therefore gets :class:`ConcurrencyConflict` or
-:class:`LeaseLost` and its transaction rolls back: never a silent overwrite. The unique
-``(machine_id, seq)`` key is a second, independent guard.
+:class:`LeaseLost` and its transaction rolls back: never a silent overwrite. On SQLite the
+unique ``(machine_id, seq)`` key is a second, independent guard; on partitioned
+PostgreSQL (revision 0009) the key holds ``recorded_at`` too and refuses only a
+same-instant duplicate, so the version check is the guard.
 
 Callers: the worker runtime (decisions), the submission path (``create_machine``,
 commands), replay (``rewrite_projection_txn``).

@@ -16,7 +16,8 @@ a machine's ``seq`` unique is the optimistic check on ``machines.version`` that 
 append (``store.event_store``); the unique key was its second guard and now refuses only a
 duplicate recorded at the same instant. Other indexes and the foreign key to ``machines``
 are recreated as they were. The views that read ``events`` (``report_*``, whichever
-exist) are captured with ``pg_get_viewdef``, dropped, and recreated in dependency order.
+exist) are captured with ``pg_get_viewdef``, dropped, and recreated in dependency order
+(``migrations/dependent_views.py``).
 
 ``decisions`` is not partitioned: since revision 0007 no row is added to it (a decision is
 recorded on its first event), so it only shrinks as retention prunes old operations; a
@@ -45,6 +46,8 @@ from controlplane.store.partitions import (
     month_start,
     partition_name,
 )
+from migrations.dependent_views import View, create_views, dependent_views, drop_views
+from migrations.dependent_views import run as _run_on
 
 revision = "0009"
 down_revision = "0008"
@@ -53,13 +56,6 @@ depends_on = None
 
 MONTHS_AHEAD = 2
 _NEW = "events_0009_new"
-
-
-class _View(NamedTuple):
-    name: str  # schema-qualified and quoted
-    materialized: bool
-    definition: str
-    comment: str | None  # quoted as a literal
 
 
 class _Shape(NamedTuple):
@@ -76,8 +72,8 @@ def upgrade() -> None:
     bind = op.get_bind()
     if bind.dialect.name != "postgresql" or _partitioned(bind):
         return
-    views = _dependent_views(bind)
-    _drop_views(views)
+    views = dependent_views(bind, ["events"])
+    drop_views(op.get_bind(), views)
     shape = _shape(bind)
     oldest, newest, now = bind.execute(sa.text(
         "SELECT min(recorded_at), max(recorded_at), now() FROM events")).one()
@@ -109,8 +105,8 @@ def downgrade() -> None:
     bind = op.get_bind()
     if bind.dialect.name != "postgresql" or not _partitioned(bind):
         return
-    views = _dependent_views(bind)
-    _drop_views(views)
+    views = dependent_views(bind, ["events"])
+    drop_views(op.get_bind(), views)
     shape = _shape(bind)
     _run(f"CREATE TABLE {_NEW} (LIKE events INCLUDING ALL EXCLUDING INDEXES)")
     columns = ", ".join(shape.columns)
@@ -127,9 +123,7 @@ def downgrade() -> None:
 
 
 def _run(sql: str) -> None:
-    # Straight to the driver: view definitions hold casts and literals (``::text``,
-    # ``'a:b'``) that ``text()`` would read as bind parameters.
-    op.get_bind().exec_driver_sql(sql)
+    _run_on(op.get_bind(), sql)
 
 
 def _with_key(cols: list[str]) -> list[str]:
@@ -144,45 +138,6 @@ def _partitioned(bind: Connection) -> bool:
     kind = bind.execute(sa.text(
         "SELECT relkind::text FROM pg_class WHERE oid = to_regclass('events')")).scalar_one()
     return bool(kind == "p")
-
-
-def _dependent_views(bind: Connection) -> list[_View]:
-    """Every view reading ``events``, directly or through other views, parents first."""
-    rows = bind.execute(sa.text("""
-        WITH RECURSIVE dep(oid, depth) AS (
-            SELECT r.ev_class, 1
-            FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid
-            WHERE d.classid = 'pg_rewrite'::regclass AND d.refobjid = 'events'::regclass
-              AND r.ev_class <> 'events'::regclass
-          UNION
-            SELECT r.ev_class, dep.depth + 1
-            FROM dep JOIN pg_depend d ON d.refobjid = dep.oid
-            JOIN pg_rewrite r ON r.oid = d.objid
-            WHERE d.classid = 'pg_rewrite'::regclass AND r.ev_class <> dep.oid
-        )
-        SELECT CAST(dep.oid AS regclass)::text AS name, c.relkind::text = 'm' AS materialized,
-               pg_get_viewdef(dep.oid) AS definition,
-               quote_literal(obj_description(dep.oid, 'pg_class')) AS comment
-        FROM dep JOIN pg_class c ON c.oid = dep.oid
-        GROUP BY dep.oid, c.relkind
-        ORDER BY max(dep.depth), 1
-    """))
-    return [_View(r.name, r.materialized, r.definition, r.comment) for r in rows]
-
-
-def _drop_views(views: list[_View]) -> None:
-    # No CASCADE: an object depending on these views that we did not capture (a
-    # function, a rule) stops the upgrade instead of vanishing.
-    for view in reversed(views):
-        _run(f"DROP {'MATERIALIZED VIEW' if view.materialized else 'VIEW'} {view.name}")
-
-
-def _create_views(views: list[_View]) -> None:
-    for view in views:
-        kind = "MATERIALIZED VIEW" if view.materialized else "VIEW"
-        _run(f"CREATE {kind} {view.name} AS {view.definition}")
-        if view.comment is not None:
-            _run(f"COMMENT ON {kind} {view.name} IS {view.comment}")
 
 
 def _shape(bind: Connection) -> _Shape:
@@ -243,10 +198,10 @@ def _replace(bind: Connection, new: str) -> None:
         _run(f"ALTER SEQUENCE {seq} OWNED BY events.{col}")
 
 
-def _finish(shape: _Shape, views: list[_View]) -> None:
+def _finish(shape: _Shape, views: list[View]) -> None:
     for definition in shape.indexes:
         _run(definition)
     for name, definition in shape.foreign_keys:
         _run(f"ALTER TABLE events ADD CONSTRAINT {name} {definition}")
-    _create_views(views)
+    create_views(op.get_bind(), views)
     _run("ANALYZE events")

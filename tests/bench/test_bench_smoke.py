@@ -166,6 +166,20 @@ def test_history_growth_prunes_a_year_to_its_policy_with_the_reports_unchanged(
     assert run["reports_equal"] is True
 
 
+def test_partitions_compares_the_engine_and_the_probes_on_both_layouts(
+        tmp_path: Path) -> None:
+    r = bench(tmp_path, "partitions", "--rounds", "1", "--machines", "32",
+              "--machines-serial", "4", "--events", "24000", "--samples", "5")
+    engine = r["engine"]["ratio_partitioned_over_plain"]
+    assert set(engine) == {"c1_transitions_per_s", "c32_transitions_per_s",
+                           "history_events_per_s"}
+    assert all(ratio["median"] > 0 for ratio in engine.values())
+    probes = r["scale"]["p50_ratio_partitioned_over_plain"]
+    assert probes
+    assert all(ratio > 0 for ratio in probes.values())
+    assert r["scale"]["load"]["events"] >= 24000
+
+
 def test_growth_prints_ratios_and_the_idle_tick(tmp_path: Path) -> None:
     r = bench(tmp_path, "growth", "--sizes", "4,8", "--nodes", "4", "--history-events", "600")
     assert [run["succeeded"] for run in r["runs"]] == [4, 8]
