@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any
 
 from sqlalchemy import and_, bindparam, delete, exists, func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -475,12 +475,6 @@ def _write_durably(directory: Path, name: str, data: bytes) -> Path:
     return final
 
 
-class RestoreHistory(Protocol):
-    async def __call__(self, conn: AsyncConnection, record: MachineRecord,
-                       events: Sequence[RecordedEvent],
-                       decisions: Sequence[DecisionRecord]) -> None: ...
-
-
 @dataclass(frozen=True)
 class Archived:
     """One operation read back from an archive."""
@@ -526,17 +520,11 @@ def read_archive(path: Path) -> list[Archived]:
 async def import_archived(db: Database, item: Archived) -> bool:
     """Put one archived operation back (machine, events, decisions) and remove its
     summary, in one transaction; ``False`` when its machine is already there."""
-    # The lead's event_store provides it (issue 26); looked up at call time so this
-    # module type-checks and imports before it lands.
-    restore = cast("RestoreHistory | None", vars(event_store).get("restore_history_txn"))
-    if restore is None:
-        raise RuntimeError("this build cannot import archives yet: "
-                           "event_store.restore_history_txn is missing")
     async with write_txn(db) as conn:
         present = (await conn.execute(select(m.c.id).where(m.c.id == item.record.id))).first()
         if present is not None:
             return False
-        await restore(conn, item.record, item.events, item.decisions)
+        await event_store.restore_history_txn(conn, item.record, item.events, item.decisions)
         await conn.execute(delete(s).where(s.c.machine_id == item.record.id))
     return True
 

@@ -22,7 +22,6 @@ import pytest
 from controlplane.cli.demo import Demo
 from controlplane.cli.history import CRASH_ENV
 from controlplane.clock import SystemClock
-from controlplane.store import event_store
 from controlplane.store.database import Database
 from controlplane.wiring.embedded import embedded
 
@@ -121,8 +120,6 @@ def _without_positions(shown: str) -> list[dict[str, Any]]:
 
 def test_archive_then_import_gives_back_the_same_history(finished: str,
                                                          tmp_path: Path) -> None:
-    if "restore_history_txn" not in vars(event_store):
-        pytest.skip("event_store.restore_history_txn (the lead's, issue 26) has not landed")
     machines = ids(finished)
     histories = {m: _without_positions(ok(cpctl(finished, "history", m, "-o", "json")))
                  for m in machines}

@@ -274,8 +274,6 @@ async def test_the_archive_holds_each_operation_and_a_rerun_writes_the_same_file
 async def test_import_puts_an_archived_operation_back_once(
     history: Database, tmp_path: Path,
 ) -> None:
-    if "restore_history_txn" not in vars(event_store):
-        pytest.skip("event_store.restore_history_txn (the lead's, issue 26) has not landed")
     from controlplane.store import queries
 
     before = {r.id: (r, await queries.history(history, r.id))
