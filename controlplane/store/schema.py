@@ -2,7 +2,8 @@
 
 - ``events``: append-only history, ordered per machine (``machine_id, seq`` unique; on
   PostgreSQL since 0009 ``machine_id, seq, recorded_at``, in monthly partitions: see
-  docs/partitions.md) and globally (``position``). Each row carries the observation facts that caused it.
+  docs/partitions.md) and globally (``position``). Each row carries the observation facts
+  that caused it.
 - ``decisions``: the decision records written before revision 0007, one row per decision:
   its input and the time it was decided at. Since 0007 a decision is recorded on the first
   event it appended (``events.cause`` and ``events.input_z``; decided at ``recorded_at``),
