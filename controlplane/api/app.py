@@ -34,7 +34,13 @@ from controlplane.api.keys import (
 )
 from controlplane.api.openapi import document
 from controlplane.api.pages import page_headers
-from controlplane.app.drains import drain_children, drain_spec, plan_document, plan_of
+from controlplane.app.drains import (
+    drain_children,
+    drain_spec,
+    drain_summary,
+    plan_document,
+    plan_of,
+)
 from controlplane.app.operations import send_command, submit_operation
 from controlplane.app.plan import plan_operation
 from controlplane.app.ports import ClusterAccess
@@ -49,7 +55,7 @@ from controlplane.errors import ControlPlaneError, UsageError
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.drain.machine import MAX_PARALLEL
 from controlplane.machines.drain.state import KIND as DRAIN
-from controlplane.machines.drain.state import ChildStatus, child_id
+from controlplane.machines.drain.state import child_id
 from controlplane.machines.submission import Limits
 from controlplane.store import queries, reports
 from controlplane.store.database import Database
@@ -189,7 +195,7 @@ def _operation(record: MachineRecord, *, detail: bool = False) -> dict[str, Any]
         "waiting_for": None if settled(record) else waiting_for(record),
     }
     if record.kind == DRAIN:
-        out["drain"] = _drain_summary(record)
+        out["drain"] = drain_summary(record)
     if detail:
         out.update(spec=record.spec, state=record.state,
                    next_wake_at=record.next_wake_at, lease_owner=record.lease_owner)
@@ -210,25 +216,6 @@ def _parent(record: MachineRecord) -> str | None:
         return None
     uid = pod.get("uid")
     return prefix if isinstance(uid, str) and child_id(prefix, uid) == record.id else None
-
-
-def _children(record: MachineRecord) -> list[dict[str, Any]]:
-    children = record.state.get("children")
-    return [c for c in children if isinstance(c, dict)] if isinstance(children, list) else []
-
-
-def _drain_summary(record: MachineRecord) -> dict[str, Any]:
-    """A drain's node and its children counted by how far they got (from its state)."""
-    children = _children(record)
-    status = [str(c.get("status")) for c in children]
-    moved = sum(1 for c in children
-                if c.get("status") == ChildStatus.FINISHED and c.get("phase") == "Succeeded")
-    return {"node": record.spec.get("node"), "children": len(status), "succeeded": moved,
-            "failed": status.count(ChildStatus.FINISHED) - moved
-            + status.count(ChildStatus.REFUSED),
-            "running": status.count(ChildStatus.STARTED),
-            "pending": status.count(ChildStatus.PENDING),
-            "skipped": status.count(ChildStatus.SKIPPED)}
 
 
 async def _drain_children(db: Database, record: MachineRecord) -> list[dict[str, Any]]:

@@ -91,6 +91,23 @@ async def drain_children(db: Database, record: MachineRecord) -> list[DrainChild
     return out
 
 
+def drain_summary(record: MachineRecord) -> dict[str, Any]:
+    """A drain's node and its children counted by how far they got, from its state alone
+    (no reads): the HTTP API's operation view and a Drain resource's ``status.drain``.
+    A refused child counts as failed; one started and not finished as running. Pure."""
+    raw = record.state.get("children")
+    children = [c for c in raw if isinstance(c, dict)] if isinstance(raw, list) else []
+    status = [str(c.get("status")) for c in children]
+    moved = sum(1 for c in children
+                if c.get("status") == ChildStatus.FINISHED and c.get("phase") == "Succeeded")
+    return {"node": record.spec.get("node"), "children": len(status), "succeeded": moved,
+            "failed": status.count(ChildStatus.FINISHED) - moved
+            + status.count(ChildStatus.REFUSED),
+            "running": status.count(ChildStatus.STARTED),
+            "pending": status.count(ChildStatus.PENDING),
+            "skipped": status.count(ChildStatus.SKIPPED)}
+
+
 def _text(value: object) -> str | None:
     return None if value is None else str(value)
 
