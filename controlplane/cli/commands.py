@@ -23,6 +23,7 @@ from controlplane.app.drains import drain_children
 from controlplane.app.operations import final_pod, send_command, submit, wake
 from controlplane.app.replay import ReplayReport, auto_jobs, phase_after_each, rebuild, verify
 from controlplane.cli import render
+from controlplane.cli.classes import load_classes
 from controlplane.cli.context import clock, opened, requester
 from controlplane.cli.history import parse_policy, print_pruned
 from controlplane.cli.meter import RebuildMeter
@@ -35,6 +36,7 @@ from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
 from controlplane.gc_tuning import tune_for_service
 from controlplane.machines.catalog import default_kinds
+from controlplane.machines.config.classes import class_to_json
 from controlplane.machines.drain.state import KIND as DRAIN
 from controlplane.store import migrate, queries, replay_reads, reports, retention
 from controlplane.store.database import open_database
@@ -349,8 +351,10 @@ async def worker_cmd(args: argparse.Namespace) -> int:
 
             # This worker also admits queued operations, under the verbs' limits.
             config = replace(config, limits=limits_from(args))
+            classes = ({name: class_to_json(k) for name, k in
+                        load_classes(args.classes_file).items()} if args.classes_file else {})
             await run_product_worker(db, args, config, lambda w: _drive(
-                w, args.until_done, args.metrics_listen, banner), clock)
+                w, args.until_done, args.metrics_listen, banner), clock, classes=classes)
         else:  # the engine's own kinds only
             await _drive(build_worker(db, config, clock), args.until_done, args.metrics_listen,
                          banner)

@@ -273,6 +273,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "(KIND=N for one kind; repeat), hourly and at start, as `cpctl history "
                     "prune --keep-days` does (and then a class's history_keep_days too). "
                     "Default: never prune")
+    wk.add_argument("--no-front-door", action="store_true",
+                    help="do not watch the custom resources (Checkpoint, Migration, Drain... "
+                    "of checkpoint.controlplane.dev: docs/resources.md); by default a worker "
+                    "with a cluster opens the front door once the CRDs are installed")
+    wk.add_argument("--classes-file", default=os.environ.get("CONTROLPLANE_CLASSES_FILE"),
+                    metavar="FILE",
+                    help="classes the resources' spec.className may name when no "
+                    "CheckpointClass of that name exists ($CONTROLPLANE_CLASSES_FILE)")
     _cluster_options(wk)
 
     for name, text in [

@@ -6,16 +6,21 @@ verbs and ``cpctl serve`` run."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from controlplane.clock import Clock
+from controlplane.engine.jsonvalue import JsonObject
+from controlplane.frontdoor.class_lookup import ResourceClasses
+from controlplane.frontdoor.door import FrontDoor
 from controlplane.store.database import Database
 from controlplane.wiring.access import KubeClusterAccess, cluster_access
 from controlplane.wiring.product import product
 from controlplane.worker.runtime import Worker, WorkerConfig
 from drivers.kube import KubeSettings
+from drivers.kube.custom import CustomResources
 from drivers.registry.options import registry_from_options
 from drivers.registry.port import Registry
 
@@ -39,8 +44,21 @@ def access_from_args(db: Database, args: argparse.Namespace
 
 
 async def run_product_worker(db: Database, args: argparse.Namespace, config: WorkerConfig,
-                             drive: Callable[[Worker], Awaitable[None]], clock: Clock) -> None:
-    """``cpctl worker --kubeconfig ...``: drive every kind against the cluster."""
+                             drive: Callable[[Worker], Awaitable[None]], clock: Clock, *,
+                             classes: Mapping[str, JsonObject] | None = None) -> None:
+    """``cpctl worker --kubeconfig ...``: drive every kind against the cluster, and (unless
+    ``--no-front-door``) open the front door: the custom resources of docs/resources.md,
+    with ``classes`` (the classes file's) behind the ``CheckpointClass`` resources."""
     async with product(db, clock, registry=registry_from_args(args), config=config,
                        run_worker=False, **connect_options(args)) as running:
-        await drive(running.worker)
+        door = None if args.no_front_door else FrontDoor(
+            db, running.worker.kinds, KubeClusterAccess(running.kube, running.registry, db),
+            (api := CustomResources(running.kube.api.client)),
+            ResourceClasses(api, classes or {}), clock, limits=config.limits)
+        task = asyncio.create_task(door.run()) if door is not None else None
+        try:
+            await drive(running.worker)
+        finally:
+            if door is not None and task is not None:
+                door.stop()
+                await task

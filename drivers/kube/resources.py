@@ -1,9 +1,10 @@
-"""The core/v1 calls the driver makes: paths, query parameters and bodies, nothing more.
+"""The calls the driver makes: paths, query parameters and bodies, nothing more.
 
 :class:`CoreV1` turns "get pod ns/name", "patch it (strategic merge)", "delete it with a
 UID precondition and a grace period", "list nodes page by page", "watch pods from
 resourceVersion N with bookmarks" into :class:`~drivers.kube.client.KubeClient` requests.
-Patches of core kinds are strategic merge patches unless told otherwise.
+Patches of core kinds are strategic merge patches unless told otherwise; custom resources
+take JSON merge patches (the server refuses a strategic one for them).
 
 Called by the watch cache, the observer and the action handlers.
 """
@@ -24,10 +25,13 @@ JSON_PATCH = "application/json-patch+json"
 
 @dataclass(frozen=True)
 class Kind:
-    """A core/v1 resource: its plural (the path segment) and whether it is namespaced."""
+    """A resource: its plural (the path segment), whether it is namespaced, and the
+    group/version prefix of its path (core/v1 unless told: custom resources are
+    ``/apis/<group>/<version>``)."""
 
     plural: str
     namespaced: bool
+    api: str = "/api/v1"
 
 
 PODS = Kind("pods", namespaced=True)
@@ -38,8 +42,8 @@ NAMESPACES = Kind("namespaces", namespaced=False)
 
 def path(kind: Kind, namespace: str | None = None, name: str | None = None,
          subresource: str | None = None) -> str:
-    """``/api/v1[/namespaces/<ns>]/<plural>[/<name>[/<sub>]]``; no namespace: all of them."""
-    parts = ["/api/v1"]
+    """``<api>[/namespaces/<ns>]/<plural>[/<name>[/<sub>]]``; no namespace: all of them."""
+    parts = [kind.api]
     if kind.namespaced and namespace is not None:
         parts.append(f"namespaces/{quote(namespace, safe='')}")
     parts.append(kind.plural)

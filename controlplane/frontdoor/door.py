@@ -1,0 +1,448 @@
+"""The front door's loop: watch the resources, create their operations, mirror status.
+
+For every resource of the operation kinds (``requests.OPERATION_KINDS``) the door keeps
+the newest copy it saw (list, then watch; listed again every ``resync_seconds`` and after
+a 410) and reconciles it, one key at a time:
+
+1. **Deleted** (``deletionTimestamp``): cancel its live operations; once they are
+   settled (or never existed) remove the finalizer. The history stays: deleting a
+   resource never deletes an operation's events.
+2. **New**: add the finalizer (a merge patch carrying ``resourceVersion``: a stale copy
+   gets a 409 and is read again), build the operation's spec from the resource
+   (``requests.ask_of``) and submit it under the resource's UID. ``MachineExists`` means
+   another worker, or this one before a restart, already did: nothing is created twice.
+   A refusal is written as ``Accepted=False`` with its reason and message; only a busy
+   workload or an unreachable cluster is tried again (``RETRIED``), every resync.
+3. **Known**: ``spec.cancel`` sends Cancel, a changed ``Migration.spec.targetNodeName``
+   sends Retarget, a ``Suspension`` with ``operatingMode: Running`` submits its resume
+   once the suspension settled. Commands are idempotent in the machines (a second Cancel
+   appends nothing).
+4. **Mirror**: the status the resource should have (``status.desired_status``) is written
+   through the status subresource when it differs from what the server holds, so a lost
+   or edited status is rewritten at the next pass, at most once per
+   ``status_interval`` per resource. The mirror polls the store every ``mirror_seconds``
+   for operations whose version moved (one query) and reconciles their resources.
+
+Transient failures (API server, database) are logged and the key retried after
+``retry_seconds``; the loop itself never dies of one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from controlplane.app.operations import send_command, submit_operation
+from controlplane.app.ports import ClusterAccess
+from controlplane.app.waiting import settled
+from controlplane.clock import Clock
+from controlplane.engine.decider import Command
+from controlplane.engine.kinds import KindRegistry
+from controlplane.errors import ControlPlaneError, UsageError
+from controlplane.frontdoor.ports import Resource, ResourceApi, StaleResource, WatchExpired
+from controlplane.frontdoor.requests import (
+    OPERATION_KINDS,
+    ClassSource,
+    ask_of,
+    operation_id,
+    resume_ask,
+    resume_id,
+    wants_cancel,
+    wants_resume,
+)
+from controlplane.frontdoor.status import Refusal, desired_status, status_patch
+from controlplane.machines.submission import Limits
+from controlplane.store import queries
+from controlplane.store.database import Database
+from controlplane.store.errors import MachineExists, MachineNotFound, WorkloadBusy
+from controlplane.store.records import MachineRecord
+
+log = logging.getLogger(__name__)
+
+FINALIZER = "checkpoint.controlplane.dev/operation"
+#: The requester recorded on operations the front door submits and commands it sends.
+REQUESTER = "frontdoor"
+#: Refusal reasons tried again at every resync: the world may change under them.
+RETRIED = frozenset({"WorkloadBusy", "ClusterUnavailable"})
+Key = tuple[str, str | None, str]  # kind, namespace, name
+#: Set, a worker SIGKILLs itself right after creating an operation and before writing the
+#: resource's status: the crash test's window (tests/frontdoor/test_front_door_real.py).
+CRASH_AFTER_SUBMIT = "CONTROLPLANE_FRONTDOOR_CRASH_AFTER_SUBMIT"
+
+
+@dataclass(frozen=True)
+class DoorSettings:
+    resync_seconds: float = 30.0
+    mirror_seconds: float = 1.0
+    status_interval: float = 1.0
+    retry_seconds: float = 2.0
+
+
+def key_of(resource: Mapping[str, Any]) -> Key:
+    meta = resource.get("metadata") or {}
+    return (str(resource.get("kind")), meta.get("namespace"), str(meta.get("name")))
+
+
+@dataclass
+class _Memo:
+    """What the door remembers of one resource between passes (lost on restart: every
+    item is re-derived from the resource and the store)."""
+
+    refusal: Refusal | None = None
+    status_written_at: float = 0.0
+    versions: dict[str, int] = field(default_factory=dict)
+
+
+class FrontDoor:
+    """Custom resources in, operations and status out (see the module docstring)."""
+
+    def __init__(self, db: Database, kinds: KindRegistry, access: ClusterAccess,
+                 api: ResourceApi, classes: ClassSource, clock: Clock, *,
+                 limits: Limits | None = None,
+                 settings: DoorSettings | None = None) -> None:
+        self.db = db
+        self.kinds = kinds
+        self.access = access
+        self.api = api
+        self.classes = classes
+        self.clock = clock
+        self.limits = limits
+        self.settings = settings or DoorSettings()
+        self.seen: dict[Key, Resource] = {}
+        self.memo: dict[Key, _Memo] = {}
+        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._queued: set[Key] = set()
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Until :meth:`stop`: wait for the CRDs, then watch, reconcile and mirror."""
+        announced = False
+        while not await self._served():
+            if not announced:
+                log.info("front door idle: the API server does not serve "
+                         "checkpoint.controlplane.dev (install the CRDs from deploy/); "
+                         "checking every %ss", self.settings.resync_seconds)
+                announced = True
+            if await self._wait(self.settings.resync_seconds):
+                return
+        log.info("front door open: watching %s", ", ".join(OPERATION_KINDS))
+        tasks = [asyncio.create_task(self._watch(kind)) for kind in OPERATION_KINDS]
+        tasks += [asyncio.create_task(self._reconciler()),
+                  asyncio.create_task(self._mirror())]
+        try:
+            await self._stopping.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _served(self) -> bool:
+        try:
+            return await self.api.served()
+        except ControlPlaneError as exc:
+            log.warning("front door: cannot ask the API server for the CRDs: %s", exc)
+            return False
+
+    async def _wait(self, seconds: float) -> bool:
+        """Sleep ``seconds`` or until stopped; ``True`` if stopped."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        return self._stopping.is_set()
+
+    # -- watching -------------------------------------------------------------------------
+
+    async def _watch(self, kind: str) -> None:
+        """List ``kind``, reconcile all, watch; list again on resync, 410 or error."""
+        while True:
+            try:
+                items, version = await self.api.list(kind)
+                listed = set()
+                for item in items:
+                    item.setdefault("kind", kind)
+                    listed.add(self._saw(item))
+                for gone in [k for k in self.seen if k[0] == kind and k not in listed]:
+                    self._forget(gone)
+                async with asyncio.timeout(self.settings.resync_seconds):
+                    async with self.api.watch(kind, version) as events:
+                        async for event in events:
+                            self._on_event(kind, event)
+            except (TimeoutError, WatchExpired):
+                continue  # the resync: list again
+            except ControlPlaneError as exc:
+                log.warning("front door: watching %s failed, listing again: %s", kind, exc)
+                await asyncio.sleep(self.settings.retry_seconds)
+
+    def _on_event(self, kind: str, event: Resource) -> None:
+        obj = event.get("object")
+        if not isinstance(obj, dict) or event.get("type") == "BOOKMARK":
+            return
+        obj.setdefault("kind", kind)
+        if event.get("type") == "DELETED":
+            self._forget(key_of(obj))
+        else:
+            self._saw(obj)
+
+    def _saw(self, obj: Resource) -> Key:
+        key = key_of(obj)
+        self.seen[key] = obj
+        self._enqueue(key)
+        return key
+
+    def _forget(self, key: Key) -> None:
+        self.seen.pop(key, None)
+        self.memo.pop(key, None)
+
+    def _enqueue(self, key: Key) -> None:
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    def _later(self, key: Key, seconds: float) -> None:
+        asyncio.get_running_loop().call_later(seconds, self._enqueue, key)
+
+    # -- the mirror's poll ------------------------------------------------------------------
+
+    async def _mirror(self) -> None:
+        """Reconcile every resource whose operation's version moved since the last look."""
+        while True:
+            await asyncio.sleep(self.settings.mirror_seconds)
+            owners: dict[str, Key] = {}
+            for key, obj in list(self.seen.items()):
+                owners[operation_id(obj)] = key
+                if key[0] == "Suspension":
+                    owners[resume_id(obj)] = key
+            try:
+                versions = await queries.machine_versions(self.db, list(owners))
+            except ControlPlaneError as exc:
+                log.warning("front door: cannot read the operations' versions: %s", exc)
+                continue
+            for machine_id, version in versions.items():
+                key = owners[machine_id]
+                memo = self.memo.setdefault(key, _Memo())
+                if memo.versions.get(machine_id) != version:
+                    memo.versions[machine_id] = version
+                    self._enqueue(key)
+
+    # -- reconciling ------------------------------------------------------------------------
+
+    async def _reconciler(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            obj = self.seen.get(key)
+            if obj is None:
+                continue
+            try:
+                await self.reconcile(obj)
+            except StaleResource:
+                fresh = await self._fresh(key)
+                if fresh is not None:
+                    self._saw(fresh)
+            except ControlPlaneError as exc:
+                log.warning("front door: %s %s/%s: %s; trying again in %ss", key[0],
+                            key[1] or "-", key[2], exc, self.settings.retry_seconds)
+                self._later(key, self.settings.retry_seconds)
+            except Exception:  # one resource's bug must not stop the others
+                log.exception("front door: reconciling %s %s/%s failed", *key)
+                self._later(key, self.settings.resync_seconds)
+
+    async def _fresh(self, key: Key) -> Resource | None:
+        try:
+            obj = await self.api.get(key[0], key[1], key[2])
+        except ControlPlaneError as exc:
+            log.warning("front door: reading %s %s/%s: %s", key[0], key[1] or "-", key[2], exc)
+            self._later(key, self.settings.retry_seconds)
+            return None
+        if obj is None:
+            self._forget(key)
+            return None
+        obj.setdefault("kind", key[0])
+        return obj
+
+    async def _machine(self, machine_id: str) -> MachineRecord | None:
+        try:
+            return await queries.get_machine(self.db, machine_id)
+        except MachineNotFound:
+            return None
+
+    async def reconcile(self, obj: Resource) -> None:
+        """One pass over one resource (see the module docstring); idempotent."""
+        key = key_of(obj)
+        memo = self.memo.setdefault(key, _Memo())
+        operation = await self._machine(operation_id(obj))
+        resume = await self._machine(resume_id(obj)) if key[0] == "Suspension" else None
+        live = [r for r in (operation, resume) if r is not None and not settled(r)]
+        if (obj.get("metadata") or {}).get("deletionTimestamp"):
+            for record in live:
+                await self._command(record, Command("Cancel"))
+            if not live:
+                await self._release(obj)
+                return
+        elif operation is None:
+            prior = _refused_before(obj)
+            if wants_cancel(obj):
+                memo.refusal = Refusal("Cancelled", "cancelled before its operation started")
+            elif prior is not None and prior.reason not in RETRIED:
+                memo.refusal = prior  # refused for this generation: final, even after a restart
+            else:
+                obj = await self._hold(obj)
+                memo.refusal = await self._submit(obj)
+                operation = await self._machine(operation_id(obj))
+        else:
+            await self._follow(obj, operation, resume)
+            resume = await self._machine(resume_id(obj)) if key[0] == "Suspension" else None
+        await self._write_status(key, obj, operation, resume, memo)
+
+    async def _submit(self, obj: Resource) -> Refusal | None:
+        """Submit the resource's operation; the refusal to show, if it was refused."""
+        try:
+            ask = await ask_of(obj, db=self.db, access=self.access, classes=self.classes,
+                               checkpoint_ids=await self._checkpoint_ids(obj))
+            await submit_operation(self.db, self.kinds, self.access.observer, kind=ask.kind,
+                                   spec=ask.spec, machine_id=ask.machine_id,
+                                   now=self.clock.now(), limits=self.limits,
+                                   requester=REQUESTER)
+        except MachineExists:
+            return None  # another worker (or this one, before a restart) submitted it
+        except WorkloadBusy as exc:
+            self._later(key_of(obj), self.settings.resync_seconds)
+            return Refusal("WorkloadBusy", str(exc))
+        except UsageError as exc:
+            return Refusal("InvalidSpec", _one_line(exc))
+        except ControlPlaneError as exc:
+            self._later(key_of(obj), self.settings.resync_seconds)
+            return Refusal("ClusterUnavailable", _one_line(exc))
+        if os.environ.get(CRASH_AFTER_SUBMIT):  # the crash test's hook: die right here
+            os.kill(os.getpid(), signal.SIGKILL)
+        return None
+
+    async def _checkpoint_ids(self, obj: Resource) -> dict[str, str]:
+        """A Restore's ``spec.checkpointName`` -> the named Checkpoint's (or Suspension's)
+        operation id; empty for other kinds."""
+        spec = obj.get("spec") or {}
+        name = spec.get("checkpointName") if obj.get("kind") == "Restore" else None
+        if not isinstance(name, str) or not name:
+            return {}
+        namespace = (obj.get("metadata") or {}).get("namespace")
+        for kind in ("Checkpoint", "Suspension"):
+            found = await self.api.get(kind, namespace, name)
+            if found is not None:
+                return {name: operation_id(found)}
+        return {}
+
+    async def _follow(self, obj: Resource, operation: MachineRecord,
+                      resume: MachineRecord | None) -> None:
+        """Commands the resource's spec asks of its running operation(s)."""
+        if wants_cancel(obj):
+            for record in (operation, resume):
+                if record is not None and not record.terminal:
+                    await self._command(record, Command("Cancel"))
+            return
+        spec = obj.get("spec") or {}
+        if obj.get("kind") == "Migration" and not operation.terminal:
+            target = spec.get("targetNodeName")
+            if isinstance(target, str) and target and target != operation.state.get("target"):
+                await self._command(operation, Command("Retarget", {"node": target}))
+        if wants_resume(obj) and resume is None and settled(operation):
+            if operation.phase != "Suspended":
+                return  # nothing to resume: the status says how the suspension ended
+            key = key_of(obj)
+            try:
+                ask = await resume_ask(obj, db=self.db)
+                await submit_operation(self.db, self.kinds, self.access.observer,
+                                       kind=ask.kind, spec=ask.spec, machine_id=ask.machine_id,
+                                       now=self.clock.now(), limits=self.limits,
+                                       requester=REQUESTER)
+            except MachineExists:
+                pass
+            except WorkloadBusy as exc:
+                log.info("front door: resume of %s/%s waits: %s", key[1], key[2], exc)
+                self._later(key, self.settings.resync_seconds)
+            except UsageError as exc:  # the suspension's status keeps its outcome
+                log.warning("front door: resume of %s/%s refused: %s", key[1], key[2],
+                            _one_line(exc))
+
+    async def _command(self, record: MachineRecord, command: Command) -> None:
+        try:
+            await send_command(self.db, self.kinds, machine_id=record.id, command=command,
+                               now=self.clock.now(), requester=REQUESTER)
+        except UsageError as exc:  # refused by the machine: it says why
+            log.info("front door: %s of %s refused: %s", command.type, record.id, exc)
+
+    async def _hold(self, obj: Resource) -> Resource:
+        """The resource with the finalizer added (so a delete waits for the operation)."""
+        meta = obj.get("metadata") or {}
+        finalizers = list(meta.get("finalizers") or [])
+        if FINALIZER in finalizers:
+            return obj
+        patched = await self.api.patch(
+            str(obj["kind"]), meta.get("namespace"), str(meta["name"]),
+            {"metadata": {"finalizers": [*finalizers, FINALIZER],
+                          "resourceVersion": meta.get("resourceVersion")}})
+        patched.setdefault("kind", obj["kind"])
+        self.seen[key_of(patched)] = patched
+        return patched
+
+    async def _release(self, obj: Resource) -> None:
+        """Remove the finalizer: the operation is settled (or never was), the delete goes on."""
+        meta = obj.get("metadata") or {}
+        finalizers = list(meta.get("finalizers") or [])
+        if FINALIZER not in finalizers:
+            return
+        await self.api.patch(
+            str(obj["kind"]), meta.get("namespace"), str(meta["name"]),
+            {"metadata": {"finalizers": [f for f in finalizers if f != FINALIZER],
+                          "resourceVersion": meta.get("resourceVersion")}})
+
+    async def _write_status(self, key: Key, obj: Resource, operation: MachineRecord | None,
+                            resume: MachineRecord | None, memo: _Memo) -> None:
+        meta = obj.get("metadata") or {}
+        current = obj.get("status")
+        desired = desired_status(
+            key[0], generation=int(meta.get("generation") or 1), operation=operation,
+            resume=resume, refusal=memo.refusal if operation is None else None,
+            previous=current if isinstance(current, dict) else None, now=self.clock.now())
+        patch = status_patch(current if isinstance(current, dict) else None, desired)
+        if not patch:
+            return
+        loop = asyncio.get_running_loop()
+        wait = memo.status_written_at + self.settings.status_interval - loop.time()
+        if wait > 0:  # rate-limited: this resource's status was written a moment ago
+            self._later(key, wait)
+            return
+        patched = await self.api.patch(key[0], key[1], key[2], {"status": patch},
+                                       status=True)
+        memo.status_written_at = loop.time()
+        patched.setdefault("kind", key[0])
+        if key in self.seen:
+            self.seen[key] = patched
+
+
+def _refused_before(obj: Resource) -> Refusal | None:
+    """The ``Accepted=False`` the resource's status holds for its current generation (a
+    restart must not submit again what was refused)."""
+    status = obj.get("status") or {}
+    generation = (obj.get("metadata") or {}).get("generation")
+    for condition in status.get("conditions") or []:
+        if (isinstance(condition, dict) and condition.get("type") == "Accepted"
+                and condition.get("status") == "False"
+                and condition.get("observedGeneration") == generation):
+            return Refusal(str(condition.get("reason")), str(condition.get("message") or ""))
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    hint = getattr(exc, "hint", None)
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"{text} ({hint})" if hint else text
