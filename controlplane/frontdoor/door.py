@@ -36,6 +36,7 @@ import os
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from controlplane.app.operations import send_command, submit_operation
@@ -56,7 +57,7 @@ from controlplane.frontdoor.requests import (
     wants_cancel,
     wants_resume,
 )
-from controlplane.frontdoor.status import Refusal, desired_status, status_patch
+from controlplane.frontdoor.status import Refusal, desired_status, rfc3339, status_patch
 from controlplane.machines.submission import Limits
 from controlplane.store import queries
 from controlplane.store.database import Database
@@ -95,6 +96,10 @@ class _Memo:
     item is re-derived from the resource and the store)."""
 
     refusal: Refusal | None = None
+    #: The machine's answer to the last command it refused (Cancel past the point of no
+    #: return, Retarget of an ending migration), shown as ``CommandRefused`` until one is
+    #: accepted or the operation settles.
+    command_refused: Refusal | None = None
     status_written_at: float = 0.0
     versions: dict[str, int] = field(default_factory=dict)
 
@@ -285,7 +290,7 @@ class FrontDoor:
         live = [r for r in (operation, resume) if r is not None and not settled(r)]
         if (obj.get("metadata") or {}).get("deletionTimestamp"):
             for record in live:
-                await self._command(record, Command("Cancel"))
+                await self._command(record, Command("Cancel"), memo)
             if not live:
                 await self._release(obj)
                 return
@@ -300,7 +305,7 @@ class FrontDoor:
                 memo.refusal = await self._submit(obj)
                 operation = await self._machine(operation_id(obj))
         else:
-            await self._follow(obj, operation, resume)
+            await self._follow(obj, operation, resume, memo)
             resume = await self._machine(resume_id(obj)) if key[0] == "Suspension" else None
         await self._write_status(key, obj, operation, resume, memo)
 
@@ -342,18 +347,18 @@ class FrontDoor:
         return {}
 
     async def _follow(self, obj: Resource, operation: MachineRecord,
-                      resume: MachineRecord | None) -> None:
+                      resume: MachineRecord | None, memo: _Memo) -> None:
         """Commands the resource's spec asks of its running operation(s)."""
         if wants_cancel(obj):
             for record in (operation, resume):
                 if record is not None and not record.terminal:
-                    await self._command(record, Command("Cancel"))
+                    await self._command(record, Command("Cancel"), memo)
             return
         spec = obj.get("spec") or {}
         if obj.get("kind") == "Migration" and not operation.terminal:
             target = spec.get("targetNodeName")
             if isinstance(target, str) and target and target != operation.state.get("target"):
-                await self._command(operation, Command("Retarget", {"node": target}))
+                await self._command(operation, Command("Retarget", {"node": target}), memo)
         if wants_resume(obj) and resume is None and settled(operation):
             if operation.phase != "Suspended":
                 return  # nothing to resume: the status says how the suspension ended
@@ -373,12 +378,16 @@ class FrontDoor:
                 log.warning("front door: resume of %s/%s refused: %s", key[1], key[2],
                             _one_line(exc))
 
-    async def _command(self, record: MachineRecord, command: Command) -> None:
+    async def _command(self, record: MachineRecord, command: Command, memo: _Memo) -> None:
+        """Send ``command``; a refusal (the machine says why) is kept to show on the status."""
         try:
             await send_command(self.db, self.kinds, machine_id=record.id, command=command,
                                now=self.clock.now(), requester=REQUESTER)
-        except UsageError as exc:  # refused by the machine: it says why
+        except UsageError as exc:
             log.info("front door: %s of %s refused: %s", command.type, record.id, exc)
+            memo.command_refused = Refusal(f"{command.type}Refused", _one_line(exc))
+        else:
+            memo.command_refused = None
 
     async def _hold(self, obj: Resource) -> Resource:
         """The resource with the finalizer added (so a delete waits for the operation)."""
@@ -413,6 +422,11 @@ class FrontDoor:
             key[0], generation=int(meta.get("generation") or 1), operation=operation,
             resume=resume, refusal=memo.refusal if operation is None else None,
             previous=current if isinstance(current, dict) else None, now=self.clock.now())
+        live = [r for r in (operation, resume) if r is not None and not settled(r)]
+        if memo.command_refused is not None and live:
+            desired["conditions"] = [*desired.get("conditions", []), _refused_condition(
+                memo.command_refused, current, int(meta.get("generation") or 1),
+                self.clock.now())]
         patch = status_patch(current if isinstance(current, dict) else None, desired)
         if not patch:
             return
@@ -440,6 +454,19 @@ def _refused_before(obj: Resource) -> Refusal | None:
                 and condition.get("observedGeneration") == generation):
             return Refusal(str(condition.get("reason")), str(condition.get("message") or ""))
     return None
+
+
+def _refused_condition(refusal: Refusal, current: object, generation: int,
+                       now: datetime) -> dict[str, Any]:
+    """``CommandRefused=True``: what the machine answered the resource's last command."""
+    since = rfc3339(now)
+    for c in (current.get("conditions") or []) if isinstance(current, dict) else []:
+        if isinstance(c, dict) and c.get("type") == "CommandRefused" and c.get(
+                "status") == "True" and c.get("lastTransitionTime"):
+            since = str(c["lastTransitionTime"])
+    return {"type": "CommandRefused", "status": "True", "reason": refusal.reason,
+            "message": refusal.message, "lastTransitionTime": since,
+            "observedGeneration": generation}
 
 
 def _one_line(exc: BaseException) -> str:

@@ -20,36 +20,14 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from controlplane.api.app import make_app
 from controlplane.clock import SystemClock
-from controlplane.engine.jsonvalue import JsonObject
 from controlplane.store import queries
 from controlplane.store.database import Database
 from controlplane.wiring.embedded import Embedded, embedded
-from controlplane.worker.ports import Observer
 from tests.api.conftest import TOKEN, auth
+from tests.support.sim_access import SimAccess
 from tests.support.waiting import eventually
 
 Client = TestClient[web.Request, web.Application]
-
-
-@dataclass
-class SimAccess:
-    """``ClusterAccess`` over the embedded world (the wiring's reads the API server)."""
-
-    world: Embedded
-
-    @property
-    def observer(self) -> Observer:
-        return self.world.submission_observer
-
-    async def get_pod(self, namespace: str, name: str) -> JsonObject | None:
-        pod = self.world.cluster.pod(namespace, name)
-        return None if pod is None else dict(pod)
-
-    async def list_nodes(self) -> list[JsonObject]:
-        return [dict(n) for n in self.world.cluster.store.peek("nodes")]
-
-    async def list_pods(self) -> list[JsonObject]:
-        return [dict(p) for p in self.world.cluster.store.peek("pods")]
 
 
 @dataclass
