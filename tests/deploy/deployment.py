@@ -57,6 +57,8 @@ SUBSTITUTIONS = {
     "cpctl / python": "this interpreter (-m controlplane.cli.main)",
     "downward API": "metadata.name = <deployment>-<i>, spec.nodeName = the node, "
                     "status.hostIP = 127.0.0.1",
+    "configMap volumes": "the ConfigMap's files written to a temporary directory, and "
+                         "environment values under the mount path pointed there",
 }
 
 
@@ -268,7 +270,7 @@ class DeployedRun:
         deployment = find(self.objects, "Deployment", "controlplane")
         init = name == "wait-for-schema"
         c = container(deployment, name, init=init)
-        env = self.env(c, {"metadata.name": f"controlplane-{replica}"})
+        env = self.mounted(deployment, c, self.env(c, {"metadata.name": f"controlplane-{replica}"}))
         argv = container_command(c, env)
         account = pod_spec(deployment)["serviceAccountName"]
         if "--in-cluster" in argv:
@@ -277,6 +279,25 @@ class DeployedRun:
         argv = [f"{a.split('=')[0]}=127.0.0.1:0"
                 if a.startswith(("--listen=", "--metrics-listen=")) else a for a in argv]
         return argv, env
+
+    def mounted(self, workload: Obj, c: Obj, env: dict[str, str]) -> dict[str, str]:
+        """The container's configMap volumes as the kubelet projects them (one file per
+        key), here in a temporary directory; environment values naming a file under a
+        mount path (``CONTROLPLANE_CLASSES_FILE``) point at the projected copy."""
+        volumes = {v["name"]: v for v in pod_spec(workload).get("volumes") or []}
+        for mount in c.get("volumeMounts") or []:
+            source = volumes[mount["name"]].get("configMap")
+            if source is None:
+                continue
+            folder = self.tmp / "volumes" / mount["name"]
+            folder.mkdir(parents=True, exist_ok=True)
+            for key, value in (find(self.objects, "ConfigMap", source["name"])
+                               .get("data") or {}).items():
+                (folder / key).write_text(str(value))
+            prefix = mount["mountPath"].rstrip("/") + "/"
+            env = {k: str(folder) + "/" + v[len(prefix):] if v.startswith(prefix) else v
+                   for k, v in env.items()}
+        return env
 
     def migration_job(self) -> tuple[list[str], dict[str, str]]:
         [c] = pod_spec(find(self.objects, "Job", "controlplane-db-upgrade"))["containers"]
