@@ -33,6 +33,7 @@ from tests.deploy.deployment import (
 from tests.deploy.manifests import find, pod_spec, render
 
 MARKER = "sim.controlplane.dev/marker"
+CUSTOM_GROUP = "checkpoint.controlplane.dev"
 # The run fixture starts a dozen processes: 25 s alone, 86 s measured on 2 busy cores.
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(300)]
 
@@ -168,7 +169,10 @@ def test_control_plane_rbac_grants_exactly_the_api_calls_of_a_recorded_run(
     user = service_account_user(pod_spec(deployment)["serviceAccountName"])
     recorded = _recorded(run, user)
     assert ("", "pods", "delete") in recorded  # the run did migrate
-    assert granted(run.objects, user) == recorded
+    # The simulator serves no custom resources, so the rules for issue 25's kinds
+    # (checkpoint.controlplane.dev) go unused here; test_crds_real.py checks them on a real
+    # server, and test_rbac_real.py's recorded run there uses them.
+    assert {g for g in granted(run.objects, user) if g[0] != CUSTOM_GROUP} == recorded
 
 
 async def test_agent_rbac_grants_exactly_its_api_and_kubelet_calls(

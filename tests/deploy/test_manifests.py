@@ -1,11 +1,14 @@
 """Every overlay renders with ``kubectl kustomize``, every object is valid against the
 Kubernetes schemas (offline, ``kubernetes-validate``), and the pieces fit together: the
 Deployment runs 2+ replicas with probes, requests and a drain period, the PDB and the
-metrics Service select its pods, references resolve, checkpoint classes parse."""
+metrics Service select its pods, references resolve, checkpoint classes parse, the custom
+resources' definitions and roles are in every overlay (on a real server:
+test_crds_real.py)."""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
@@ -15,6 +18,7 @@ from controlplane.machines.config.classes import parse_class
 from tests.deploy.manifests import (
     DEPLOY,
     OVERLAYS,
+    Obj,
     all_of,
     container,
     find,
@@ -139,7 +143,8 @@ def test_every_referenced_object_is_rendered_or_created_out_of_band(overlay: str
         assert wanted - out_of_band <= names, f"{workload['metadata']['name']}: " \
             f"missing {sorted(wanted - out_of_band - names)}"
     assert all(o["metadata"].get("namespace") == "checkpoint-system" for o in objects
-               if o["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"))
+               if o["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding",
+                                    "CustomResourceDefinition"))
 
 
 def test_checkpoint_classes_are_valid_product_configuration() -> None:
@@ -170,3 +175,99 @@ def test_the_base_holds_no_credentials() -> None:
             assert "secretGenerator" not in path.read_text(), path
     assert not all_of(render("production"), "Secret")
 
+
+
+#: Issue 25's kinds (docs/resources.md): plural, short name, scope, an operation (status
+#: subresource, category ``checkpointing``) or not.
+CUSTOM_KINDS = {"Checkpoint": ("checkpoints", "ckpt", "Namespaced", True),
+                "Restore": ("restores", "rst", "Namespaced", True),
+                "Migration": ("migrations", "mig", "Namespaced", True),
+                "Suspension": ("suspensions", "susp", "Namespaced", True),
+                "Drain": ("drains", "drn", "Cluster", True),
+                "CheckpointClass": ("checkpointclasses", "ckclass", "Cluster", False)}
+GROUP = "checkpoint.controlplane.dev"
+
+
+def _schema(crd: Obj) -> Obj:
+    [version] = crd["spec"]["versions"]
+    schema: Obj = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_overlay_installs_the_six_kinds_with_status_short_names_and_columns(
+        overlay: str) -> None:
+    crds = {o["spec"]["names"]["kind"]: o for o in all_of(render(overlay),
+                                                         "CustomResourceDefinition")}
+    assert set(crds) == set(CUSTOM_KINDS)
+    for kind, (plural, short, scope, operation) in CUSTOM_KINDS.items():
+        crd = crds[kind]
+        assert crd["metadata"]["name"] == f"{plural}.{GROUP}"
+        assert "namespace" not in crd["metadata"]
+        assert (crd["spec"]["group"], crd["spec"]["scope"]) == (GROUP, scope)
+        assert crd["spec"]["names"]["shortNames"] == [short]
+        assert crd["spec"]["names"].get("categories") == (
+            ["checkpointing"] if operation else None)
+        [version] = crd["spec"]["versions"]
+        assert (version["name"], version["served"], version["storage"]) == (
+            "v1alpha1", True, True)
+        assert (version.get("subresources") == {"status": {}}) is operation, kind
+        columns = [c["name"] for c in version["additionalPrinterColumns"]]
+        assert columns[-1] == "Age", kind
+        assert ("Phase" in columns) is operation, kind
+        assert _schema(crd)["required"] == ["spec"]
+
+
+def test_every_operation_kind_mirrors_conditions_as_a_map_keyed_by_type() -> None:
+    for crd in all_of(render("production"), "CustomResourceDefinition"):
+        if not CUSTOM_KINDS[crd["spec"]["names"]["kind"]][3]:
+            continue
+        status = _schema(crd)["properties"]["status"]["properties"]
+        conditions = status["conditions"]
+        assert conditions["x-kubernetes-list-type"] == "map"
+        assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+        assert set(conditions["items"]["required"]) == {
+            "type", "status", "lastTransitionTime", "reason", "message"}
+        assert {"observedGeneration", "operationID", "phase", "startTime",
+                "completionTime"} <= set(status)
+        spec = _schema(crd)["properties"]["spec"]["properties"]
+        assert spec["cancel"]["x-kubernetes-validations"][0]["rule"] == "!oldSelf || self"
+
+
+def test_every_cel_string_and_list_is_bounded() -> None:
+    """A string or list a rule reads needs maxLength/maxItems, or the server refuses the
+    definition for its estimated cost; checked here for every string, offline."""
+    def walk(schema: Obj, path: str) -> Iterator[str]:
+        if schema.get("type") == "string" and "enum" not in schema \
+                and "maxLength" not in schema and schema.get("format") != "date-time":
+            yield path
+        if schema.get("type") == "array" and "maxItems" not in schema:
+            yield path
+        for name, child in (schema.get("properties") or {}).items():
+            yield from walk(child, f"{path}.{name}")
+        if isinstance(schema.get("items"), dict):
+            yield from walk(schema["items"], f"{path}[]")
+
+    for crd in all_of(render("production"), "CustomResourceDefinition"):
+        schema = _schema(crd)
+        unbounded = [p for name, child in schema["properties"].items()
+                     if name in ("spec", "status") for p in walk(child, name)]
+        assert not unbounded, (crd["metadata"]["name"], unbounded)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_aggregated_roles_extend_view_and_edit_but_not_to_classes(overlay: str) -> None:
+    objects = render(overlay)
+    view = find(objects, "ClusterRole", "checkpoint-controlplane-view")
+    edit = find(objects, "ClusterRole", "checkpoint-controlplane-edit")
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    assert {k for k, v in view["metadata"]["labels"].items() if v == "true"} == {
+        aggregate + "view"}
+    assert {k for k, v in edit["metadata"]["labels"].items() if v == "true"} == {
+        aggregate + "edit", aggregate + "admin"}
+    [read] = view["rules"]
+    assert set(read["resources"]) == {plural for plural, *_ in CUSTOM_KINDS.values()}
+    assert read["verbs"] == ["get", "list", "watch"]
+    [write] = edit["rules"]
+    assert "checkpointclasses" not in write["resources"]
+    assert not [r for r in write["resources"] if "/" in r]  # status: the workers' alone

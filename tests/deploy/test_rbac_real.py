@@ -61,6 +61,7 @@ from tests.support.envtest import (
 )
 
 MARKER = "sim.controlplane.dev/marker"
+CUSTOM_GROUP = "checkpoint.controlplane.dev"
 NODES = ("node-1", "node-2", "node-3")
 #: Where the test's pods live: deploy/ binds its ClusterRoles cluster-wide, so any
 #: namespace will do; one deploy/ never names shows that it is not only "default".
@@ -336,4 +337,11 @@ def test_the_rules_grant_exactly_what_the_run_asked_of_the_real_server(
                                  {("", "nodes/checkpoint", "create")})):
         user = service_account_user(pod_spec(find(run.objects, kind, name))[
             "serviceAccountName"])
-        assert _recorded(run, user) | kubelet == granted(run.objects, user), user
+        recorded, rules = _recorded(run, user) | kubelet, granted(run.objects, user)
+        # Issue 25's front door lists and watches the custom resources from the start
+        # (recorded); its get, patch (the finalizer) and /status patches need a resource
+        # to act on, which this run does not create yet (the integrator adds it);
+        # meanwhile test_crds_real.py checks those rules by SubjectAccessReview.
+        unexercised = {g for g in rules - recorded
+                       if g[0] == CUSTOM_GROUP and g[2] in ("get", "patch")}
+        assert recorded == rules - unexercised, user
