@@ -380,6 +380,9 @@ def test_a_merge_patch_to_status_sets_it_without_a_new_generation(
     assert retargeted["status"] == status
     done = server.kubectl("get", "mig", "mirrored", "--no-headers")
     assert done.stdout.split()[:4] == ["mirrored", "web-0", "node-3", "Capturing"]
+    wide = server.kubectl("get", "mig", "mirrored", "-o", "wide")
+    assert wide.stdout.splitlines()[0].split() == doc_output(
+        "kubectl get mig -o wide")[0].split()
 
 
 def test_a_condition_without_its_required_fields_is_refused(
