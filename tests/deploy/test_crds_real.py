@@ -6,8 +6,9 @@ and the aggregated roles reach the built-in ``view`` and ``edit`` roles.
 One envtest for the module, with ``--authorization-mode=RBAC`` and the real
 kube-controller-manager running only the clusterrole-aggregation controller (it folds
 ``checkpoint-controlplane-view``/``-edit`` into ``view``/``edit``/``admin``). Two token
-users, ``viewer`` and ``editor``, are bound to the built-in roles in ``default``. No
-worker runs: every ``status`` here is written by the test, as the workers would.
+users: ``viewer`` bound to the built-in ``view`` in ``default``, ``editor`` to ``edit``
+cluster-wide. No worker runs: every ``status`` here is written by the test, as the
+workers would (tests/frontdoor/test_front_door_real.py runs the workers).
 """
 
 from __future__ import annotations
