@@ -12,7 +12,10 @@ a 410) and reconciles it, one key at a time:
    (``requests.ask_of``) and submit it under the resource's UID. ``MachineExists`` means
    another worker, or this one before a restart, already did: nothing is created twice.
    A refusal is written as ``Accepted=False`` with its reason and message; only a busy
-   workload or an unreachable cluster is tried again (``RETRIED``), every resync.
+   workload, an unreachable cluster, or a Restore whose Checkpoint has not finished (or
+   not been seen) is tried again (``RETRIED``). A 409 on a write means the copy was
+   stale: the key is tried again once the watch has brought the newer one, so the door
+   needs no GET of the resources.
 3. **Known**: ``spec.cancel`` sends Cancel, a changed ``Migration.spec.targetNodeName``
    sends Retarget, a ``Suspension`` with ``operatingMode: Running`` submits its resume
    once the suspension settled. Commands are idempotent in the machines (a second Cancel
@@ -70,7 +73,8 @@ FINALIZER = "checkpoint.controlplane.dev/operation"
 #: The requester recorded on operations the front door submits and commands it sends.
 REQUESTER = "frontdoor"
 #: Refusal reasons tried again at every resync: the world may change under them.
-RETRIED = frozenset({"WorkloadBusy", "ClusterUnavailable"})
+RETRIED = frozenset({"WorkloadBusy", "ClusterUnavailable", "CheckpointNotFound",
+                     "WaitingForCheckpoint"})
 Key = tuple[str, str | None, str]  # kind, namespace, name
 #: Set, a worker SIGKILLs itself right after creating an operation and before writing the
 #: resource's status: the crash test's window (tests/frontdoor/test_front_door_real.py).
@@ -83,6 +87,8 @@ class DoorSettings:
     mirror_seconds: float = 1.0
     status_interval: float = 1.0
     retry_seconds: float = 2.0
+    #: How often a Restore waiting for its Checkpoint looks again.
+    wait_seconds: float = 5.0
 
 
 def key_of(resource: Mapping[str, Any]) -> Key:
@@ -250,10 +256,8 @@ class FrontDoor:
                 continue
             try:
                 await self.reconcile(obj)
-            except StaleResource:
-                fresh = await self._fresh(key)
-                if fresh is not None:
-                    self._saw(fresh)
+            except StaleResource:  # the watch brings the newer copy (or its deletion)
+                self._later(key, self.settings.retry_seconds)
             except ControlPlaneError as exc:
                 log.warning("front door: %s %s/%s: %s; trying again in %ss", key[0],
                             key[1] or "-", key[2], exc, self.settings.retry_seconds)
@@ -261,19 +265,6 @@ class FrontDoor:
             except Exception:  # one resource's bug must not stop the others
                 log.exception("front door: reconciling %s %s/%s failed", *key)
                 self._later(key, self.settings.resync_seconds)
-
-    async def _fresh(self, key: Key) -> Resource | None:
-        try:
-            obj = await self.api.get(key[0], key[1], key[2])
-        except ControlPlaneError as exc:
-            log.warning("front door: reading %s %s/%s: %s", key[0], key[1] or "-", key[2], exc)
-            self._later(key, self.settings.retry_seconds)
-            return None
-        if obj is None:
-            self._forget(key)
-            return None
-        obj.setdefault("kind", key[0])
-        return obj
 
     async def _machine(self, machine_id: str) -> MachineRecord | None:
         try:
@@ -311,9 +302,13 @@ class FrontDoor:
 
     async def _submit(self, obj: Resource) -> Refusal | None:
         """Submit the resource's operation; the refusal to show, if it was refused."""
+        checkpoint_ids, waiting = await self._restore_source(obj)
+        if waiting is not None:
+            self._later(key_of(obj), self.settings.wait_seconds)
+            return waiting
         try:
             ask = await ask_of(obj, db=self.db, access=self.access, classes=self.classes,
-                               checkpoint_ids=await self._checkpoint_ids(obj))
+                               checkpoint_ids=checkpoint_ids)
             await submit_operation(self.db, self.kinds, self.access.observer, kind=ask.kind,
                                    spec=ask.spec, machine_id=ask.machine_id,
                                    now=self.clock.now(), limits=self.limits,
@@ -332,19 +327,28 @@ class FrontDoor:
             os.kill(os.getpid(), signal.SIGKILL)
         return None
 
-    async def _checkpoint_ids(self, obj: Resource) -> dict[str, str]:
-        """A Restore's ``spec.checkpointName`` -> the named Checkpoint's (or Suspension's)
-        operation id; empty for other kinds."""
+    async def _restore_source(self, obj: Resource) -> tuple[dict[str, str], Refusal | None]:
+        """A Restore's ``spec.checkpointName`` -> the operation id of the Checkpoint (or
+        Suspension) of that name in its namespace, read from the door's own watch (no
+        GET); or why it must wait: that resource not seen yet, or its operation not
+        settled (a Checkpoint and its Restore applied together). Other kinds: nothing."""
         spec = obj.get("spec") or {}
         name = spec.get("checkpointName") if obj.get("kind") == "Restore" else None
         if not isinstance(name, str) or not name:
-            return {}
+            return {}, None
         namespace = (obj.get("metadata") or {}).get("namespace")
-        for kind in ("Checkpoint", "Suspension"):
-            found = await self.api.get(kind, namespace, name)
-            if found is not None:
-                return {name: operation_id(found)}
-        return {}
+        found = self.seen.get(("Checkpoint", namespace, name)) or self.seen.get(
+            ("Suspension", namespace, name))
+        if found is None:
+            return {}, Refusal("CheckpointNotFound",
+                               f"spec.checkpointName {name!r}: no Checkpoint or Suspension of "
+                               f"that name in namespace {namespace} (yet); waiting for it")
+        source = await self._machine(operation_id(found))
+        if source is None or not settled(source):
+            return {}, Refusal("WaitingForCheckpoint",
+                               f"spec.checkpointName {name!r}: its checkpoint has not "
+                               "finished; the restore starts once it has")
+        return {name: operation_id(found)}, None
 
     async def _follow(self, obj: Resource, operation: MachineRecord,
                       resume: MachineRecord | None, memo: _Memo) -> None:

@@ -466,7 +466,7 @@ def test_an_editor_creates_operations_but_not_a_class_nor_a_status(bound: Server
 
 
 def test_the_workers_rules_are_exactly_the_front_doors_calls(bound: Server) -> None:
-    """get/list/watch/patch (the finalizer) of the operations, patch of their status, get
+    """list/watch/patch (the finalizer) of the operations, patch of their status, get
     of a class by name: nothing else of the group, in any namespace."""
     verbs = ("get", "list", "watch", "create", "update", "patch", "delete",
              "deletecollection")
@@ -474,7 +474,7 @@ def test_the_workers_rules_are_exactly_the_front_doors_calls(bound: Server) -> N
     allowed = {(r, v) for r in resources for v in verbs
                if bound.allowed(WORKER, v, r, "" if r.startswith(("drains", "checkpointclasses"))
                                else "apps")}
-    expected = {(r, v) for r in OPERATIONS for v in ("get", "list", "watch", "patch")} | {
+    expected = {(r, v) for r in OPERATIONS for v in ("list", "watch", "patch")} | {
         (f"{r}/status", "patch") for r in OPERATIONS} | {
         ("checkpointclasses", "get")}
     assert allowed == expected

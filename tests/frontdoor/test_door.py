@@ -29,7 +29,7 @@ from tests.support.sim_access import SimAccess
 from tests.support.waiting import eventually
 
 FAST = DoorSettings(resync_seconds=5.0, mirror_seconds=0.05, status_interval=0.0,
-                    retry_seconds=0.05)
+                    retry_seconds=0.05, wait_seconds=0.1)
 
 
 class Classes:
@@ -175,3 +175,20 @@ async def test_a_delete_waits_for_the_operation_to_settle_and_keeps_its_history(
     record = await queries.get_machine(db, uid)
     assert record.terminal
     assert await queries.history(db, uid)
+
+
+async def test_a_restore_applied_with_its_checkpoint_waits_for_it_then_runs(
+        world: Embedded, db: Database) -> None:
+    api = FakeResources()
+    api.create("Restore", "copy", {"checkpointName": "web", "nodeName": "node-2",
+                                   "podName": "copy"})
+    door = door_for(world, db, api)
+    async with running(door):
+        await eventually(lambda: condition(api.read("Restore", "copy"), "Accepted").get(
+            "reason") == "CheckpointNotFound")
+        api.create("Checkpoint", "web", {"podName": "web"})
+        await eventually(status_is(api, "Restore", "copy", "Succeeded", "True"),
+                         limit_seconds=90)
+    pod = world.cluster.pod("default", "copy")
+    assert pod is not None
+    assert pod["spec"]["nodeName"] == "node-2"
