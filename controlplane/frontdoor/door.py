@@ -474,6 +474,6 @@ def _refused_condition(refusal: Refusal, current: object, generation: int,
 
 
 def _one_line(exc: BaseException) -> str:
-    hint = getattr(exc, "hint", None)
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return f"{text} ({hint})" if hint else text
+    """The error's first line (a ``ControlPlaneError`` says its hint in it)."""
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
