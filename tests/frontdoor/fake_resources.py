@@ -17,21 +17,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from controlplane.frontdoor.ports import Resource, StaleResource
+from drivers.sim.patch import merge_patch
 
 Key = tuple[str, str | None, str]
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386: objects merge key by key, ``None`` removes, anything else replaces."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
 
 
 class FakeResources:
