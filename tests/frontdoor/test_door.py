@@ -90,8 +90,14 @@ async def test_a_checkpoint_resource_runs_to_success_and_its_status_follows(
         world: Embedded, db: Database) -> None:
     api = FakeResources()
     made = api.create("Checkpoint", "web", {"podName": "web"})
-    async with running(door_for(world, db, api)):
+    door = door_for(world, db, api)
+    async with running(door):
         await eventually(status_is(api, "Checkpoint", "web", "Succeeded", "True"))
+        writes = api.status_writes
+        record = await queries.get_machine(db, made["metadata"]["uid"])
+        await door.reconcile(api.read("Checkpoint", "web") or {})
+        assert api.status_writes == writes  # an unchanged status costs no request
+    assert writes <= record.version + 1  # at most one write per transition, plus Accepted
     obj = api.read("Checkpoint", "web")
     assert obj is not None
     uid = made["metadata"]["uid"]
