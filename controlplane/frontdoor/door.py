@@ -374,13 +374,16 @@ class FrontDoor:
                                        now=self.clock.now(), limits=self.limits,
                                        requester=REQUESTER)
             except MachineExists:
-                pass
+                memo.command_refused = None
             except WorkloadBusy as exc:
                 log.info("front door: resume of %s/%s waits: %s", key[1], key[2], exc)
                 self._later(key, self.settings.resync_seconds)
-            except UsageError as exc:  # the suspension's status keeps its outcome
+            except UsageError as exc:  # shown as CommandRefused beside the suspension's outcome
                 log.warning("front door: resume of %s/%s refused: %s", key[1], key[2],
                             _one_line(exc))
+                memo.command_refused = Refusal("ResumeRefused", _one_line(exc))
+            else:
+                memo.command_refused = None
 
     async def _command(self, record: MachineRecord, command: Command, memo: _Memo) -> None:
         """Send ``command``; a refusal (the machine says why) is kept to show on the status."""
@@ -427,9 +430,11 @@ class FrontDoor:
             resume=resume, refusal=memo.refusal if operation is None else None,
             previous=current if isinstance(current, dict) else None, now=self.clock.now())
         live = [r for r in (operation, resume) if r is not None and not settled(r)]
-        if memo.command_refused is not None and live:
+        refused = memo.command_refused
+        if refused is not None and (live or (refused.reason == "ResumeRefused"
+                                    and resume is None)):
             desired["conditions"] = [*desired.get("conditions", []), _refused_condition(
-                memo.command_refused, current, int(meta.get("generation") or 1),
+                refused, current, int(meta.get("generation") or 1),
                 self.clock.now())]
         patch = status_patch(current if isinstance(current, dict) else None, desired)
         if not patch:

@@ -208,3 +208,19 @@ async def test_a_restore_applied_with_its_checkpoint_waits_for_it_then_runs(
     pod = world.cluster.pod("default", "copy")
     assert pod is not None
     assert pod["spec"]["nodeName"] == "node-2"
+
+
+async def test_a_resume_the_operation_refuses_shows_beside_the_suspension(
+        world: Embedded, db: Database) -> None:
+    api = FakeResources()
+    api.create("Suspension", "web", {"podName": "web", "operatingMode": "Running",
+                                     "resumeNodeName": "node-9"})
+    async with running(door_for(world, db, api)):
+        await eventually(lambda: condition(api.read("Suspension", "web"),
+                                           "CommandRefused").get("reason") == "ResumeRefused",
+                         limit_seconds=90)
+    obj = api.read("Suspension", "web") or {}
+    assert obj["status"]["phase"] == "Suspended"
+    assert condition(obj, "Succeeded")["status"] == "True"
+    assert "node-9" in condition(obj, "CommandRefused")["message"]
+    assert "resumeOperationID" not in obj["status"]
