@@ -181,7 +181,7 @@ class FrontDoor:
                 listed = set()
                 for item in items:
                     item.setdefault("kind", kind)
-                    listed.add(self._saw(item))
+                    listed.add(self._saw(item, only_if_changed=True))
                 for gone in [k for k in self.seen if k[0] == kind and k not in listed]:
                     self._forget(gone)
                 async with asyncio.timeout(self.settings.resync_seconds):
@@ -204,10 +204,16 @@ class FrontDoor:
         else:
             self._saw(obj)
 
-    def _saw(self, obj: Resource) -> Key:
+    def _saw(self, obj: Resource, *, only_if_changed: bool = False) -> Key:
+        """Keep ``obj`` as the key's newest copy and reconcile it. A relist passes
+        ``only_if_changed``: a resource the door already holds at the same
+        resourceVersion is not reconciled again (its operation's moves reach it through
+        the mirror's poll), so a resync costs nothing per settled resource."""
         key = key_of(obj)
+        held = self.seen.get(key)
         self.seen[key] = obj
-        self._enqueue(key)
+        if not (only_if_changed and held is not None and _version(held) == _version(obj)):
+            self._enqueue(key)
         return key
 
     def _forget(self, key: Key) -> None:
@@ -450,6 +456,10 @@ class FrontDoor:
         patched.setdefault("kind", key[0])
         if key in self.seen:
             self.seen[key] = patched
+
+
+def _version(obj: Resource) -> object:
+    return (obj.get("metadata") or {}).get("resourceVersion")
 
 
 def _refused_before(obj: Resource) -> Refusal | None:
