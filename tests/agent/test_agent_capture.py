@@ -207,16 +207,20 @@ async def test_the_withdrawal_a_failure_report_causes_never_cancels_the_release(
     async with open_world(tmp_path, dumpers={"node-1": HeldRelease}) as w:
         dumper = w.dumpers["node-1"]
         assert isinstance(dumper, HeldRelease)
-        w.cluster.create_pod(NS, "app", node="node-1", marker="m")
-        await w.running(NS, "app")
+        for name in ("app", "later"):
+            w.cluster.create_pod(NS, name, node="node-1", marker=name)
+            await w.running(NS, name)
         w.request_capture(NS, "app", "ck-w", quiesce=True)
         await w.report(NS, "app", "Failed")
         await dumper.entered.wait()  # the release is under way, held
         w.withdraw(NS, "app")  # what the control plane does on reading Failed
-        await w.cluster.wait_for(
-            lambda: protocol.CAPTURE_CHECKPOINT_ID not in w.annotations(NS, "app"),
-            what="the withdrawal seen")
-        await asyncio.sleep(0)  # let the agent react to the withdrawal first
+        # The agent must have reacted to the withdrawal before the release goes on, and the
+        # right reaction shows nothing. Its node's watch is ordered: once it has answered a
+        # later change on the node (it refuses a request naming another pod's UID), it has
+        # seen the withdrawal.
+        w.request_capture(NS, "later", "ck-later", uid="not-the-pods-uid")
+        await w.report(NS, "later", "Failed")
+        assert w.annotations(NS, "later")[protocol.REPORT_REASON].startswith("Refused: ")
         dumper.go.set()
         async with asyncio.timeout(10):  # cancelled, it would never finish
             await dumper.finished.wait()
