@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from controlplane.api.app import make_app
 from controlplane.api.serving import redact
 from controlplane.store import reports
-from tests.api.conftest import TOKEN, History, auth
+from tests.support.api_world import TOKEN, History, auth
 
 Client = TestClient[web.Request, web.Application]
 

@@ -9,31 +9,11 @@ from __future__ import annotations
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from controlplane.clock import SystemClock
 from controlplane.engine.decider import Event
-from controlplane.store import event_store, queries
-from controlplane.store.database import Database
-from controlplane.store.records import Projection
-from tests.api.conftest import History, auth
+from controlplane.store import queries
+from tests.support.api_world import History, add_running_migration, advance, auth
 
 Client = TestClient[web.Request, web.Application]
-
-
-async def add_running_migration(db: Database, machine_id: str) -> None:
-    """A live migration submitted now (a worker never runs it: the test moves it)."""
-    await event_store.create_machine(
-        db, machine_id=machine_id, kind="migration",
-        spec={"pod": {"namespace": "default", "name": "live", "uid": "uid-live"}},
-        initial=Projection("Pending", {}, False), now=SystemClock().now(), worker_id="test",
-        workload="default/live", source_node="node-1")
-
-
-async def advance(db: Database, machine_id: str, phase: str, event: Event) -> None:
-    record = await queries.get_machine(db, machine_id)
-    await event_store.commit(
-        db, machine_id=machine_id, expected_version=record.version, events=[event],
-        projection=Projection(phase, record.state, False), cause="command",
-        decision_input={}, now=SystemClock().now(), worker_id="test")
 
 
 async def test_pages_of_the_list_cover_it_once_with_the_total(

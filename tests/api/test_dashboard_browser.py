@@ -10,17 +10,15 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import struct
-import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from controlplane.store import queries
-from tests.api.conftest import TOKEN, History, serving
+from tests.support.api_world import TOKEN, History, serving
+from tests.support.browser import CHROMIUM, png_pixels
 
-CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--virtual-time-budget=5000")
@@ -46,20 +44,6 @@ async def chromium(tmp_path: Path, *args: str) -> str:
         raise
     assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
     return out.decode()
-
-
-def png_pixels(path: Path) -> tuple[int, int, bytes]:
-    """Width, height and the decompressed scanlines of a PNG (stdlib only)."""
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    width, height = struct.unpack(">II", data[16:24])
-    idat, pos = b"", 8
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        if data[pos + 4:pos + 8] == b"IDAT":
-            idat += data[pos + 8:pos + 8 + length]
-        pos += 12 + length
-    return width, height, zlib.decompress(idat)
 
 
 async def test_dashboard_renders_operations_and_the_migration_timeline(

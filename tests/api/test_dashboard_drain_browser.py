@@ -7,89 +7,25 @@ CSP with no script error. Also the two API fields the page is drawn from (``drai
 
 The history is real: ``cpctl demo``'s flow, then a drain of three pods off ``node-1`` on
 the embedded simulator — one of them deleted after planning, so its child is refused —
-on the ``db`` fixture (SQLite and PostgreSQL). Every wait polls a condition under a
-deadline. Chromium is required: a missing browser FAILS these tests.
+on the ``db`` fixture (SQLite and PostgreSQL): ``tests/api/conftest.py``'s ``drained``.
+Every wait polls a condition under a deadline. Chromium is required: a missing browser
+FAILS these tests.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
-import itertools
-import json
-import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from controlplane.api.app import make_app
-from controlplane.app.drains import drain_spec
-from controlplane.app.operations import submit_operation
-from controlplane.clock import SystemClock, new_id
-from controlplane.machines.catalog import default_kinds
-from controlplane.machines.drain.planning import node_info, plan_drain, pod_info
-from controlplane.machines.submission import Limits
 from controlplane.store import queries
-from controlplane.store.database import Database
-from controlplane.wiring.embedded import embedded
-from tests.api.conftest import TOKEN, auth, run_demo, serving
-from tests.api.test_dashboard_browser import CHROMIUM, png_pixels
-from tests.support.waiting import eventually
-
-NS = "default"
-PODS = ("web-a", "web-b", "gone")  # "gone" is deleted between plan and drain: refused
-clock = SystemClock()
-
-
-@dataclass(frozen=True)
-class DrainHistory:
-    db: Database
-    drain_id: str
-    migration_id: str  # the demo's own migration: no drain's child
-
-
-async def run_drain(db: Database, root: Path) -> str:
-    """Drain node-1 (three pods, one at a time, so the rows appear in a fixed order)
-    until the drain is settled."""
-    async with embedded(db, root, clock, nodes=["node-1", "node-2", "node-3"],
-                        limits=Limits(max_cluster=10, max_per_source_node=4)) as world:
-        cluster = world.cluster
-        for name in PODS:
-            cluster.create_pod(NS, name, node="node-1", cpu="100m", memory="64Mi",
-                               labels={"app": name})
-        await cluster.wait_for(lambda: sum(
-            (p.get("status") or {}).get("phase") == "Running"
-            for p in cluster.store.peek("pods")) == len(PODS), what="pods running",
-            limit_seconds=30)
-        pods = list(cluster.store.peek("pods"))
-        plan = plan_drain("node-1", [node_info(n) for n in cluster.store.peek("nodes")],
-                          [pod_info(p) for p in pods])
-        klass = {"repository": world.repository("checkpoints/drain"),
-                 "timeouts": {"capture": 60, "restore": 60, "schedule": 30, "gc": 60}}
-        spec = drain_spec(plan, pods, klass, max_parallel=1)
-        cluster.store.delete("pods", NS, "gone", grace=0)
-        outcome = await submit_operation(db, default_kinds(), world.submission_observer,
-                                         kind="drain", spec=spec, machine_id=new_id(),
-                                         now=clock.now())
-        world.worker.nudge()
-
-        async def settled() -> bool:
-            r = await queries.get_machine(db, outcome.machine_id)
-            return r.terminal and r.lease_owner is None and r.next_wake_at is None
-        await eventually(settled, limit_seconds=90, every=0.05, what="drain settled")
-    return outcome.machine_id
-
-
-@pytest.fixture
-async def drained(db: Database, tmp_path: Path) -> DrainHistory:
-    demo = await run_demo(db, tmp_path / "demo")
-    return DrainHistory(db, await run_drain(db, tmp_path / "drain"), demo.migration_id)
+from tests.support.api_world import NS, TOKEN, DrainHistory, auth, serving
+from tests.support.browser import browser, png_pixels
 
 
 async def drain_children(h: DrainHistory) -> list[dict[str, Any]]:
@@ -137,124 +73,6 @@ async def test_the_list_labels_children_and_a_drain_lists_them_with_outcomes(
 async def base_url(drained: DrainHistory) -> AsyncIterator[str]:
     async with serving(drained.db) as url:
         yield url
-
-
-class Page:
-    """One tab of a headless Chromium, over the DevTools protocol (a WebSocket)."""
-
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        self.ws, self.session = ws, ""
-        self.ids = itertools.count(1)
-        self.waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self.events: list[dict[str, Any]] = []
-        self.reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        async for message in self.ws:
-            data = json.loads(message.data)
-            future = self.waiting.pop(data.get("id", -1), None)
-            if future is not None and not future.done():
-                future.set_result(data)
-            elif "method" in data:
-                self.events.append(data)
-
-    async def send(self, method: str, /, **params: Any) -> dict[str, Any]:
-        number = next(self.ids)
-        self.waiting[number] = future = asyncio.get_running_loop().create_future()
-        message: dict[str, Any] = {"id": number, "method": method, "params": params}
-        if self.session:
-            message["sessionId"] = self.session
-        await self.ws.send_json(message)
-        reply = await asyncio.wait_for(future, timeout=30)
-        assert "error" not in reply, (method, reply["error"])
-        result: dict[str, Any] = reply["result"]
-        return result
-
-    async def evaluate(self, expression: str) -> Any:
-        reply = await self.send("Runtime.evaluate", expression=expression, returnByValue=True)
-        assert "exceptionDetails" not in reply, reply["exceptionDetails"]
-        return reply["result"].get("value")
-
-    async def until(self, expression: str, what: str, limit: float = 30) -> Any:
-        """Poll ``expression`` in the page until it is truthy; its value."""
-        value: Any = None
-
-        async def holds() -> bool:
-            nonlocal value
-            value = await self.evaluate(expression)
-            return bool(value)
-        try:
-            await eventually(holds, limit_seconds=limit, every=0.05, what=what)
-        except TimeoutError:
-            state = await self.evaluate("document.getElementById('selected-title').textContent"
-                                        " + ' | error: ' + document.getElementById('error')"
-                                        ".textContent")
-            raise AssertionError(f"{what}: not within {limit}s (page: {state}; "
-                                 f"problems: {self.problems()})") from None
-        return value
-
-    async def click(self, selector: str) -> None:
-        """A real left click in the middle of the element (scrolled into view)."""
-        x, y = await self.evaluate(
-            f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
-            " e.scrollIntoView({block: 'center'}); const r = e.getBoundingClientRect();"
-            " return [r.x + r.width / 2, r.y + r.height / 2]; })()")
-        hit = await self.evaluate(f"(() => {{ const e = document.elementFromPoint({x}, {y});"
-                                  f" return !!e && e.closest({json.dumps(selector)}) !== null;"
-                                  " })()")
-        assert hit, f"{selector} is covered or out of view at ({x}, {y})"
-        for kind in ("mousePressed", "mouseReleased"):
-            await self.send("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left",
-                            clickCount=1)
-
-    def problems(self) -> list[str]:
-        """Script exceptions and console errors (a CSP refusal is one). The browser's own
-        ``/favicon.ico`` request is refused (401) like any unknown path: not the page's."""
-        out = [json.dumps(e["params"])[:300] for e in self.events
-               if e["method"] == "Runtime.exceptionThrown"]
-        out += [str(e["params"]["entry"].get("text")) for e in self.events
-                if e["method"] == "Log.entryAdded" and e["params"]["entry"]["level"] == "error"
-                and not str(e["params"]["entry"].get("url", "")).endswith("/favicon.ico")]
-        return out
-
-
-@contextlib.asynccontextmanager
-async def browser(tmp_path: Path) -> AsyncIterator[Page]:
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"{CHROMIUM} is missing: run scripts/ensure-chromium", pytrace=False)
-    proc = await asyncio.create_subprocess_exec(
-        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--remote-debugging-port=0", f"--user-data-dir={tmp_path / 'profile'}",
-        "about:blank", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    try:
-        assert proc.stderr is not None
-        endpoint = ""
-        async with asyncio.timeout(60):
-            while not endpoint:
-                line = (await proc.stderr.readline()).decode(errors="replace")
-                assert line, "chromium exited before it served DevTools"
-                if line.startswith("DevTools listening on "):
-                    endpoint = line.split()[-1]
-        async with aiohttp.ClientSession() as http, http.ws_connect(
-                endpoint, max_msg_size=0, timeout=aiohttp.ClientWSTimeout(ws_close=10)) as ws:
-            page = Page(ws)
-            try:
-                target = await page.send("Target.createTarget", url="about:blank")
-                attached = await page.send("Target.attachToTarget",
-                                           targetId=target["targetId"], flatten=True)
-                page.session = attached["sessionId"]
-                for domain in ("Page", "Runtime", "Log"):
-                    await page.send(f"{domain}.enable")
-                await page.send("Emulation.setDeviceMetricsOverride", width=1280, height=900,
-                                deviceScaleFactor=1, mobile=False)
-                yield page
-            finally:
-                page.reader.cancel()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
 
 
 async def test_a_drain_is_a_group_whose_children_open_their_timelines(

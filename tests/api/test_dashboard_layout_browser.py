@@ -27,10 +27,16 @@ from controlplane.engine.decider import Event
 from controlplane.store import event_store, queries
 from controlplane.store.database import Database
 from controlplane.store.records import Projection
-from tests.api.conftest import TOKEN, History, run_demo, serving
-from tests.api.test_dashboard_api import add_running_migration, advance
-from tests.api.test_dashboard_browser import png_pixels
-from tests.api.test_dashboard_drain_browser import Page, browser, run_drain
+from tests.support.api_world import (
+    TOKEN,
+    History,
+    add_running_migration,
+    advance,
+    run_demo,
+    run_drain,
+    serving,
+)
+from tests.support.browser import Page, browser, png_pixels
 
 #: Every problem the page's layout has, as text ([] when none). Rectangles are clipped by
 #: the ancestors that clip (overflow not visible) below the panel, as the eye sees them.

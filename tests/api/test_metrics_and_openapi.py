@@ -16,7 +16,7 @@ from controlplane.machines.selftest.steps import WORK_ACTION
 from controlplane.store import reports
 from controlplane.store.database import Database
 from controlplane.worker.errors import TerminalActionError
-from tests.api.conftest import TOKEN, History, auth
+from tests.support.api_world import TOKEN, History, auth
 from tests.support.machines import submit_steps
 from tests.support.workers import RecordingHandler, all_terminal, make_worker, run_until
 

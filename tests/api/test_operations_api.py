@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from tests.api.conftest import History, auth
+from tests.support.api_world import History, auth
 
 Client = TestClient[web.Request, web.Application]
 

@@ -23,7 +23,7 @@ from controlplane.clock import SystemClock
 from controlplane.store import queries
 from controlplane.store.database import Database
 from controlplane.wiring.embedded import Embedded, embedded
-from tests.api.conftest import TOKEN, auth
+from tests.support.api_world import TOKEN, auth
 from tests.support.sim_access import SimAccess
 from tests.support.waiting import eventually
 

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient
 
 from controlplane.api import summary
 from controlplane.api.summary_charts import NAMES
-from tests.api.conftest import auth
+from tests.support.api_world import auth
 
 Client = TestClient[web.Request, web.Application]
 SVG = "{http://www.w3.org/2000/svg}"

@@ -3,10 +3,10 @@ arrives from the API and is drawn inline, with visible bars inside its panel, un
 page's CSP with no script error; the token leaves the address bar; without a token each
 panel shows the API's refusal. A screenshot of it is a real image.
 
-The history is real: ``cpctl demo``'s flow and a drain with a refused child (the drain
-browser test's fixture), on SQLite and PostgreSQL. ``SUMMARY_SCREENSHOT=<path>`` also
-writes the screenshot there (``docs/img/summary.png`` was made so). Chromium is
-required: a missing browser FAILS these tests.
+The history is real: ``cpctl demo``'s flow and a drain with a refused child
+(``tests/api/conftest.py``'s ``drained``), on SQLite and PostgreSQL.
+``SUMMARY_SCREENSHOT=<path>`` also writes the screenshot there (``docs/img/summary.png``
+was made so). Chromium is required: a missing browser FAILS these tests.
 """
 
 from __future__ import annotations
@@ -22,12 +22,9 @@ from typing import Any
 import pytest
 
 from controlplane.api.summary_charts import NAMES
-from tests.api.conftest import TOKEN, serving
-from tests.api.test_dashboard_browser import png_pixels
-from tests.api.test_dashboard_drain_browser import DrainHistory, Page, browser, drained
+from tests.support.api_world import TOKEN, DrainHistory, serving
+from tests.support.browser import Page, browser, png_pixels
 from tests.support.waiting import eventually
-
-__all__ = ["drained"]  # the fixture, used here by name
 
 CHARTS = ("(() => [...document.querySelectorAll('figure[data-chart]')].map((f) => {"
           " const svg = f.querySelector('svg.chart'), box = f.getBoundingClientRect();"

@@ -20,9 +20,9 @@ from controlplane.machines.catalog import default_kinds
 from controlplane.store import queries
 from controlplane.store.database import Database
 from controlplane.wiring.embedded import embedded
-from tests.api.conftest import auth
-from tests.api.test_submit_operations import SimAccess
 from tests.machines.machines_gwt import OTHER, migration_body
+from tests.support.api_world import auth
+from tests.support.sim_access import SimAccess
 from tests.support.waiting import eventually
 
 BOT, OPS = "bot-token-" + "b" * 16, "ops-token-" + "o" * 16
