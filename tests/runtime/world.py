@@ -253,15 +253,27 @@ def open_criu_world(tmp: Path) -> Iterator[CriuWorld]:
                 _reset(root)
 
 
-def resumed(ticks: list[Tick], before: list[Tick]) -> Resumption:
+def resumed(ticks: list[Tick], before: list[Tick], *, quiesced: bool) -> Resumption:
     """The restored log is the checkpointed process going on: it starts with the ticks
     the source printed before the operation, then resumes once, at a count after those,
-    with no gap and every page intact (:func:`~drivers.runtime.workload.resumption`)."""
+    with no gap and every page intact (:func:`~drivers.runtime.workload.resumption`).
+
+    ``quiesced``: the checkpoint stopped the source, so no count is printed twice — the
+    first count on the target is exactly the checkpointed count + 1."""
     assert ticks[:len(before)] == before, "the restored log does not start with the " \
                                           "source's own ticks: not the checkpointed process"
+    counts = [t.count for t in ticks]
     found = resumption(ticks)
-    assert found is not None, [t.count for t in ticks]
+    assert found is not None, counts
     assert found.checkpointed >= len(before), (found, len(before))
+    if quiesced:
+        # The dump stops the source and the archive copies its log after that: the log
+        # ends at the checkpointed count N and the target goes on from N+1.
+        assert counts == list(range(1, len(counts) + 1)), \
+            f"a quiesced source printed a count again after its checkpoint: {counts}"
+    # Not quiesced (``--leave-running``), the source prints on while the archive is
+    # written and may copy its log a few ticks after the dump: the log may count 1..N+k
+    # and go on from N+1, the one step back resumption() allows.
     return found
 
 
