@@ -10,9 +10,15 @@ to ~100 bytes, a migration's state from 3.5 KB to ~500 bytes, in a few microseco
 A value is stored as one format byte followed by its payload:
 
 - ``0x01``: a zstd frame (content size written, no checksum, no dictionary id) compressed
-  with dictionary v1 (``history_v1.zdict`` next to this module; its origin is in
-  ``bench/train_history_dictionary.py``). Dictionary v1 never changes: a better one
-  will be v2 under a new format byte, and every stored value stays readable.
+  at level 3 with dictionary v1 (``history_v1.zdict`` next to this module; its origin is
+  in ``bench/train_history_dictionary.py``).
+
+A dictionary never changes once rows use it: a better one will be v2 under a new format
+byte, and every stored value stays readable. That is checked, not hoped for. Each
+dictionary's SHA-256 is pinned here (:data:`READS`) and verified when it is first loaded
+(:class:`~controlplane.store.errors.DictionaryChanged`); and
+``tests/store/fixtures/codec_v1_frames.json`` holds frames written on 2026-11-26 that
+must always decode (``tests/store/test_codec_pinning.py``).
 
 Small values (``{}``, a short fact) are not worth a frame: :func:`column_pair` keeps
 them in the plain JSON column.
@@ -20,6 +26,7 @@ them in the plain JSON column.
 
 from __future__ import annotations
 
+import hashlib
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -27,16 +34,43 @@ from typing import Any
 import orjson
 import zstandard
 
+from controlplane.store.errors import DictionaryChanged
+
 FORMAT_ZSTD_V1 = 0x01
 DICTIONARY_V1 = Path(__file__).with_name("history_v1.zdict")
+#: The SHA-256 of dictionary v1's bytes as they were when the first row used them.
+DICTIONARY_V1_SHA256 = "5e7ad39132b7b71d6a24553c112eda56110f9d4f5d3b76dcf8126f548775455e"
+#: Every format this code reads, with the digest of its dictionary.
+READS: dict[int, str] = {FORMAT_ZSTD_V1: DICTIONARY_V1_SHA256}
+#: The format :func:`encode` and :func:`column_pair` write.
+WRITES = FORMAT_ZSTD_V1
 # Under this many bytes of JSON the frame and format byte cost more than they save.
 SMALL_JSON = 32
 _LEVEL = 3  # level 9 saves ~5 % more at 4-6x the CPU (measured on bench.scale's rows)
 
 
+def check_dictionaries() -> None:
+    """Load every dictionary now, raising :class:`DictionaryChanged` if a file is not the
+    one pinned, so a broken install can be stopped at start rather than at the first row
+    it reads or writes."""
+    _dictionary()
+
+
 @cache
 def _dictionary() -> zstandard.ZstdCompressionDict:
-    data = zstandard.ZstdCompressionDict(DICTIONARY_V1.read_bytes())
+    raw = DICTIONARY_V1.read_bytes()
+    found = hashlib.sha256(raw).hexdigest()
+    if found != DICTIONARY_V1_SHA256:
+        raise DictionaryChanged(
+            f"the history dictionary {DICTIONARY_V1} has sha256 {found}, expected "
+            f"{DICTIONARY_V1_SHA256}: the file was changed, and every history row "
+            f"compressed with dictionary v1 (format {FORMAT_ZSTD_V1:#04x}) needs its exact "
+            "bytes",
+            hint="restore the file as released (git checkout -- "
+                 "controlplane/store/history_v1.zdict, or reinstall); dictionaries never "
+                 "change: a retrained one is a new file under a new format byte, v1 kept",
+        )
+    data = zstandard.ZstdCompressionDict(raw)
     data.precompute_compress(level=_LEVEL)
     return data
 

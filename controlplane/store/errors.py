@@ -39,3 +39,8 @@ class SchemaNotReady(ControlPlaneError):
     """The schema is missing or older than this code."""
 
     exit_code = 3
+
+
+class DictionaryChanged(ControlPlaneError):
+    """A history dictionary shipped with this code is not the file its digest pins: the
+    install is broken, and rows compressed with that dictionary would not decode."""
