@@ -74,8 +74,9 @@ class EtcdHistory:
         try:
             self._post("/v3/kv/compaction", {"revision": revision, "physical": True})
         except urllib.error.HTTPError as exc:  # compacted there already: nothing to do
-            if b"compacted" not in exc.read():
-                raise
+            with exc:  # it holds the response and its socket
+                if b"compacted" not in exc.read():
+                    raise
         return revision
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:

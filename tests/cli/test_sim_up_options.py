@@ -89,6 +89,7 @@ def _status(url: str) -> int:
         with urllib.request.urlopen(url, timeout=10) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
+        exc.close()  # it holds the response and its socket
         return int(exc.code)
 
 

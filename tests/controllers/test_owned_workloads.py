@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import ssl
 import subprocess
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,6 +94,9 @@ def _serve_webhook(w: World, kubeconfig: Path) -> None:
             with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", timeout=5,
                                         context=context) as resp:
                 return int(json.loads(resp.read())["reviews"]) > 0
+        except urllib.error.HTTPError as exc:  # up, not serving yet: close its socket
+            exc.close()
+            return False
         except OSError:  # not listening yet
             assert w.procs["webhook"].poll() is None, w.stderr("webhook")
             return False

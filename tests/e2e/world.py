@@ -77,7 +77,8 @@ class KubeHttp:
             with urllib.request.urlopen(req, timeout=15, context=self.context) as resp:
                 return json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as exc:
-            raise ApiError(exc.code, exc.read().decode(errors="replace")) from None
+            with exc:  # it holds the response and its socket
+                raise ApiError(exc.code, exc.read().decode(errors="replace")) from None
 
     def pods(self, namespace: str, selector: str | None = None) -> list[Obj]:
         query = f"?labelSelector={selector}" if selector else ""

@@ -196,7 +196,10 @@ class Envtest:
                                             timeout=5, context=context) as resp:
                     if resp.status == 200:
                         return
-            except (urllib.error.URLError, OSError) as exc:
+            except urllib.error.HTTPError as exc:  # e.g. 500 while post-start hooks run
+                exc.close()  # it holds the response and its TLS socket
+                last = str(exc)
+            except OSError as exc:  # not listening yet
                 last = str(exc)
             time.sleep(0.1)
         raise RuntimeError(f"{name} not ready at {url} within {limit:.0f} s ({last}): "
