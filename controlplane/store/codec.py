@@ -16,7 +16,9 @@ A value is stored as one format byte followed by its payload:
 A dictionary never changes once rows use it: a better one will be v2 under a new format
 byte, and every stored value stays readable. That is checked, not hoped for. Each
 dictionary's SHA-256 is pinned here (:data:`READS`) and verified when it is first loaded
-(:class:`~controlplane.store.errors.DictionaryChanged`); and
+(:class:`~controlplane.store.errors.DictionaryChanged`); every database records the
+formats and digests its rows may use (``history_encodings``, see ``store.encodings``),
+which the store compares with :data:`READS` when it opens one; and
 ``tests/store/fixtures/codec_v1_frames.json`` holds frames written on 2026-11-26 that
 must always decode (``tests/store/test_codec_pinning.py``).
 
@@ -51,8 +53,8 @@ _LEVEL = 3  # level 9 saves ~5 % more at 4-6x the CPU (measured on bench.scale's
 
 def check_dictionaries() -> None:
     """Load every dictionary now, raising :class:`DictionaryChanged` if a file is not the
-    one pinned, so a broken install can be stopped at start rather than at the first row
-    it reads or writes."""
+    one pinned. The store calls this when it opens a database, so a broken install stops
+    at start rather than at the first row it reads or writes."""
     _dictionary()
 
 

@@ -41,6 +41,13 @@ class SchemaNotReady(ControlPlaneError):
     exit_code = 3
 
 
+class HistoryUnreadable(SchemaNotReady):
+    """The database records history rows in an encoding this code cannot read: a format
+    byte it does not have (written by a newer version) or a dictionary whose digest is not
+    the one it has for that format. Refused when the store opens the database, not row by
+    row in the middle of a worker's transition."""
+
+
 class DictionaryChanged(ControlPlaneError):
     """A history dictionary shipped with this code is not the file its digest pins: the
     install is broken, and rows compressed with that dictionary would not decode."""

@@ -3,7 +3,10 @@
 ``upgrade`` runs every pending migration on the connection of our own ``Database``;
 on PostgreSQL it first takes a transaction-scoped advisory lock, so several replicas
 starting at once upgrade one at a time (SQLite's ``BEGIN IMMEDIATE`` does the same).
-``require_current`` is what workers call at start when not told to upgrade.
+``require_current`` is what workers call at start when not told to upgrade. Both also
+refuse a database whose history this code cannot read (``store.encodings``), first, so
+that a database from a newer version gets "upgrade the control plane", not "upgrade the
+schema".
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 import migrations
+from controlplane.store import encodings
 from controlplane.store.database import Database
 from controlplane.store.errors import SchemaNotReady
 from controlplane.store.session import read_txn, write_txn
@@ -50,7 +54,11 @@ async def upgrade(db: Database, revision: str = "head") -> tuple[str | None, str
     async with write_txn(db) as conn:
         if db.backend == "postgresql":
             await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _ADVISORY_LOCK_KEY})
+        await encodings.check_txn(conn, where=db.display_url)
         await conn.run_sync(_run_upgrade, revision)
+        recorded = await encodings.check_txn(conn, where=db.display_url)
+        if recorded is not None:
+            await encodings.record_written_txn(conn, recorded)
     return before, await current_revision(db) or ""
 
 
@@ -74,7 +82,11 @@ def _run_downgrade(connection: Connection, revision: str) -> None:
 
 
 async def require_current(db: Database) -> None:
-    """Raise :class:`SchemaNotReady` unless the schema is at this code's head."""
+    """Raise :class:`SchemaNotReady` unless the schema is at this code's head and its
+    history is in encodings this code reads (:class:`HistoryUnreadable`) and records the
+    one it writes."""
+    async with read_txn(db) as conn:
+        recorded = await encodings.check_txn(conn, where=db.display_url)
     current = await current_revision(db)
     head = head_revision()
     if current != head:
@@ -83,3 +95,4 @@ async def require_current(db: Database) -> None:
             f"this code needs {head}",
             hint="run `cpctl db upgrade` (or start the worker with --upgrade-schema)",
         )
+    encodings.require_written_recorded(recorded or {}, where=db.display_url)

@@ -10,6 +10,8 @@
   so history costs one row per event; old rows are read as they are.
 - ``machines``: the current-state projection, lease columns and the wake schedule.
 - ``machine_keys``: the wake index (pod UID -> machines that care).
+- ``history_encodings``: the formats (and dictionary digests) the compressed history may
+  use, checked when the store opens the database (``store.encodings``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    SmallInteger,
     String,
     Table,
     UniqueConstraint,
@@ -206,5 +209,15 @@ operation_summaries = Table(
 )
 Index("ix_operation_summaries_submitted", operation_summaries.c.submitted_at)
 
-__all__ = ["decisions", "events", "machine_keys", "machines", "metadata",
-           "operation_summaries"]
+# Since 0011: one row per format byte the compressed history columns (``facts_z``,
+# ``input_z``, ``state_z``) may hold, with the SHA-256 of its dictionary (``store.codec``).
+# A few rows at most, read once when the store opens the database.
+history_encodings = Table(
+    "history_encodings",
+    metadata,
+    Column("format", SmallInteger, primary_key=True, autoincrement=False),
+    Column("dictionary_sha256", String(64), nullable=False),
+)
+
+__all__ = ["decisions", "events", "history_encodings", "machine_keys", "machines",
+           "metadata", "operation_summaries"]
