@@ -8,10 +8,11 @@ reads sample rows — the facts, data, decision inputs and states — from two s
 - a ``bench.scale`` database (``python -m bench.scale --migrations 1000 --nodes 100``):
   migrations at scale, of which the first ``--machines`` (100) are used;
 
-and writes an 8 KiB dictionary (``--out``, default ``history_v1.zdict`` beside the
-codec). Dictionary v1 was trained this way on 2026-11-25 and is fixed: changing the file
-would make the rows compressed with it unreadable. A retrained dictionary is a new
-format (v2) in the codec, with v1 kept for old rows.
+and writes an 8 KiB dictionary to ``--out`` (required, and never the shipped
+``history_v1.zdict``: the codec pins that file by its SHA-256). Dictionary v1 was
+trained this way on 2026-11-25 and is fixed: changing the file would make the rows
+compressed with it unreadable. A retrained dictionary is a new format (v2) in the
+codec, with v1 kept for old rows.
 """
 
 from __future__ import annotations
@@ -59,8 +60,12 @@ def main() -> None:
     p.add_argument("--machines", type=int, default=100)
     p.add_argument("--size", type=int, default=8192, help="dictionary bytes (8 KiB: "
                    "larger ones compressed bench.scale's rows worse, not better)")
-    p.add_argument("--out", type=Path, default=codec.DICTIONARY_V1)
+    p.add_argument("--out", type=Path, required=True,
+                   help="where to write the new dictionary (a candidate v2, not v1's file)")
     args = p.parse_args()
+    if args.out.resolve() == codec.DICTIONARY_V1.resolve():
+        p.error(f"--out {args.out} is dictionary v1, which never changes (rows compressed "
+                "with it would become unreadable); write a v2 candidate elsewhere")
     samples: list[bytes | bytearray | memoryview] = [*golden_samples()]
     samples += postgres_samples(args.postgres, args.machines)
     trained = zstandard.train_dictionary(args.size, samples)
