@@ -13,39 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def cpctl(db: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "controlplane.cli.main", "--db", db, *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL)
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int,
-                          *fragments: str) -> None:
-    assert result.returncode == code, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("cpctl: error: ")
-    assert "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0]
-
-
-def reap(proc: subprocess.Popen[str]) -> tuple[str, str]:
-    """Kill a server subprocess if a test left it running; close and drain its pipes."""
-    if proc.poll() is None:
-        proc.kill()
-    out, err = proc.communicate(timeout=20)  # reads what is left, closes the pipes
-    return out or "", err or ""
+from tests.support.cpctl import ROOT, assert_one_line_error, cpctl, reap, upgraded
 
 
 @pytest.fixture
 def ready_db(db_url: str) -> str:
-    result = cpctl(db_url, "db", "upgrade")
-    assert result.returncode == 0, result.stderr
-    return db_url
+    return upgraded(db_url)
 
 
 def test_submit_run_inspect_and_replay_a_machine_end_to_end(ready_db: str) -> None:

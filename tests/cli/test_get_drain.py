@@ -22,7 +22,7 @@ from controlplane.clock import new_id
 from controlplane.machines.catalog import default_kinds
 from controlplane.store import queries
 from tests.cli.drain_world import NS, clock, drain_world
-from tests.cli.test_cpctl import cpctl
+from tests.support.cpctl import cpctl
 
 pytestmark = pytest.mark.slow
 

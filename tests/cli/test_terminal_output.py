@@ -17,7 +17,6 @@ import sys
 import termios
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from sqlalchemy import update
@@ -25,9 +24,8 @@ from sqlalchemy import update
 from controlplane.store import schema
 from controlplane.store.database import open_database
 from controlplane.store.session import write_txn
-from tests.cli.test_cpctl import cpctl
+from tests.support.cpctl import ROOT, cpctl
 
-ROOT = Path(__file__).resolve().parents[2]
 LONG_ID = "a-machine-with-an-id-long-enough-to-be-cut-on-a-narrow-term-01"
 WAIT_VERBS = ["checkpoint", "migrate", "suspend", "resume", "restore", "drain", "cancel",
               "retarget"]

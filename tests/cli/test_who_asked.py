@@ -21,12 +21,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from controlplane.cli.webhook import make_certificates
-from tests.cli.test_cpctl import ROOT, assert_one_line_error, cpctl, ready_db, reap
+import pytest
 
-__all__ = ["ready_db"]  # the fixture, imported for these tests
+from controlplane.cli.webhook import make_certificates
+from tests.support.cpctl import ROOT, assert_one_line_error, cpctl, reap, upgraded
+
 ME = f"{getpass.getuser()}@{socket.gethostname()}"
 GATED = '{"steps": 1, "gate_pod": "ns/p", "gate_pod_uid": "uid-9"}'
+
+
+@pytest.fixture
+def ready_db(db_url: str) -> str:
+    return upgraded(db_url)
 
 
 def _by(db: str, machine_id: str) -> list[tuple[str, str]]:

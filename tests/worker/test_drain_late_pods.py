@@ -20,7 +20,7 @@ from controlplane.machines.catalog import default_kinds
 from controlplane.store import queries
 from drivers.sim import MARKER
 from tests.cli.drain_world import NS, clock, drain_world
-from tests.cli.test_cpctl import cpctl
+from tests.support.cpctl import cpctl
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow
