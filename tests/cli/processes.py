@@ -1,7 +1,7 @@
 """A deployment in separate processes for the drain and restore verbs: ``cpctl sim up``, a
 node agent per node, ``cpctl worker`` with room for parallel children (the drain's
 children are admitted under the worker's limits). Reuses
-:class:`tests.cli.test_cluster_verbs.Deployment`."""
+:class:`tests.support.process_deployment.Deployment`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.cli.test_cluster_verbs import MARKER, REPO, Deployment
+from tests.support.process_deployment import MARKER, REPO, Deployment
 
 __all__ = ["MARKER", "REPO", "Deployment", "deployed"]
 
