@@ -23,7 +23,7 @@ from controlplane.machines.drain.machine import (
     child_id,
 )
 from tests.machines.machines_gwt import TEMPLATE, Given, at
-from tests.machines.test_drain_machine import DRAIN, NODE, child, seen, spec, view
+from tests.support.drain_gwt import DRAIN, NODE, child, seen, spec, view
 
 
 def late_spec(pods: int = 1, **late: Any) -> JsonObject:

@@ -5,15 +5,13 @@ never uncordon."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any
 
 import pytest
 
 from controlplane.engine.decider import Event, InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject
-from controlplane.engine.observation import MachineView, NodeView, Observation
+from controlplane.engine.observation import NodeView, Observation
 from controlplane.machines.base.events import ActionFailed, UnknownEvent
 from controlplane.machines.contract.actions import ActionType
 from controlplane.machines.drain.machine import (
@@ -23,37 +21,11 @@ from controlplane.machines.drain.machine import (
 )
 from controlplane.machines.drain.state import machine_key, submit_key
 from tests.machines.machines_gwt import REPO, TEMPLATE, Given, at, error
-
-DRAIN = "drain-1"
-NODE = "node-a"
-
-
-def spec(pods: int = 5, max_parallel: int = 2) -> JsonObject:
-    children: list[Any] = [{"pod": {"namespace": "apps", "name": f"p{i}", "uid": f"uid-{i}"},
-                            "target": "node-b" if i % 2 else "node-c", "template": TEMPLATE}
-                           for i in range(pods)]
-    raw: JsonObject = {"node": NODE, "max_parallel": max_parallel,
-                       "class": {"repository": REPO}, "children": children,
-                       "left": [{"pod": "apps/ds", "reason": "DaemonSet pod"}]}
-    return DrainDecider().validate_spec(raw)
+from tests.support.drain_gwt import DRAIN, NODE, child, seen, spec, view
 
 
 def given(pods: int = 5, max_parallel: int = 2) -> Given:
     return Given(DrainDecider(), DRAIN, spec(pods, max_parallel))
-
-
-def seen(cordoned: bool, children: Mapping[str, MachineView | None] | None = None) -> Observation:
-    return Observation(nodes={NODE: NodeView(NODE, ready=True, unschedulable=cordoned)},
-                       machines=dict(children or {}))
-
-
-def child(i: int) -> str:
-    return child_id(DRAIN, f"uid-{i}")
-
-
-def view(i: int, phase: str = "Restoring", terminal: bool = False,
-         reason: str = "") -> MachineView:
-    return MachineView(child(i), "migration", phase, terminal, reason)
 
 
 def failed_for_good(action: ActionType, key: str, error_class: str, message: str,
