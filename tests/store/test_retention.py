@@ -4,7 +4,8 @@ before, in the middle of, and after a prune; unsettled operations are never prun
 
 The history is the real product's (the demo's checkpoint, migration, suspend and resume
 through the simulator, agents and on-disk registry) plus a drain of three children made
-by the real drain decider, as ``tests/cli/test_drain_reports.py`` makes it.
+by the real drain decider (``tests/support/recorded_drain.py``), as
+``tests/cli/test_drain_reports.py`` makes it.
 """
 
 from __future__ import annotations
@@ -18,68 +19,15 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, update
 
-from controlplane.app.operations import submit
 from controlplane.cli.demo import Demo
 from controlplane.clock import FakeClock, SystemClock
-from controlplane.engine.decider import Event, fold
-from controlplane.engine.observation import MachineView, NodeView, Observation
-from controlplane.machines.catalog import default_kinds
-from controlplane.machines.contract.actions import ActionType
-from controlplane.machines.drain.machine import DrainDecider, child_id
-from controlplane.machines.drain.state import submit_key
-from controlplane.store import event_store, reports, retention, schema
+from controlplane.store import reports, retention, schema
 from controlplane.store.database import Database
-from controlplane.store.records import Projection
 from controlplane.store.session import read_txn, write_txn
 from controlplane.wiring.embedded import embedded
+from tests.support.recorded_drain import DRAIN, make_drain
 
-TEMPLATE = {"metadata": {}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
-DRAIN = "drain-r"
 ALL_DAYS = retention.Policy(default_days=0)
-
-
-async def make_drain(db: Database, clock: FakeClock) -> None:
-    """A drain of three children: one succeeded, one rolled back, one refused."""
-    spec: dict[str, Any] = {"node": "n1", "max_parallel": 3, "class": {
-        "repository": "localhost:5000/r"}, "children": [
-            {"pod": {"namespace": "d", "name": f"p{i}", "uid": f"u{i}"}, "target": "n2",
-             "template": TEMPLATE} for i in range(3)]}
-    await submit(db, default_kinds(), kind="drain", spec=spec, machine_id=DRAIN,
-                 now=clock.now(), requester="alice@host")
-    decider = DrainDecider()
-    state = decider.initial_state(DRAIN, decider.validate_spec(spec))
-    version = 1
-    ids = [child_id(DRAIN, f"u{i}") for i in range(3)]
-
-    async def step(events: tuple[Event, ...], seconds: float) -> None:
-        nonlocal state, version
-        clock.advance(seconds)
-        state = fold(decider, state, events)
-        version = await event_store.commit(
-            db, machine_id=DRAIN, expected_version=version, events=events,
-            projection=Projection(state.phase, state.to_json(), state.terminal,
-                                  state.wake_keys),
-            cause="observation", decision_input={}, now=clock.now(), worker_id="t")
-
-    def node(cordoned: bool, children: dict[str, MachineView] | None = None) -> Observation:
-        return Observation(nodes={"n1": NodeView("n1", True, cordoned)},
-                           machines=dict(children or {}))
-
-    async def decide(obs: Observation, seconds: float) -> None:
-        await step(decider.decide(state, obs, clock.now() + timedelta(seconds=seconds)).events,
-                   seconds)
-
-    await decide(node(True), 1)
-    await decide(node(True), 1)
-    await step((Event("ActionFailed", {
-        "at": clock.now().isoformat(), "action": ActionType.SUBMIT_OPERATION,
-        "key": submit_key(DRAIN, ids[2]), "params": {}, "error_class": "Refused",
-        "message": "pod gone", "retryable": False, "attempts": 1}),), 1)
-    await decide(node(True, {ids[0]: MachineView(ids[0], "migration", "Succeeded", True),
-                             ids[1]: MachineView(ids[1], "migration", "RolledBack", True,
-                                                 "RestoreFailed")}), 10)
-    await decide(node(True), 1)
-    assert state.terminal
 
 
 @pytest.fixture

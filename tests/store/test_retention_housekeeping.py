@@ -13,7 +13,7 @@ from controlplane.clock import FakeClock, SystemClock
 from controlplane.store import retention
 from controlplane.store.database import Database, open_database
 from controlplane.worker.housekeeping import Housekeeping
-from tests.store.test_retention import DRAIN, make_drain
+from tests.support.recorded_drain import DRAIN, make_drain
 
 ROOT = Path(__file__).resolve().parents[2]
 
