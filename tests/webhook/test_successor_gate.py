@@ -12,27 +12,7 @@ import pytest
 
 from controlplane.app.successor_gate import admission_response, gate_patch, needs_gate_lookup
 from controlplane.machines.contract.protocol import RESTORE_GATE
-
-STS_REF = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "u-sts",
-           "controller": True, "blockOwnerDeletion": True}
-
-
-def review(*, operation: str = "CREATE", owners: list[dict[str, Any]] | None = None,
-           name: str | None = "db-0", request_name: str | None = None,
-           spec: dict[str, Any] | None = None, kind: str = "Pod") -> dict[str, Any]:
-    meta: dict[str, Any] = {"namespace": "prod",
-                            "ownerReferences": [STS_REF] if owners is None else owners}
-    if name is not None:
-        meta["name"] = name
-    request: dict[str, Any] = {
-        "uid": "req-1", "kind": {"group": "", "version": "v1", "kind": kind},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "namespace": "prod", "operation": operation,
-        "object": {"apiVersion": "v1", "kind": kind, "metadata": meta,
-                   "spec": spec if spec is not None else {"containers": [{"name": "c"}]}}}
-    if request_name is not None:
-        request["name"] = request_name
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+from tests.support.admission_reviews import STS_REF, review
 
 
 def patch_of(response: dict[str, Any]) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ from controlplane.api.webhook import (
 from controlplane.cli.webhook import make_certificates
 from controlplane.clock import FakeClock
 from controlplane.machines.contract.protocol import RESTORE_GATE
-from tests.webhook.test_successor_gate import review
+from tests.support.admission_reviews import review
 
 
 class Client:
