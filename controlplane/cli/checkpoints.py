@@ -3,7 +3,8 @@ newest first, and whether ``cpctl restore`` can use each (read from the store by
 :func:`controlplane.app.checkpoints.list_checkpoints`: no cluster or registry access).
 
 Registered by :mod:`controlplane.cli.main`, which calls :func:`add_arguments` for the
-flags and :func:`checkpoints_cmd` to run it.
+flags and :func:`checkpoints_cmd` to run it; the store is imported by the latter only, so
+parsing stays light.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from controlplane.app.checkpoints import Listed, list_checkpoints
-from controlplane.app.specs import workload_of
 from controlplane.cli import render
 from controlplane.cli.context import clock, opened
 from controlplane.cli.options import positive_int
-from controlplane.store import migrate
+
+if TYPE_CHECKING:
+    from controlplane.app.checkpoints import Listed
 
 DEFAULT_LIMIT = 100
 
@@ -57,6 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 async def checkpoints_cmd(args: argparse.Namespace) -> int:
+    from controlplane.app.checkpoints import list_checkpoints
+    from controlplane.app.specs import workload_of
+    from controlplane.store import migrate
+
     workload = None
     if args.workload is not None:
         workload = "/".join(workload_of(args.workload))

@@ -7,6 +7,8 @@ the chosen class's normalised JSON in the operation's spec, so a later edit of t
 never changes a running operation or its replay. ``--repository`` alone stays the short
 form (the default class with that repository); with ``--class`` it overrides the class's
 repository. Every problem is a ``UsageError`` naming the file, the class and the field.
+The parser imports this module for :func:`add_class_options`: PyYAML and the class
+definitions are imported when a class is looked up.
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import yaml
-
-from controlplane.engine.decider import InvalidSpec
-from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
-from controlplane.machines.config.classes import CheckpointClass, class_to_json, parse_class
+
+if TYPE_CHECKING:
+    from controlplane.engine.jsonvalue import JsonObject
+    from controlplane.machines.config.classes import CheckpointClass
 
 ENV = "CONTROLPLANE_CLASSES_FILE"
 
@@ -39,6 +41,11 @@ def add_class_options(p: argparse.ArgumentParser) -> None:
 
 def load_classes(path: str) -> dict[str, CheckpointClass]:
     """Every class in ``path`` by name; a bad file is a ``UsageError`` naming the field."""
+    import yaml
+
+    from controlplane.engine.decider import InvalidSpec
+    from controlplane.machines.config.classes import parse_class
+
     try:
         document = yaml.safe_load(Path(path).read_text())
     except OSError as exc:
@@ -74,6 +81,9 @@ def class_for(args: argparse.Namespace) -> JsonObject:
 def given_class(args: argparse.Namespace) -> JsonObject | None:
     """The class ``--repository``/``--class`` name, or ``None`` when neither is given
     (``resume`` then takes the suspension's own)."""
+    from controlplane.engine.decider import InvalidSpec
+    from controlplane.machines.config.classes import class_to_json, parse_class
+
     repository: str | None = args.repository
     if args.class_name is None:
         return None if repository is None else {"repository": repository}

@@ -3,7 +3,9 @@
 ``main`` routes ``history prune|import ...`` here (:func:`route`) before parsing, so
 ``cpctl history ID`` stays exactly as it was; the work is ``store/retention.py``'s, shared
 with the worker's housekeeping. Also what ``cpctl history ID`` prints for an operation a
-prune replaced by its summary row (:func:`print_pruned`).
+prune replaced by its summary row (:func:`print_pruned`). The parser imports this module
+(:func:`route`, :func:`add_parsers`): the store and the machines are imported by the
+verbs that use them.
 """
 
 from __future__ import annotations
@@ -14,14 +16,15 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controlplane.cli import render
 from controlplane.cli.context import clock, opened
 from controlplane.cli.options import positive_int
 from controlplane.errors import UsageError
-from controlplane.machines.catalog import default_kinds
-from controlplane.store import migrate, retention
+
+if TYPE_CHECKING:
+    from controlplane.store.retention import Policy
 
 VERBS = ("prune", "import")
 #: Global options of ``cpctl`` that take a value (``route`` skips them to find the verb).
@@ -100,8 +103,11 @@ def add_parsers(sub: Any) -> None:
                    help="an archive file (*.jsonl.gz) or a directory of them")
 
 
-def parse_policy(values: Sequence[str], *, flag: str = "--keep-days") -> retention.Policy:
+def parse_policy(values: Sequence[str], *, flag: str = "--keep-days") -> Policy:
     """``["90", "drain=365"]`` -> the policy; a ``UsageError`` naming the flag if wrong."""
+    from controlplane.machines.catalog import default_kinds
+    from controlplane.store import retention
+
     default: int | None = None
     by_kind: dict[str, int] = {}
     kinds = default_kinds()
@@ -133,6 +139,8 @@ def _progress(line: str) -> None:
 
 
 async def prune_cmd(args: argparse.Namespace) -> int:
+    from controlplane.store import migrate, retention
+
     policy = parse_policy(args.keep_days)
     if args.archive is not None and args.archive.exists() and not args.archive.is_dir():
         raise UsageError(f"--archive {str(args.archive)!r} is not a directory",
@@ -174,6 +182,8 @@ def _archives(path: Path) -> list[Path]:
 
 
 async def import_cmd(args: argparse.Namespace) -> int:
+    from controlplane.store import migrate, retention
+
     files = _archives(args.path)
     imported = present = 0
     async with opened(args) as db:

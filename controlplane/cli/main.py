@@ -4,28 +4,79 @@ Exit codes: 0 ok; 1 operation failed; 2 bad input (flags, ids, specs — the mes
 names the field); 3 database unreachable or schema not ready; 4 ``db current``: schema
 behind; 5 replay found mismatches; 70 internal error (a bug: set CONTROLPLANE_DEBUG=1
 for the traceback); 130 interrupted.
+
+Parsing imports no verb: each verb's handler is named in :data:`HANDLERS` and imported
+when that verb runs, so ``cpctl --help`` and ``cpctl VERB --help`` load none of the
+store, driver or HTTP stacks (issue 38: tests/cli/test_startup_imports.py pins which
+modules stay out, ``python -m bench.cli_startup`` times it). The modules the parser does
+import (``options``, ``classes``, ``checkpoints``, ``history``, ``sim``, ``webhook``)
+import their heavy dependencies inside the functions that use them.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import importlib
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import NoReturn
 
-from controlplane import logs
 from controlplane.cli import checkpoints as checkpoints_module
-from controlplane.cli import commands, demo
 from controlplane.cli import history as history_verbs
 from controlplane.cli import sim as sim_module
-from controlplane.cli.options import add_cluster_options, positive_float, positive_int
+from controlplane.cli.classes import add_class_options
+from controlplane.cli.options import (
+    add_cluster_options,
+    default_url,
+    positive_float,
+    positive_int,
+)
 from controlplane.cli.webhook import add_webhook_parser
 from controlplane.errors import ControlPlaneError
-from controlplane.store.database import default_url
 
 Handler = Callable[[argparse.Namespace], Awaitable[int]]
+
+_COMMANDS = "controlplane.cli.commands"
+_CLUSTER_VERBS = "controlplane.cli.cluster"
+#: The function that runs each verb, as ``module:function``; imported when the verb runs.
+HANDLERS = {
+    "db upgrade": f"{_COMMANDS}:db_upgrade",
+    "db current": f"{_COMMANDS}:db_current",
+    "submit": f"{_COMMANDS}:submit_cmd",
+    "get": f"{_COMMANDS}:get_cmd",
+    "history": f"{_COMMANDS}:history_cmd",
+    "list": f"{_COMMANDS}:list_cmd",
+    "cancel": f"{_COMMANDS}:cancel_cmd",
+    "retarget": f"{_COMMANDS}:retarget_cmd",
+    "wait": f"{_COMMANDS}:wait_cmd",
+    "wake": f"{_COMMANDS}:wake_cmd",
+    "report": f"{_COMMANDS}:report_cmd",
+    "replay": f"{_COMMANDS}:replay_cmd",
+    "worker": f"{_COMMANDS}:worker_cmd",
+    "serve": "controlplane.cli.serve:serve_cmd",  # aiohttp
+    **dict.fromkeys(("checkpoint", "migrate", "suspend", "resume"),  # the drivers
+                    f"{_CLUSTER_VERBS}:operation_cmd"),
+    "restore": f"{_CLUSTER_VERBS}:restore_cmd",
+    "checkpoints": "controlplane.cli.checkpoints:checkpoints_cmd",
+    "drain": "controlplane.cli.drain:drain_cmd",
+}
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """A verb's handler named by ``module:function``, imported when it is called."""
+
+    target: str
+
+    def resolve(self) -> Handler:
+        module, _, name = self.target.partition(":")
+        handler: Handler = getattr(importlib.import_module(module), name)
+        return handler
+
+    def __call__(self, args: argparse.Namespace) -> Awaitable[int]:
+        return self.resolve()(args)
 
 EPILOG = """\
 exit codes: 0 ok, 1 failed, 2 bad input, 3 database unreachable or schema not ready,
@@ -131,10 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
                    default="warning")
     sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser, metavar="VERB")
 
-    def verb(name: str, handler: Handler, text: str) -> argparse.ArgumentParser:
+    def verb(name: str, text: str, handler: Handler | None = None) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=text, description=text, epilog=EXAMPLES.get(name),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-        sp.set_defaults(handler=handler)
+        sp.set_defaults(handler=handler or Lazy(HANDLERS[name]))
         return sp
 
     db = sub.add_parser("db", help="apply or check the database schema (Alembic)")
@@ -142,28 +193,27 @@ def build_parser() -> argparse.ArgumentParser:
                               metavar="VERB")
     dbsub.add_parser("upgrade", help="apply every pending migration (safe to run twice, "
                      "safe to run from several replicas at once)").set_defaults(
-        handler=commands.db_upgrade)
+        handler=Lazy(HANDLERS["db upgrade"]))
     dbsub.add_parser("current", help="print the schema revision; exit 4 if behind").set_defaults(
-        handler=commands.db_current)
+        handler=Lazy(HANDLERS["db current"]))
 
-    s = verb("submit", commands.submit_cmd, "create a machine of KIND from a JSON spec; "
-             "prints its id")
+    s = verb("submit", "create a machine of KIND from a JSON spec; prints its id")
     s.add_argument("kind", help="machine kind, e.g. steps")
     s.add_argument("--spec", default="{}", help="JSON object, or @file.json")
     s.add_argument("--id", help="machine id (default: a new UUID)")
 
-    for name, handler, text in [
-        ("get", commands.get_cmd, "show one machine's current state"),
-        ("history", commands.history_cmd, "show a machine's event timeline: time, event, "
-         "the observed facts that caused it, and who recorded it"),
+    for name, text in [
+        ("get", "show one machine's current state"),
+        ("history", "show a machine's event timeline: time, event, the observed facts that "
+         "caused it, and who recorded it"),
     ]:
-        g = verb(name, handler, text)
+        g = verb(name, text)
         g.add_argument("id", help="machine id")
         g.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
         _wide_option(g, "the reason is cut at 32 characters, and " if name == "history"
                      else "")
 
-    ls = verb("list", commands.list_cmd, "list machines, newest first")
+    ls = verb("list", "list machines, newest first")
     ls.add_argument("--kind")
     ls.add_argument("--phase")
     ls.add_argument("--active", action="store_true",
@@ -183,37 +233,37 @@ def build_parser() -> argparse.ArgumentParser:
                     "value whole; by default the table fits the terminal's width, a cut "
                     "value ending in …")
 
-    c = verb("cancel", commands.cancel_cmd, "ask an operation to stop (recorded as an event): "
-             "a migration whose source is already gone is restored where it was")
+    c = verb("cancel", "ask an operation to stop (recorded as an event): a migration whose "
+             "source is already gone is restored where it was")
     c.add_argument("id")
     _wait_options(c, "follow the operation until it has stopped; exit 0 once it settles, "
                   "whatever its final phase (printed)", 600.0)
-    rt = verb("retarget", commands.retarget_cmd, "change a migration's target node: before "
-              "the source is deleted it re-plans (back to the source node: wakes it in "
-              "place); after, the restore goes to the new node")
+    rt = verb("retarget", "change a migration's target node: before the source is deleted "
+              "it re-plans (back to the source node: wakes it in place); after, the restore "
+              "goes to the new node")
     rt.add_argument("id")
     rt.add_argument("--to", required=True, metavar="NODE")
     _wait_options(rt, "follow the migration until it settles; exit 1 unless it succeeded",
                   600.0)
 
-    wt = verb("wait", commands.wait_cmd, "follow an operation until it settles, as --wait "
-              "does; exit 0 when it did what was asked, 1 otherwise")
+    wt = verb("wait", "follow an operation until it settles, as --wait does; exit 0 when "
+              "it did what was asked, 1 otherwise")
     wt.add_argument("id", help="machine id (the first line a verb printed)")
     wt.add_argument("--wait-seconds", type=positive_float, default=600.0, metavar="S",
                     help="give up after S seconds (default 600) and exit 1: the operation "
                     "itself keeps running")
 
-    w = verb("wake", commands.wake_cmd, "make machines due now, by machine id or by key "
-             "(e.g. a pod UID), as a pod watch event does")
+    w = verb("wake", "make machines due now, by machine id or by key (e.g. a pod UID), as "
+             "a pod watch event does")
     group = w.add_mutually_exclusive_group(required=True)
     group.add_argument("--id")
     group.add_argument("--key")
 
     history_verbs.add_parsers(sub)  # `cpctl history prune|import` (routed in main)
 
-    rp = verb("report", commands.report_cmd, "summarise operations, checkpoints or "
-              "migrations from the reporting views: counts, success rate, p50/p95 seconds, "
-              "bytes; migrations also the p50 of each phase (SQL: docs/reporting.md)")
+    rp = verb("report", "summarise operations, checkpoints or migrations from the "
+              "reporting views: counts, success rate, p50/p95 seconds, bytes; migrations "
+              "also the p50 of each phase (SQL: docs/reporting.md)")
     rp.add_argument("report", choices=["operations", "checkpoints", "migrations", "drains"],
                     help="drains: one row per drain (children moved, failed, in flight, "
                     "failures by reason; --by does not apply)")
@@ -224,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("-o", "--output", choices=["table", "json", "yaml", "csv"], default="table")
     _wide_option(rp)
 
-    sv = verb("serve", _serve, "serve the HTTP API (OpenAPI at /api/v1/openapi.json), the "
+    sv = verb("serve", "serve the HTTP API (OpenAPI at /api/v1/openapi.json), the "
               "dashboard at / and Prometheus metrics at /metrics; the token comes from "
               "--token-file or $CONTROLPLANE_API_TOKEN")
     sv.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT",
@@ -242,9 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="serve /metrics without the token (for a Prometheus scraper)")
     add_cluster_options(sv)  # POST /api/v1/operations submits to this cluster, when given
 
-    r = verb("replay", commands.replay_cmd, "check projections against events (default), "
-             "rebuild them (--rebuild), and/or re-run every decision to prove determinism "
-             "(--verify); exit 5 on any mismatch")
+    r = verb("replay", "check projections against events (default), rebuild them "
+             "(--rebuild), and/or re-run every decision to prove determinism (--verify); "
+             "exit 5 on any mismatch")
     r.add_argument("--rebuild", action="store_true", help="rewrite projections from events")
     r.add_argument("--verify", action="store_true", help="re-run decide on recorded inputs")
     r.add_argument("--jobs", type=positive_int, default=None,
@@ -252,8 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "range of machines (default: one per CPU, at most 8, for a history of "
                    "20,000 machines or more, else 1); progress goes to stderr on long runs")
 
-    wk = verb("worker", commands.worker_cmd, "run a worker: claim due machines, decide, "
-              "commit, act; SIGTERM drains in-flight work")
+    wk = verb("worker", "run a worker: claim due machines, decide, commit, act; SIGTERM "
+              "drains in-flight work")
     wk.add_argument("--concurrency", type=positive_int, default=32)
     wk.add_argument("--lease-seconds", type=positive_float, default=30.0)
     wk.add_argument("--poll-seconds", type=positive_float, default=0.5)
@@ -281,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
                     metavar="FILE",
                     help="classes the resources' spec.className may name when no "
                     "CheckpointClass of that name exists ($CONTROLPLANE_CLASSES_FILE)")
-    _cluster_options(wk)
+    add_cluster_options(wk)
 
     for name, text in [
         ("checkpoint", "checkpoint a pod into an OCI artifact (the workload keeps running "
@@ -294,9 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("suspend", "checkpoint a pod and delete it, keeping its spec and checkpoint"),
         ("resume", "restore a suspended pod from its latest checkpoint"),
     ]:
-        op = verb(name, _operation, text + "; prints the operation id")
+        op = verb(name, text + "; prints the operation id")
         op.add_argument("workload", metavar="NAMESPACE/POD")
-        _class_options(op)
+        add_class_options(op)
         if name == "migrate":
             op.add_argument("--to", required=True, metavar="NODE", help="target node")
             op.add_argument("--name", default=None, metavar="POD",
@@ -312,13 +362,13 @@ def build_parser() -> argparse.ArgumentParser:
                       "succeeded", 600.0)
         if name in ("migrate", "suspend"):
             _dry_run_options(op)
-        _cluster_options(op)
+        add_cluster_options(op)
 
-    ck = verb("checkpoints", _checkpoints, "list the checkpoints there are to restore "
+    ck = verb("checkpoints", "list the checkpoints there are to restore "
               "from (cpctl restore ID, cpctl resume), newest first")
     checkpoints_module.add_arguments(ck)
 
-    rs = verb("restore", _restore, "restore a checkpoint's artifact onto a node as a new "
+    rs = verb("restore", "restore a checkpoint's artifact onto a node as a new "
               "pod (CHECKPOINT: a checkpoint or suspend operation id); prints the operation "
               "id")
     rs.add_argument("checkpoint", metavar="CHECKPOINT")
@@ -327,9 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
     _wait_options(rs, "follow the restore until it settles; exit 1 unless it succeeded",
                   600.0)
     _dry_run_options(rs)
-    _cluster_options(rs)
+    add_cluster_options(rs)
 
-    dr = verb("drain", _drain, "empty a node: cordon it, plan a target for each pod it can "
+    dr = verb("drain", "empty a node: cordon it, plan a target for each pod it can "
               "move, and migrate them, at most --max-parallel at a time, as one durable "
               "operation; prints its id")
     dr.add_argument("node", metavar="NODE")
@@ -341,11 +391,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="child migrations in flight at once (default 4), but never more "
                     "than --max-per-node (default 2) or --max-operations allow: the plan "
                     "says which caps it, and warns")
-    _class_options(dr)
+    add_class_options(dr)
     _wait_options(dr, "follow the drain until every child settles; exit 1 unless all "
                   "moved", 1800.0)
     _dry_run_options(dr)
-    _cluster_options(dr)
+    add_cluster_options(dr)
 
     sim = sub.add_parser("sim", help="run a simulated Kubernetes cluster on loopback")
     simsub = sim.add_subparsers(dest="sim_verb", required=True, parser_class=_Parser,
@@ -354,9 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim_module.add_nodes_parser(simsub)
     add_webhook_parser(sub, _Parser)
 
-    d = verb("demo", _demo, "run the product end to end on the embedded default "
-             "(SQLite + simulated cluster + node agents + OCI layout on disk): checkpoint, "
-             "migrate with a marker, suspend and resume; print history and a report")
+    d = verb("demo", "run the product end to end on the embedded default (SQLite + "
+             "simulated cluster + node agents + OCI layout on disk): checkpoint, migrate "
+             "with a marker, suspend and resume; print history and a report", _demo)
     d.add_argument("--workdir", default="var/demo",
                    help="where the demo keeps its database and registry (recreated)")
     d.add_argument("--runtime", choices=("sim", "criu"), default="sim",
@@ -372,7 +422,9 @@ async def _demo(args: argparse.Namespace) -> int:
     if args.runtime == "criu":
         from controlplane.cli.demo_criu import criu_demo  # podman and CRIU: only when asked
         return await criu_demo(args)
-    return await demo.demo_cmd(args)
+    from controlplane.cli.demo import demo_cmd
+
+    return await demo_cmd(args)
 
 
 def _wait_options(p: argparse.ArgumentParser, what: str, seconds: float) -> None:
@@ -398,50 +450,12 @@ def _dry_run_options(p: argparse.ArgumentParser) -> None:
                    help="how --dry-run prints the plan")
 
 
-def _class_options(p: argparse.ArgumentParser) -> None:
-    from controlplane.cli.classes import add_class_options
-
-    add_class_options(p)
-
-
-def _cluster_options(p: argparse.ArgumentParser) -> None:
-    from controlplane.cli.options import add_cluster_options
-
-    add_cluster_options(p)
-
-
-async def _serve(args: argparse.Namespace) -> int:
-    from controlplane.cli.serve import serve_cmd  # loads aiohttp only for this verb
-
-    return await serve_cmd(args)
-
-
-async def _operation(args: argparse.Namespace) -> int:
-    from controlplane.cli.cluster import operation_cmd  # loads the drivers only when used
-
-    return await operation_cmd(args)
-
-
-async def _checkpoints(args: argparse.Namespace) -> int:
-    from controlplane.cli.checkpoints import checkpoints_cmd
-
-    return await checkpoints_cmd(args)
-
-
-async def _restore(args: argparse.Namespace) -> int:
-    from controlplane.cli.cluster import restore_cmd  # loads the drivers only when used
-
-    return await restore_cmd(args)
-
-
-async def _drain(args: argparse.Namespace) -> int:
-    from controlplane.cli.drain import drain_cmd  # loads the drivers only when used
-
-    return await drain_cmd(args)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import asyncio  # after parsing: --help and bad input exit before needing either
+
+    from controlplane import logs
+
     logs.configure(args.log_format, args.log_level)
     try:
         code: int = asyncio.run(args.handler(args))

@@ -1,15 +1,27 @@
-"""Command-line options naming the cluster and the registry (no driver is imported here,
-so parsing stays fast; ``cli.cluster`` acts on them)."""
+"""Command-line options shared by several verbs: the database, the cluster and the
+registry, the admission limits, and argparse's number types. The parser imports this
+module, so it imports nothing beyond the standard library and ``controlplane.errors``
+(``cli.cluster`` acts on the options; tests/cli/test_startup_imports.py pins it)."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import os
+from typing import TYPE_CHECKING
 
-from controlplane.engine.decider import InvalidSpec
 from controlplane.errors import UsageError
-from controlplane.machines.submission import Limits
+
+if TYPE_CHECKING:
+    from controlplane.machines.submission import Limits
+
+DEFAULT_SQLITE_PATH = "var/controlplane.db"
+
+
+def default_url() -> str:
+    """``--db``'s default: ``$CONTROLPLANE_DATABASE_URL``, else the embedded SQLite file
+    under ``./var``."""
+    return os.environ.get("CONTROLPLANE_DATABASE_URL", f"sqlite:///{DEFAULT_SQLITE_PATH}")
 
 
 def add_cluster_options(p: argparse.ArgumentParser) -> None:
@@ -63,6 +75,9 @@ def _burst(text: str) -> int:
 
 def limits_from(args: argparse.Namespace) -> Limits:
     """The admission limits the verbs submit under and the worker admits under."""
+    from controlplane.engine.decider import InvalidSpec
+    from controlplane.machines.submission import Limits  # the machines: not for --help
+
     try:
         return Limits(max_cluster=args.max_operations, max_per_source_node=args.max_per_node)
     except InvalidSpec as exc:

@@ -1,4 +1,7 @@
-"""Print records as a table (for people) or JSON (for scripts)."""
+"""Print records as a table (for people) or JSON (for scripts).
+
+The parser imports this module (through ``checkpoints`` and ``history``): PyYAML is
+imported by ``-o yaml`` only."""
 
 from __future__ import annotations
 
@@ -10,8 +13,6 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict, is_dataclass
 from datetime import datetime
 from typing import Any, TextIO
-
-import yaml
 
 
 def _default(value: Any) -> Any:
@@ -29,6 +30,8 @@ def as_json(value: Any, out: TextIO | None = None) -> None:
 
 def as_yaml(value: Any, out: TextIO | None = None) -> None:
     """The same document as ``as_json`` (times as ISO strings), in YAML."""
+    import yaml
+
     out = out or sys.stdout
     plain = json.loads(json.dumps(value, default=_default))
     out.write(yaml.safe_dump(plain, sort_keys=True, default_flow_style=False,

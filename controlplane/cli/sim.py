@@ -9,11 +9,13 @@ role. Called by :mod:`controlplane.cli.main`.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import asyncio
 
 NODES_HELP = """\
 Run the kubelet role against the API server a kubeconfig names (like kwok): register the
@@ -139,6 +141,8 @@ def up_line(args: argparse.Namespace, url: str, kubeconfig: Path | None) -> str:
 
 def _stop_on_signals() -> asyncio.Event:
     """An event set by SIGTERM or SIGINT: the servers stop cleanly and exit 0."""
+    import asyncio  # here, not above: the parser imports this module, --help needs no loop
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

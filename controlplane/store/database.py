@@ -41,14 +41,6 @@ def json_dumps(value: Any) -> str:
 JSON_CODEC: dict[str, Any] = {"json_serializer": json_dumps,
                               "json_deserializer": orjson.loads}
 
-DEFAULT_SQLITE_PATH = "var/controlplane.db"
-
-
-def default_url() -> str:
-    """``$CONTROLPLANE_DATABASE_URL``, else the embedded SQLite file under ``./var``."""
-    return os.environ.get("CONTROLPLANE_DATABASE_URL", f"sqlite:///{DEFAULT_SQLITE_PATH}")
-
-
 def normalise_url(raw: str) -> tuple[Backend, URL]:
     """Parse a user-given URL into a backend and an async-driver URL, or explain the fix."""
     hint = "use sqlite:///path/to/file.db or postgresql://user@host:5432/dbname"
