@@ -1,53 +1,44 @@
-"""The verbs of ``cpctl``: each opens the database, does one thing, prints the result.
+"""The verbs of ``cpctl`` on machines and the database: each opens the database, does one
+thing, prints the result (``cpctl worker`` is :mod:`controlplane.cli.worker`).
 
 Every verb raises :class:`~controlplane.errors.ControlPlaneError` for anything the
 operator can fix; ``main`` turns it into one line on stderr and the documented exit code.
+Above are only the imports every verb here needs (the store's queries); the rest (the
+machines, the application layer, Alembic) are imported by the verbs that use them, so
+``cpctl list`` starts as fast as a read of the store can (issue 38).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import csv
 import json
 import os
-import signal
 import sys
 from contextlib import closing
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from controlplane.app.drains import drain_children
-from controlplane.app.operations import final_pod, send_command, submit, wake
-from controlplane.app.replay import ReplayReport, auto_jobs, phase_after_each, rebuild, verify
 from controlplane.cli import render
-from controlplane.cli.classes import load_classes
 from controlplane.cli.context import clock, opened, requester
-from controlplane.cli.history import parse_policy, print_pruned
-from controlplane.cli.meter import RebuildMeter
-from controlplane.cli.options import limits_from
+from controlplane.cli.history import print_pruned
 from controlplane.cli.progress import SUCCESS_PHASES, follow
 from controlplane.cli.why import facts_text
-from controlplane.clock import new_id
 from controlplane.engine.decider import Command
-from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
-from controlplane.gc_tuning import tune_for_service
-from controlplane.machines.catalog import default_kinds
-from controlplane.machines.config.classes import class_to_json
-from controlplane.machines.drain.state import KIND as DRAIN
-from controlplane.store import migrate, queries, replay_reads, reports, retention
-from controlplane.store.database import open_database
+from controlplane.store import queries
 from controlplane.store.errors import MachineNotFound
-from controlplane.store.records import MachineRecord
-from controlplane.wiring.engine import build_worker
-from controlplane.worker.housekeeping import Housekeeping
-from controlplane.worker.runtime import Worker, WorkerConfig
+
+if TYPE_CHECKING:
+    from controlplane.app.replay import ReplayReport
+    from controlplane.engine.jsonvalue import JsonObject
+    from controlplane.store.records import MachineRecord
 
 
 async def db_upgrade(args: argparse.Namespace) -> int:
+    from controlplane.store import migrate
+
     async with opened(args) as db:
         before, after = await migrate.upgrade(db)
     print(f"schema at {after} (was {before or 'empty'}) on {db.display_url}")
@@ -55,6 +46,8 @@ async def db_upgrade(args: argparse.Namespace) -> int:
 
 
 async def db_current(args: argparse.Namespace) -> int:
+    from controlplane.store import migrate
+
     async with opened(args) as db:
         current = await migrate.current_revision(db)
     head = migrate.head_revision()
@@ -88,6 +81,11 @@ PRODUCT_VERBS = {"checkpoint": "checkpoint", "migration": "migrate", "suspend": 
 
 
 async def submit_cmd(args: argparse.Namespace) -> int:
+    from controlplane.app.operations import submit
+    from controlplane.clock import new_id
+    from controlplane.machines.catalog import default_kinds
+    from controlplane.store import migrate
+
     if args.kind in default_kinds() and args.kind not in RAW_KINDS:
         raise UsageError(f"{args.kind} operations are submitted with their own verb, which "
                          "reads the pod from the cluster and validates the request",
@@ -104,6 +102,8 @@ async def submit_cmd(args: argparse.Namespace) -> int:
 
 
 def _record_json(r: MachineRecord) -> dict[str, Any]:
+    from controlplane.app.operations import final_pod
+
     return {
         "id": r.id, "kind": r.kind, "phase": r.phase, "pod": final_pod(r),
         "version": r.version, "terminal": r.terminal, "spec": r.spec, "state": r.state,
@@ -114,6 +114,9 @@ def _record_json(r: MachineRecord) -> dict[str, Any]:
 
 
 async def get_cmd(args: argparse.Namespace) -> int:
+    from controlplane.app.drains import drain_children
+    from controlplane.machines.drain.state import KIND as DRAIN
+
     structured = args.output in ("json", "yaml")
     async with opened(args) as db:
         record = await queries.get_machine(db, args.id)
@@ -145,10 +148,13 @@ def _since(text: str | None) -> datetime | None:
 
 
 async def list_cmd(args: argparse.Namespace) -> int:
-    kinds = default_kinds()
-    if args.kind is not None and args.kind not in kinds:
-        raise UsageError(f"--kind {args.kind!r} is not a kind", hint="kinds: "
-                         + ", ".join(kinds))
+    if args.kind is not None:  # the machines' catalog only then: a plain list reads rows
+        from controlplane.machines.catalog import default_kinds
+
+        kinds = default_kinds()
+        if args.kind not in kinds:
+            raise UsageError(f"--kind {args.kind!r} is not a kind", hint="kinds: "
+                             + ", ".join(kinds))
     if args.phase is not None and not queries.PHASE_NAME.fullmatch(args.phase):
         raise UsageError(f"--phase {args.phase!r} is not a phase name",
                          hint="e.g. Succeeded, Restoring, Failed")
@@ -184,6 +190,10 @@ async def list_cmd(args: argparse.Namespace) -> int:
 
 
 async def history_cmd(args: argparse.Namespace) -> int:
+    from controlplane.app.replay import phase_after_each
+    from controlplane.machines.catalog import default_kinds
+    from controlplane.store import retention
+
     async with opened(args) as db:
         try:
             record = await queries.get_machine(db, args.id)
@@ -234,6 +244,9 @@ async def _command_then_wait(args: argparse.Namespace, command: Command, what: s
                              label: str) -> MachineRecord | None:
     """Record ``command`` for ``args.id``; with ``--wait``, follow it until it settles
     and return the settled record (``None`` without ``--wait``)."""
+    from controlplane.app.operations import send_command
+    from controlplane.machines.catalog import default_kinds
+
     async with opened(args) as db:
         version = await send_command(db, default_kinds(), machine_id=args.id,
                                      command=command, now=clock.now(),
@@ -256,6 +269,8 @@ async def wait_cmd(args: argparse.Namespace) -> int:
 
 
 async def report_cmd(args: argparse.Namespace) -> int:
+    from controlplane.store import migrate, reports
+
     async with opened(args) as db:
         await migrate.require_current(db)
         summary = await reports.report(db, report=args.report, by=args.by,
@@ -286,6 +301,9 @@ async def retarget_cmd(args: argparse.Namespace) -> int:
 
 
 async def wake_cmd(args: argparse.Namespace) -> int:
+    from controlplane.app.operations import wake
+    from controlplane.machines.catalog import default_kinds
+
     async with opened(args) as db:
         ids = (await queries.machines_indexing(db, args.key) if args.key
                else [(await queries.get_machine(db, args.id)).id])
@@ -307,6 +325,11 @@ def _print_report(report: ReplayReport, title: str) -> None:
 
 
 async def replay_cmd(args: argparse.Namespace) -> int:
+    from controlplane.app.replay import auto_jobs, rebuild, verify
+    from controlplane.cli.meter import RebuildMeter
+    from controlplane.machines.catalog import default_kinds
+    from controlplane.store import migrate, replay_reads
+
     kinds = default_kinds()
     dirty = False
     async with opened(args) as db:
@@ -325,98 +348,6 @@ async def replay_cmd(args: argparse.Namespace) -> int:
             _print_report(vreport, "verify")
             dirty |= not vreport.clean
     return 5 if dirty else 0
-
-
-async def worker_cmd(args: argparse.Namespace) -> int:
-    tune_for_service()
-    config = WorkerConfig(
-        worker_id=args.worker_id or f"worker-{new_id()[:8]}",
-        concurrency=args.concurrency, batch_size=args.concurrency,
-        lease_seconds=args.lease_seconds, heartbeat_seconds=args.lease_seconds / 3,
-        poll_seconds=args.poll_seconds,
-    )
-    policy = parse_policy(args.history_keep_days, flag="--history-keep-days")
-    db = open_database(args.db, pool_size=max(args.concurrency + 2, 5))
-    chores: asyncio.Task[None] | None = None
-    try:
-        if args.upgrade_schema:
-            await migrate.upgrade(db)
-        else:
-            await migrate.require_current(db)
-        # Partitions ahead and, with --history-keep-days, the prune: hourly, first now.
-        chores = asyncio.create_task(Housekeeping(db, clock, policy).run())
-        banner = worker_banner(args, config, db.display_url)
-        if args.kubeconfig or args.in_cluster:  # the product against a cluster + registry
-            from controlplane.wiring.cluster import run_product_worker
-
-            # This worker also admits queued operations, under the verbs' limits.
-            config = replace(config, limits=limits_from(args))
-            classes = ({name: class_to_json(k) for name, k in
-                        load_classes(args.classes_file).items()} if args.classes_file else {})
-            await run_product_worker(db, args, config, lambda w: _drive(
-                w, args.until_done, args.metrics_listen, banner), clock, classes=classes)
-        else:  # the engine's own kinds only
-            await _drive(build_worker(db, config, clock), args.until_done, args.metrics_listen,
-                         banner)
-    finally:
-        if chores is not None:
-            chores.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await chores
-        await db.dispose()
-    return 0
-
-
-def worker_banner(args: argparse.Namespace, config: WorkerConfig, database: str) -> str:
-    """The line ``cpctl worker`` prints as it starts: who, which database and cluster,
-    under which limits (the metrics address is added once it is bound)."""
-    if args.kubeconfig or args.in_cluster:
-        cluster = ("in-cluster" if args.in_cluster else f"kubeconfig {args.kubeconfig}") + (
-            f", registry layout {args.registry_layout}" if args.registry_layout
-            else ", registries over HTTP")
-        limits = (f"; admits under --max-operations {args.max_operations}, "
-                  f"--max-per-node {args.max_per_node}")
-    else:
-        cluster, limits = "none (the engine's own kinds only: --kubeconfig for the product)", ""
-    return (f"worker {config.worker_id} starting: database {database}; cluster {cluster}; "
-            f"concurrency {config.concurrency}, lease {config.lease_seconds:g}s{limits}")
-
-
-async def _drive(worker: Worker, until_done: bool,
-                 metrics_listen: str | None = None, banner: str | None = None) -> None:
-    """Run ``worker`` until SIGTERM/SIGINT (draining), or until every machine settled;
-    with ``metrics_listen``, serve its ``/metrics`` and ``/healthz`` meanwhile. Prints
-    ``banner`` and where the metrics are, once they are served."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, worker.stop)
-    async with contextlib.AsyncExitStack() as stack:
-        metrics = "metrics off (--metrics-listen HOST:PORT serves /metrics and /healthz)"
-        if metrics_listen is not None:
-            from controlplane.cli.serve import worker_endpoints  # aiohttp only when asked
-
-            bound = await stack.enter_async_context(worker_endpoints(worker, metrics_listen))
-            metrics = f"metrics http://{bound}/metrics"
-        if banner is not None:
-            print(f"{banner}; {metrics}", flush=True)
-        if until_done:
-            await run_until_done(worker)
-        else:
-            await worker.run()
-
-
-async def run_until_done(worker: Worker) -> None:
-    """Run until every machine is settled: terminal, actions done, lease released."""
-    task = asyncio.create_task(worker.run())
-    try:
-        while not task.done():
-            await asyncio.sleep(worker.config.poll_seconds)
-            live = await queries.list_machines(worker.db, queries.MachineFilter(
-                settled=False, limit=1))
-            if not live:
-                worker.stop()
-    finally:
-        await task
 
 
 def print_to_stderr(text: str) -> None:

@@ -54,7 +54,7 @@ HANDLERS = {
     "wake": f"{_COMMANDS}:wake_cmd",
     "report": f"{_COMMANDS}:report_cmd",
     "replay": f"{_COMMANDS}:replay_cmd",
-    "worker": f"{_COMMANDS}:worker_cmd",
+    "worker": "controlplane.cli.worker:worker_cmd",
     "serve": "controlplane.cli.serve:serve_cmd",  # aiohttp
     **dict.fromkeys(("checkpoint", "migrate", "suspend", "resume"),  # the drivers
                     f"{_CLUSTER_VERBS}:operation_cmd"),

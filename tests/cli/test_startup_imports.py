@@ -1,8 +1,9 @@
 """``cpctl`` starts fast because parsing imports no verb (issue 38): ``cpctl --help``,
 every verb's ``--help`` and a command line the parser refuses load none of the store,
-machine, driver, HTTP or YAML stacks. Each command runs in a fresh interpreter that then
-reports the modules it imported: these tests pin modules, never times (``python -m
-bench.cli_startup`` times them)."""
+machine, driver, HTTP or YAML stacks, and ``cpctl list`` loads the store's reads but not
+the machines, the worker, Alembic or the drivers. Each command runs in a fresh
+interpreter that then reports the modules it imported: these tests pin modules, never
+times (``python -m bench.cli_startup`` times them)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ NOT_FOR_HELP = (
     "controlplane.store", "controlplane.machines", "controlplane.app", "controlplane.worker",
     "controlplane.wiring", "controlplane.api", "controlplane.frontdoor", "drivers",
 )
+#: What ``cpctl list`` may not import: it reads rows through the store's queries.
+NOT_FOR_LIST = (
+    "alembic", "asyncpg", "aiohttp", "kubernetes_asyncio", "yaml", "cryptography",
+    "controlplane.machines", "controlplane.worker", "controlplane.wiring", "controlplane.api",
+    "controlplane.frontdoor", "drivers",
+)
+
 #: Runs each command line of the JSON list argv[2] in this one interpreter, then writes
 #: their exit codes and every module imported to the file argv[1].
 PROBE = """\
@@ -106,6 +114,20 @@ def test_no_verbs_help_imports_a_heavy_module(tmp_path: Path) -> None:
     codes, modules = imported(tmp_path, *argvs)
     assert codes == [0] * len(argvs)
     assert loaded(modules, NOT_FOR_HELP) == []
+
+
+def test_list_reads_the_store_without_the_machines_worker_alembic_or_drivers(
+    tmp_path: Path,
+) -> None:
+    db = f"sqlite:///{tmp_path / 'controlplane.db'}"
+    upgraded = subprocess.run([sys.executable, "-m", "controlplane.cli.main", "--db", db,
+                               "db", "upgrade"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120, stdin=subprocess.DEVNULL)
+    assert upgraded.returncode == 0, upgraded.stderr
+    codes, modules = imported(tmp_path, ["--db", db, "list"])
+    assert codes == [0]
+    assert "controlplane.store.queries" in modules  # it did read the store
+    assert loaded(modules, NOT_FOR_LIST) == []
 
 
 def test_every_verb_names_a_handler_that_exists() -> None:
