@@ -7,15 +7,17 @@ one after another: ``python -c pass`` (the floor no command can beat), ``cpctl -
 ``history prune``...), and ``cpctl list`` on a fresh migrated SQLite database. Prints
 the median and the fastest of each, and its median CPU seconds, beside issue 38's targets
 (help 0.25 s, list 0.5 s, on the median wall time), then the modules whose import costs
-most in ``cpctl --help`` and ``cpctl list`` (``python -X importtime``, top-level imports
-by cumulative time), then one JSON line; writes ``bench/results/cli_startup.json``. The
-machine's other load moves the wall times (the CPU times much less): compare figures
-taken on the same machine, at the same time.
+most in ``cpctl --help`` and ``cpctl list`` (``python -X importtime``: the entry point's
+import statements by cumulative time, and packages by their own time), then one JSON
+line; writes ``bench/results/cli_startup.json``. The machine's other load moves the wall
+times (the CPU times much less; the load average is recorded): compare figures taken on
+the same machine, at the same time.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import resource
 import statistics
@@ -31,7 +33,7 @@ from bench.common import write_results
 #: Issue 38's targets, in seconds, for the median of a command.
 HELP_TARGET_S = 0.25
 LIST_TARGET_S = 0.5
-_IMPORT_LINE = re.compile(r"import time:\s+\d+ \|\s+(\d+) \|( *)(\S+)")
+_IMPORT_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)")
 
 
 def cpctl() -> list[str]:
@@ -85,19 +87,33 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def top_imports(args: list[str], top: int = 10) -> list[tuple[str, float]]:
-    """The top-level imports of ``cpctl ARGS`` by cumulative milliseconds (``-X importtime``:
-    what each import statement of the entry point costs, its own imports included)."""
+def import_costs(args: list[str], top: int = 10) -> dict[str, list[list[Any]]]:
+    """What ``cpctl ARGS`` spends importing (``-X importtime``), in milliseconds, two ways:
+    ``top_level``, each import statement the entry point runs, by cumulative time (its own
+    imports included: the first importer of SQLAlchemy is charged for it); ``by_package``,
+    each top-level package's own time summed over its modules (SQLAlchemy's is
+    SQLAlchemy's, whoever imported it)."""
     done = subprocess.run([sys.executable, "-X", "importtime", "-m", "controlplane.cli.main",
                            *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True, timeout=60)
-    rows = [(m[3], int(m[1]) / 1000) for m in map(_IMPORT_LINE.match,
-                                                  done.stderr.splitlines())
-            if m and len(m[2]) == 1]  # one space: imported by the entry point itself
-    return sorted(rows, key=lambda row: -row[1])[:top]
+    top_level: list[list[Any]] = []
+    by_package: dict[str, float] = {}
+    for m in map(_IMPORT_LINE.match, done.stderr.splitlines()):
+        if m:
+            if len(m[3]) == 1:  # one space: imported by the entry point itself
+                top_level.append([m[4], int(m[2]) / 1000])
+            package = m[4].split(".")[0]
+            by_package[package] = by_package.get(package, 0.0) + int(m[1]) / 1000
+
+    def heaviest(rows: list[list[Any]]) -> list[list[Any]]:
+        return [[name, round(ms, 1)] for name, ms in sorted(rows, key=lambda r: -r[1])[:top]]
+
+    return {"top_level": heaviest(top_level),
+            "by_package": heaviest([[k, v] for k, v in by_package.items()])}
 
 
 def measure(runs: int) -> dict[str, Any]:
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="cli_startup_") as workdir:
         db = f"sqlite:///{workdir}/bench.db"
         subprocess.run([*cpctl(), "--db", db, "db", "upgrade"], check=True,
@@ -110,23 +126,25 @@ def measure(runs: int) -> dict[str, Any]:
             commands[f"cpctl {' '.join(argv)} --help"] = timed([*cpctl(), *argv, "--help"],
                                                                runs)
         commands["cpctl list"] = timed([*cpctl(), "--db", db, "list"], runs)
-        imports = {"cpctl --help": top_imports(["--help"]),
-                   "cpctl list": top_imports(["--db", db, "list"])}
+        imports = {"cpctl --help": import_costs(["--help"]),
+                   "cpctl list": import_costs(["--db", db, "list"])}
     helps = {k: v for k, v in commands.items() if k.endswith("--help")}
     slowest_help = max(helps, key=lambda k: helps[k]["median_s"])
     return {
         "runs": runs, "entry_point": " ".join(cpctl()), "commands": commands,
+        "cores": os.cpu_count(), "load_1m": [round(load_before, 2),
+                                             round(os.getloadavg()[0], 2)],
         "targets_s": {"help": HELP_TARGET_S, "list": LIST_TARGET_S},
         "slowest_help": slowest_help,
         "help_target_met": helps[slowest_help]["median_s"] < HELP_TARGET_S,
         "list_target_met": commands["cpctl list"]["median_s"] < LIST_TARGET_S,
-        "top_imports_ms": {k: [[name, round(ms, 1)] for name, ms in v]
-                           for k, v in imports.items()},
+        "imports_ms": imports,
     }
 
 
 def print_table(r: dict[str, Any]) -> None:
-    print(f"cli_startup: {r['runs']} runs each of {r['entry_point']} (whole process)")
+    print(f"cli_startup: {r['runs']} runs each of {r['entry_point']} (whole process); "
+          f"load average {r['load_1m'][0]} -> {r['load_1m'][1]} on {r['cores']} core(s)")
     print(f"  {'command':<44}{'median s':>9}{'min s':>8}{'cpu s':>8}  target (median)")
     for command, t in r["commands"].items():
         target = (HELP_TARGET_S if command.endswith("--help")
@@ -135,10 +153,12 @@ def print_table(r: dict[str, Any]) -> None:
             f"< {target}  " + ("ok" if t["median_s"] < target else "MISSED"))
         print(f"  {command:<44}{t['median_s']:>9.3f}{t['min_s']:>8.3f}"
               f"{t['cpu_median_s']:>8.3f}  {mark}")
-    for command, rows in r["top_imports_ms"].items():
-        print(f"  top-level imports of {command} (-X importtime, cumulative ms):")
-        for name, ms in rows:
-            print(f"    {name:<42}{ms:>9.1f}")
+    for command, costs in r["imports_ms"].items():
+        print(f"  imports of {command} (-X importtime, ms): top-level statements by "
+              "cumulative time | packages by their own time")
+        for (name, ms), (package, own) in zip(costs["top_level"], costs["by_package"],
+                                              strict=False):
+            print(f"    {name:<34}{ms:>8.1f}   | {package:<24}{own:>8.1f}")
 
 
 def main() -> None:
