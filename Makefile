@@ -6,9 +6,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The suite runs in worker processes (pytest-xdist), a test file per worker at a time
+# (module worlds start once): most of its time waits on subprocesses, servers and
+# timers, so more workers than cores pays (docs/testing.md has the budget per folder).
+TEST_WORKERS ?= 4
 
 .PHONY: demo test lint unit bench bench-quick bench-scale bench-growth bench-recovery bench-replay \
-	bench-history bench-kube-api bench-criu bench-all soak clean
+	bench-history bench-kube-api bench-criu bench-cli bench-all soak clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -29,7 +33,8 @@ test: $(STAMP) lint
 	scripts/ensure-registry
 	scripts/ensure-chromium
 	scripts/ensure-kustomize
-	eval "$$(scripts/ensure-envtest)" && eval "$$(scripts/ensure-criu)" && $(BIN)/pytest -q
+	eval "$$(scripts/ensure-envtest)" && eval "$$(scripts/ensure-criu)" && \
+		$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/engine tests/machines tests/golden
@@ -71,6 +76,10 @@ bench-kube-api: $(STAMP)
 bench-history: $(STAMP)
 	scripts/ensure-postgres
 	$(BIN)/python -m bench.history_growth --sizes 10000,100000 --days 365 --keep-days 30
+
+# cpctl's start-up as whole processes (issue 38): --help, every verb's --help, list on SQLite.
+bench-cli: $(STAMP)
+	$(BIN)/python -m bench.cli_startup --runs 9
 
 bench-all: bench bench-scale bench-growth bench-recovery bench-replay bench-history
 
