@@ -24,6 +24,7 @@ from controlplane.cli.history import CRASH_ENV
 from controlplane.clock import SystemClock
 from controlplane.store.database import Database
 from controlplane.wiring.embedded import embedded
+from tests.support.cpctl import in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = (("operations", "kind"), ("operations", "requester"), ("migrations", "node"),
@@ -51,13 +52,14 @@ async def finished(db: Database, db_url: str, tmp_path: Path) -> str:
 
 
 def all_reports(db: str) -> dict[str, Any]:
-    return {f"{name} --by {by}": json.loads(ok(cpctl(db, "report", name, "--by", by,
-                                                     "-o", "json")))
+    """Every report as ``-o json`` prints it (in process: the prunes are the subprocesses)."""
+    return {f"{name} --by {by}": json.loads(ok(in_process(db, "report", name, "--by", by,
+                                                          "-o", "json")))
             for name, by in REPORTS}
 
 
 def ids(db: str) -> list[str]:
-    listed = json.loads(ok(cpctl(db, "list", "-o", "json")))["items"]
+    listed = json.loads(ok(in_process(db, "list", "-o", "json")))["items"]
     return sorted(m["id"] for m in listed)
 
 
@@ -109,7 +111,7 @@ def test_a_prune_killed_in_the_middle_loses_nothing_and_the_next_run_finishes(
     assert ids(finished) == []
     assert all_reports(finished) == before
     for machine_id in machines:
-        assert json.loads(ok(cpctl(finished, "history", machine_id, "-o", "json")))["pruned"]
+        assert json.loads(ok(in_process(finished, "history", machine_id, "-o", "json")))["pruned"]
 
 
 def _without_positions(shown: str) -> list[dict[str, Any]]:
@@ -121,7 +123,7 @@ def _without_positions(shown: str) -> list[dict[str, Any]]:
 def test_archive_then_import_gives_back_the_same_history(finished: str,
                                                          tmp_path: Path) -> None:
     machines = ids(finished)
-    histories = {m: _without_positions(ok(cpctl(finished, "history", m, "-o", "json")))
+    histories = {m: _without_positions(ok(in_process(finished, "history", m, "-o", "json")))
                  for m in machines}
     before = all_reports(finished)
     archive = tmp_path / "archive"
@@ -131,7 +133,7 @@ def test_archive_then_import_gives_back_the_same_history(finished: str,
     assert "4 already present" in ok(cpctl(finished, "history", "import", str(archive)))
     assert ids(finished) == machines
     for machine_id, shown in histories.items():
-        assert _without_positions(ok(cpctl(finished, "history", machine_id, "-o",
+        assert _without_positions(ok(in_process(finished, "history", machine_id, "-o",
                                            "json"))) == shown
     assert all_reports(finished) == before
     ok(cpctl(finished, "replay", "--verify"))

@@ -24,7 +24,7 @@ from sqlalchemy import update
 from controlplane.store import schema
 from controlplane.store.database import open_database
 from controlplane.store.session import write_txn
-from tests.support.cpctl import ROOT, cpctl
+from tests.support.cpctl import ROOT, cpctl, in_process
 
 LONG_ID = "a-machine-with-an-id-long-enough-to-be-cut-on-a-narrow-term-01"
 WAIT_VERBS = ["checkpoint", "migrate", "suspend", "resume", "restore", "drain", "cancel",
@@ -80,12 +80,13 @@ class Terminal:
 
 @pytest.fixture
 def five_done(db_url: str) -> str:
-    """A database holding five finished ``steps`` machines, one with a long id."""
-    assert cpctl(db_url, "db", "upgrade").returncode == 0
+    """A database holding five finished ``steps`` machines, one with a long id (made in
+    process: what these tests read is the output of the verbs they run themselves)."""
+    assert in_process(db_url, "db", "upgrade").returncode == 0
     for machine_id in ("job-1", "job-2", "job-3", "job-4", LONG_ID):
-        assert cpctl(db_url, "submit", "steps", "--spec", '{"steps": 1}',
-                     "--id", machine_id).returncode == 0
-    ran = cpctl(db_url, "worker", "--until-done", "--poll-seconds", "0.05")
+        assert in_process(db_url, "submit", "steps", "--spec", '{"steps": 1}',
+                          "--id", machine_id).returncode == 0
+    ran = in_process(db_url, "worker", "--until-done", "--poll-seconds", "0.05")
     assert ran.returncode == 0, ran.stderr
     return db_url
 
