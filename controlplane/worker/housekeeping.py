@@ -1,7 +1,7 @@
 """The worker's periodic housekeeping: history partitions made ahead, and the retention
 prune when a policy is configured (``cpctl worker --history-keep-days``).
 
-Started by ``cpctl worker`` (``cli/commands.py``) beside the worker loop: the first round
+Started by ``cpctl worker`` (``cli/worker.py``) beside the worker loop: the first round
 at start, then one every ``period_seconds`` (hourly by default). Both jobs are safe from
 several workers at once (partitions under an advisory lock; the prune's summaries are
 idempotent and its deletes re-check under a lock). A failure is logged and retried next
