@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 import zstandard
 
-from controlplane.store.errors import DictionaryChanged
+from controlplane.store.errors import DictionaryChanged, HistoryUnreadable
 
 FORMAT_ZSTD_V1 = 0x01
 DICTIONARY_V1 = Path(__file__).with_name("history_v1.zdict")
@@ -107,13 +107,14 @@ def encode(value: Any) -> bytes:
 
 
 def decode(blob: bytes) -> Any:
-    """The JSON value :func:`encode` stored (a format byte this code does not know is an
-    error: the row was written by a newer version)."""
+    """The JSON value :func:`encode` stored. A format byte this code does not know is
+    :class:`HistoryUnreadable` (exit code 3, not an internal error): the row was written
+    by a newer version, which a read-only verb meets without the open-time check."""
     if not blob:
         raise ValueError("empty compressed value")
     if blob[0] != FORMAT_ZSTD_V1:
-        raise ValueError(f"unknown history encoding {blob[0]:#04x}: written by a newer "
-                         "version of the control plane; upgrade this one to read it")
+        raise HistoryUnreadable(f"unknown history encoding {blob[0]:#04x}: written by a newer "
+                                "version of the control plane; upgrade this one to read it")
     return orjson.loads(_decompressor().decompress(memoryview(blob)[1:]))
 
 

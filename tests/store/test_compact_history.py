@@ -15,6 +15,7 @@ from controlplane.clock import FakeClock
 from controlplane.engine.observation import PodView
 from controlplane.store import codec, leases, queries, schema
 from controlplane.store.database import Database
+from controlplane.store.errors import HistoryUnreadable
 from controlplane.store.session import read_txn, write_txn
 from tests.support.machines import KINDS, submit_steps
 from tests.support.workers import RecordingHandler, ScriptedObserver, make_worker
@@ -31,8 +32,9 @@ def test_a_value_comes_back_whole_from_the_codec() -> None:
 
 
 def test_a_value_from_a_newer_encoding_is_refused_with_the_fix() -> None:
-    with pytest.raises(ValueError, match="newer version"):
+    with pytest.raises(HistoryUnreadable, match="newer version") as refused:
         codec.decode(b"\x07whatever")
+    assert refused.value.exit_code == 3  # cpctl: schema not ready, never "internal error"
 
 
 def test_small_values_stay_plain_json_and_large_ones_are_compressed_smaller() -> None:
