@@ -68,6 +68,7 @@ def _manifest_exists(w: CriuWorld, digest: str) -> bool:
         with urllib.request.urlopen(request, timeout=10):
             return True
     except urllib.error.HTTPError as exc:
+        exc.close()  # it holds the response and its socket
         if exc.code == 404:
             return False
         raise
