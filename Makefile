@@ -7,8 +7,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The suite runs in worker processes (pytest-xdist), a test file per worker at a time
-# (module worlds start once): most of its time waits on subprocesses, servers and
-# timers, so more workers than cores pays (docs/testing.md has the budget per folder).
+# (module worlds start once), the files with slow tests first (tests/conftest.py): most
+# of its time waits on subprocesses, servers and timers, so more workers than cores pays
+# (docs/testing.md has the budget per folder).
 TEST_WORKERS ?= 4
 
 .PHONY: demo test lint unit bench bench-quick bench-scale bench-growth bench-recovery bench-replay \
@@ -34,7 +35,8 @@ test: $(STAMP) lint
 	scripts/ensure-chromium
 	scripts/ensure-kustomize
 	eval "$$(scripts/ensure-envtest)" && eval "$$(scripts/ensure-criu)" && \
-		$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
+		$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--durations=25 $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/engine tests/machines tests/golden

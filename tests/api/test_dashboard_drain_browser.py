@@ -27,6 +27,8 @@ from controlplane.store import queries
 from tests.support.api_world import NS, TOKEN, DrainHistory, auth, serving
 from tests.support.browser import browser, png_pixels
 
+pytestmark = pytest.mark.slow  # real subprocesses (or a browser): its file starts first
+
 
 async def drain_children(h: DrainHistory) -> list[dict[str, Any]]:
     """The drain's children as its state in the store has them."""

@@ -38,6 +38,8 @@ from tests.support.api_world import (
 )
 from tests.support.browser import Page, browser, png_pixels
 
+pytestmark = pytest.mark.slow  # real subprocesses (or a browser): its file starts first
+
 #: Every problem the page's layout has, as text ([] when none). Rectangles are clipped by
 #: the ancestors that clip (overflow not visible) below the panel, as the eye sees them.
 LAYOUT_PROBLEMS = r"""(() => {

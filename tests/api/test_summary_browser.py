@@ -26,6 +26,8 @@ from tests.support.api_world import TOKEN, DrainHistory, serving
 from tests.support.browser import Page, browser, png_pixels
 from tests.support.waiting import eventually
 
+pytestmark = pytest.mark.slow  # real subprocesses (or a browser): its file starts first
+
 CHARTS = ("(() => [...document.querySelectorAll('figure[data-chart]')].map((f) => {"
           " const svg = f.querySelector('svg.chart'), box = f.getBoundingClientRect();"
           " const r = svg && svg.getBoundingClientRect();"

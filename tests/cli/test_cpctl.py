@@ -15,6 +15,8 @@ import yaml
 
 from tests.support.cpctl import ROOT, assert_one_line_error, cpctl, reap, upgraded
 
+pytestmark = pytest.mark.slow  # real subprocesses (or a browser): its file starts first
+
 
 @pytest.fixture
 def ready_db(db_url: str) -> str:

@@ -26,6 +26,8 @@ from controlplane.store.database import Database
 from controlplane.wiring.embedded import embedded
 from tests.support.cpctl import in_process
 
+pytestmark = pytest.mark.slow  # real subprocesses (or a browser): its file starts first
+
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = (("operations", "kind"), ("operations", "requester"), ("migrations", "node"),
            ("checkpoints", "class"), ("operations", "day"), ("drains", "kind"))

@@ -26,6 +26,8 @@ from controlplane.store.database import open_database
 from controlplane.store.session import write_txn
 from tests.support.cpctl import ROOT, cpctl, in_process
 
+pytestmark = pytest.mark.slow  # real subprocesses (or a browser): its file starts first
+
 LONG_ID = "a-machine-with-an-id-long-enough-to-be-cut-on-a-narrow-term-01"
 WAIT_VERBS = ["checkpoint", "migrate", "suspend", "resume", "restore", "drain", "cancel",
               "retarget"]

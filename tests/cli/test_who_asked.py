@@ -26,6 +26,8 @@ import pytest
 from controlplane.cli.webhook import make_certificates
 from tests.support.cpctl import ROOT, assert_one_line_error, cpctl, reap, upgraded
 
+pytestmark = pytest.mark.slow  # real subprocesses (or a browser): its file starts first
+
 ME = f"{getpass.getuser()}@{socket.gethostname()}"
 GATED = '{"steps": 1, "gate_pod": "ns/p", "gate_pod_uid": "uid-9"}'
 
