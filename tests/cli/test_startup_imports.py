@@ -32,6 +32,7 @@ NOT_FOR_HELP = (
 #: What ``cpctl list`` may not import: it reads rows through the store's queries.
 NOT_FOR_LIST = (
     "alembic", "asyncpg", "aiohttp", "kubernetes_asyncio", "yaml", "cryptography",
+    "structlog",  # logging is configured, but nothing logs: structlog comes with a logger
     "controlplane.machines", "controlplane.worker", "controlplane.wiring", "controlplane.api",
     "controlplane.frontdoor", "drivers",
 )
