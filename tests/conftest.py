@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import tracemalloc
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,8 @@ def _collect_what_the_test_left() -> Iterator[None]:
     teardown: the garbage is collected here, after the test's fixtures are closed, so
     the ``ResourceWarning`` (an error under ``filterwarnings = error``) lands where the
     object was made, not in whichever later test the collector happens to run in.
-    ``PYTHONTRACEMALLOC=20`` makes the report say where the leaked object was made."""
+    ``CONTROLPLANE_TEST_TRACEMALLOC=20`` makes the report say where the leaked object was
+    made (tracing starts after collection, so it costs little)."""
     yield
     gc.collect()
 
@@ -122,6 +124,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     which then costs what the test itself allocated."""
     gc.collect()
     gc.freeze()
+    frames = int(os.environ.get("CONTROLPLANE_TEST_TRACEMALLOC", "0"))
+    if frames:  # where a leaked object was made, traced from here on (imports untraced)
+        tracemalloc.start(frames)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -25,6 +25,7 @@ import base64
 import contextlib
 import json
 import ssl
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -43,6 +44,12 @@ from drivers.sim.faults import Clock, Faults, History, Request
 from drivers.sim.objects import ApiError
 from drivers.sim.server import error_response, parse_path, verb_of
 from drivers.sim.watch import stream_error
+
+#: Before Python 3.12.8 a TLS connection closed while its peer still streams (a watch the
+#: proxy lets go) can wait on the TLS shutdown past the event loop's end and leak its
+#: socket (CPython gh-118960); aiohttp then aborts what it closed when the session closes.
+#: Later versions fixed it, and aiohttp warns when asked there.
+SSL_CLOSE_LEAKS = sys.version_info < (3, 12, 8)
 
 #: Headers a client's request keeps on its way upstream (hop-by-hop and encodings stay).
 _REQUEST_HEADERS = ("Authorization", "Content-Type", "Accept", "User-Agent")
@@ -220,8 +227,9 @@ class FaultProxy:
 
     async def start(self) -> FaultProxy:
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=self._ssl), read_bufsize=_LINE_LIMIT,
-            auto_decompress=False)
+            connector=aiohttp.TCPConnector(ssl=self._ssl,
+                                           enable_cleanup_closed=SSL_CLOSE_LEAKS),
+            read_bufsize=_LINE_LIMIT, auto_decompress=False)
         app = web.Application(client_max_size=16 << 20)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)

@@ -32,6 +32,7 @@ import aiohttp
 import pytest
 
 from drivers.sim import SimCluster
+from drivers.sim.faultproxy import SSL_CLOSE_LEAKS
 from tests.support.envtest import (
     ADMIN_TOKEN,
     ASSETS,
@@ -599,8 +600,12 @@ def markdown_table() -> str:
 
 @pytest.fixture
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), headers={
-            "Authorization": f"Bearer {ADMIN_TOKEN}"}) as s:
+    # A watch read for its first event only is closed while the real server streams on:
+    # its TLS shutdown must not outlive the test's loop (see SSL_CLOSE_LEAKS).
+    async with aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=30),
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            connector=aiohttp.TCPConnector(enable_cleanup_closed=SSL_CLOSE_LEAKS)) as s:
         yield s
 
 
