@@ -33,6 +33,7 @@ import yaml
 
 from drivers.sim import MARKER, SimCluster
 from tests.support.envtest import RealCluster
+from tests.support.stopping import stop_processes
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -232,18 +233,7 @@ class World:
             proc.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+        stop_processes(self.procs.values())
 
 
 def _start_product(world: World) -> None:

@@ -9,15 +9,15 @@ simulator's API, and stops every process it started. Used by
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from tests.support.cpctl import ROOT, cpctl
+from tests.support.stopping import stop_processes
+from tests.support.waiting import wait_for
 
 MARKER = "sim.controlplane.dev/marker"
 REPO = "localhost:5000/checkpoints"
@@ -60,13 +60,7 @@ class Deployment:
         return items
 
     def wait(self, check: Any, what: str, limit: float = 30) -> Any:
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
-            found = check()
-            if found:
-                return found
-            time.sleep(0.05)  # other processes: nothing to await
-        raise AssertionError(f"timed out waiting for {what}")
+        return wait_for(check, what, limit)  # other processes: nothing to await
 
     def pod(self, name: str, node: str) -> None:
         self.api("/api/v1/namespaces/default/pods", {
@@ -77,17 +71,4 @@ class Deployment:
                   f"{name} running")
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)  # a paused agent must see its SIGTERM
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+        stop_processes(self.procs)

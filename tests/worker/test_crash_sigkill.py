@@ -23,6 +23,7 @@ from controlplane.clock import SystemClock
 from controlplane.store import leases, queries
 from controlplane.store.database import Database
 from tests.support.machines import KINDS
+from tests.support.stopping import stop_processes
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow
@@ -51,15 +52,7 @@ class Fleet:
         return proc
 
     def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(self.procs)
 
     def performed(self) -> Counter[str]:
         return Counter(line for line in self.log.read_text().splitlines() if line)
