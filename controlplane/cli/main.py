@@ -78,6 +78,7 @@ class Lazy:
     def __call__(self, args: argparse.Namespace) -> Awaitable[int]:
         return self.resolve()(args)
 
+
 EPILOG = """\
 exit codes: 0 ok, 1 failed, 2 bad input, 3 database unreachable or schema not ready,
 4 schema behind (db current), 5 replay mismatches, 70 internal error, 130 interrupted.
