@@ -23,7 +23,7 @@ import pytest
 
 from controlplane.api.summary_charts import NAMES
 from tests.support.api_world import TOKEN, DrainHistory, serving
-from tests.support.browser import Page, browser, png_pixels
+from tests.support.browser import Page, PageNavigating, browser, png_pixels
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow  # real subprocesses (or a browser): its file starts first
@@ -55,7 +55,8 @@ async def charts_when(page: Page, done: str, what: str) -> list[dict[str, Any]]:
             "(() => { const f = [...document.querySelectorAll('figure[data-chart]')];"
             f" return f.length === {len(NAMES)} && f.every({done}); }})()"))
     try:
-        await eventually(settled, limit_seconds=30, every=0.05, what=what)
+        await eventually(settled, limit_seconds=30, every=0.05, what=what,
+                         retry_on=(PageNavigating,))
     except TimeoutError:
         raise AssertionError(f"{what}: {await page.evaluate(CHARTS)}; "
                              f"problems: {page.problems()}") from None

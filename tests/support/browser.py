@@ -40,6 +40,15 @@ def png_pixels(path: Path) -> tuple[int, int, bytes]:
     return width, height, zlib.decompress(idat)
 
 
+#: What Chromium answers a command sent while the tab navigates (after a click on a
+#: link): the page is not there yet, so a wait asks again.
+NAVIGATING = ("Inspected target navigated or closed", "Execution context was destroyed")
+
+
+class PageNavigating(AssertionError):
+    """A command met the tab between two pages; waits retry it (``retry_on``)."""
+
+
 class Page:
     """One tab of a headless Chromium, over the DevTools protocol (a WebSocket)."""
 
@@ -67,7 +76,10 @@ class Page:
             message["sessionId"] = self.session
         await self.ws.send_json(message)
         reply = await asyncio.wait_for(future, timeout=30)
-        assert "error" not in reply, (method, reply["error"])
+        error = reply.get("error")
+        if error and any(text in error.get("message", "") for text in NAVIGATING):
+            raise PageNavigating(method, error)
+        assert error is None, (method, error)
         result: dict[str, Any] = reply["result"]
         return result
 
@@ -85,7 +97,8 @@ class Page:
             value = await self.evaluate(expression)
             return bool(value)
         try:
-            await eventually(holds, limit_seconds=limit, every=0.05, what=what)
+            await eventually(holds, limit_seconds=limit, every=0.05, what=what,
+                             retry_on=(PageNavigating,))
         except TimeoutError:
             state = await self.evaluate("document.getElementById('selected-title').textContent"
                                         " + ' | error: ' + document.getElementById('error')"
