@@ -15,6 +15,8 @@ The control plane asks, the node agent does, the registry proves:
 3. **Artifact provenance** (agent -> registry) in the OCI manifest annotations:
    ``checkpoint-id``, ``source-pod-uid``, ``node``, ``format`` and ``protocol-version``. A tag
    whose provenance names another checkpoint or pod is stale and never trusted (gate 1).
+   An archive a container runtime can restore by itself (CRI-O's) is also pushed as one
+   checkpoint image per container, listed in ``container-images``.
 4. **Restore request** (control plane -> agent) on a pod the control plane creates with
    required node affinity: ``restore-artifact`` (``registry/repo@sha256:...``),
    ``restore-key`` (which machine and attempt made the pod), ``restore-checkpoint-id`` and
@@ -28,6 +30,7 @@ parsers; the node agent imports the same names.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -59,6 +62,10 @@ MANIFEST_NODE = PREFIX + "node"
 MANIFEST_FORMAT = PREFIX + "format"
 MANIFEST_PROTOCOL = PREFIX + "protocol-version"
 MANIFEST_ARCHIVE_BYTES = PREFIX + "archive-bytes"  # bytes of the checkpoint archives
+#: Per-container checkpoint images a container runtime restores itself (CRI-O): the pod
+#: manifest lists them as ``container=sha256:...`` pairs, comma-separated, each a
+#: manifest in the same repository (see :func:`container_images`).
+MANIFEST_CONTAINER_IMAGES = PREFIX + "container-images"
 
 RESTORE_ARTIFACT = PREFIX + "restore-artifact"
 RESTORE_KEY = PREFIX + "restore-key"
@@ -152,6 +159,29 @@ def archive_bytes(tag: TagView) -> int | None:
     """The checkpoint archives' size the manifest declares, or ``None`` if it does not."""
     text = tag.annotations.get(MANIFEST_ARCHIVE_BYTES, "")
     return int(text) if text.isdigit() else None
+
+
+def format_container_images(images: dict[str, str]) -> str:
+    """``{"app": "sha256:..."}`` as the ``container-images`` annotation's value."""
+    return ",".join(f"{name}={digest}" for name, digest in sorted(images.items()))
+
+
+def container_images(annotations: Mapping[str, str]) -> dict[str, str]:
+    """The per-container checkpoint images a manifest lists (container -> digest);
+    empty when it lists none or the value is malformed (a runtime then cannot restore it)."""
+    out: dict[str, str] = {}
+    for item in annotations.get(MANIFEST_CONTAINER_IMAGES, "").split(","):
+        name, _, digest = item.partition("=")
+        if not name or not is_digest(digest) or name in out:
+            return {}
+        out[name] = digest
+    return out
+
+
+def container_image_refs(artifact: str, images: Mapping[str, str]) -> dict[str, str]:
+    """``registry/repo@sha256:...`` per container, in the repository of ``artifact``."""
+    repository = artifact.split("@", 1)[0]
+    return {name: f"{repository}@{digest}" for name, digest in images.items()}
 
 
 def restore_request(*, artifact: str | None, restore_key: str, checkpoint_id: str | None,
