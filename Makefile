@@ -35,6 +35,7 @@ test: $(STAMP) lint
 	scripts/ensure-chromium
 	scripts/ensure-kustomize
 	eval "$$(scripts/ensure-envtest)" && eval "$$(scripts/ensure-criu)" && \
+		eval "$$(scripts/ensure-realnode)" && \
 		$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 		--durations=25 $(PYTEST_ARGS)
 
