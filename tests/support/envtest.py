@@ -12,7 +12,9 @@ ports: TLS with a CA of its own, static bearer tokens (``--token-auth-file``; th
 ``AlwaysAllow`` or ``RBAC`` authorization. It stops them by PID (API server first, so
 open watches end within the 2 s watch-termination grace), and can restart the API server
 alone on the same port with the same etcd (what a control-plane upgrade looks like to
-a client: every watch breaks, resumed watches may meet 410 Gone).
+a client: every watch breaks, resumed watches may meet 410 Gone). Given a ``hosts_file``,
+the API server runs in a mount namespace of its own where that file is ``/etc/hosts``
+(real kubelets it dials by node name: ``tests/support/realnode.py``).
 
 Nothing here mocks: the processes are the real binaries; tests talk to them only over
 HTTPS with the kubeconfigs :meth:`Envtest.write_kubeconfig` writes.
@@ -117,6 +119,7 @@ class Envtest:
     extra_args: Sequence[str] = ()
     etcd_port: int = 0
     api_port: int = 0
+    hosts_file: Path | None = None  # seen by the API server as /etc/hosts
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -161,8 +164,12 @@ class Envtest:
 
     def _start_apiserver(self) -> None:
         pki = self.workdir / "pki"
+        # unshare + a bind mount, then exec: the PID stays the API server's.
+        private_hosts = [] if self.hosts_file is None else [
+            "unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+            'mount --bind "$0" /etc/hosts && exec "$@"', str(self.hosts_file)]
         self._spawn("kube-apiserver", [
-            str(self.assets / "kube-apiserver"),
+            *private_hosts, str(self.assets / "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
             "--bind-address=127.0.0.1", f"--secure-port={self.api_port}",
             "--advertise-address=127.0.0.1",
@@ -280,8 +287,10 @@ def write_kubeconfig(path: Path, server: str, ca_file: Path, token: str, *, user
 @contextlib.contextmanager
 def running_envtest(assets: Path, workdir: Path, *, authorization: str = "AlwaysAllow",
                     identities: Sequence[Identity] = (),
-                    extra_args: Sequence[str] = ()) -> Iterator[Envtest]:
-    env = Envtest(assets, workdir, authorization, identities, extra_args)
+                    extra_args: Sequence[str] = (),
+                    hosts_file: Path | None = None) -> Iterator[Envtest]:
+    env = Envtest(assets, workdir, authorization, identities, extra_args,
+                  hosts_file=hosts_file)
     env.start()
     try:
         yield env
