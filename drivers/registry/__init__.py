@@ -8,8 +8,9 @@
 - :mod:`~drivers.registry.layout`: OCI image layouts on disk (the embedded default);
 - :mod:`~drivers.registry.observer`: ``Interests.tags`` -> ``TagView`` / ``None`` /
   ``ProbeError``; :mod:`~drivers.registry.handlers`: the ``DeleteManifest`` action;
-- :mod:`~drivers.registry.artifact` and :mod:`~drivers.registry.checkpoints`: the
-  checkpoint artifact format and its push/pull, for the node agent.
+- :mod:`~drivers.registry.artifact`, :mod:`~drivers.registry.checkpoint_images` (the
+  per-container images CRI-O restores) and :mod:`~drivers.registry.checkpoints`: the
+  checkpoint artifact format and its push/pull/delete, for the node agent.
 
 Errors: :mod:`~drivers.registry.errors`. See ``docs/protocol.md``.
 """

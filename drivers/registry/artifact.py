@@ -1,29 +1,29 @@
 """The checkpoint artifact format (v1): an OCI image whose layers are checkpoint archives. Pure.
 
-One manifest per checkpoint (``application/vnd.oci.image.manifest.v1+json``):
+One pod-level manifest per checkpoint (``application/vnd.oci.image.manifest.v1+json``):
 
 - ``layers``: one uncompressed tar (``application/vnd.oci.image.layer.v1.tar``) per
   captured container, in capture order — the checkpoint archive exactly as the dumper
   produced it (for the kubelet dumper: the CRI ``ContainerCheckpoint`` archive). Each
   layer's annotations name its container (``org.criu.checkpoint.container.name``) and
-  file (``org.opencontainers.image.title``). A single-container checkpoint is therefore
-  the image CRI-O restores from (a single checkpoint layer plus the annotations below).
+  file (``org.opencontainers.image.title``).
 - ``config``: a minimal OCI image config (``rootfs.diff_ids`` = the layer digests, the
   layers being uncompressed).
-- ``annotations``: what CRI-O / checkpointctl read — ``io.kubernetes.cri-o.annotations.
-  checkpoint.name`` and ``org.criu.checkpoint.container.name`` (single container),
-  ``org.criu.checkpoint.pod.name``/``pod.namespace``, ``org.criu.checkpoint.rootfsImageName``
-  (the container image, when known), ``org.criu.checkpoint.engine.name`` (when the dumper
-  knows it) — plus the control plane's provenance (:mod:`controlplane.machines.contract.protocol`):
+- ``annotations``: the control plane's provenance (:mod:`controlplane.machines.contract.protocol`):
   ``checkpoint-id``, ``source-pod-uid``, ``node``, ``format``, ``protocol-version``, and the
   agent's details: ``archive-bytes`` (sum of the layers), ``containers``, ``pod``,
-  ``dumper``, ``org.opencontainers.image.created``.
+  ``dumper``, ``org.opencontainers.image.created``; ``container-images`` when the runtime
+  restores the archives itself (:mod:`drivers.registry.checkpoint_images`); checkpointctl's
+  ``org.criu.checkpoint.pod.name``/``pod.namespace``, ``engine.name`` (when known) and, for
+  one container, ``container.name`` / ``rootfsImageName``.
 
-The manifest is serialised canonically (sorted keys, no spaces), so the same capture
-always has the same digest. Used by :mod:`drivers.registry.checkpoints` (push/pull) and
-documented in ``docs/protocol.md``.
+The pod-level manifest never carries ``io.kubernetes.cri-o.annotations.checkpoint.name``
+(manifests pushed before container images did, for one container): that key alone makes
+CRI-O restore an image, and only a per-container checkpoint image is one. The reader
+accepts both. Manifests are serialised canonically (sorted keys, no spaces), so the same
+capture always has the same digest. Used by :mod:`drivers.registry.checkpoints`
+(push/pull) and documented in ``docs/protocol.md``.
 """
-
 from __future__ import annotations
 
 import json
@@ -94,17 +94,23 @@ class CheckpointArtifact:
     def checkpoint_id(self) -> str:
         return self.annotations.get(protocol.MANIFEST_CHECKPOINT_ID, "")
 
+    @property
+    def container_images(self) -> dict[str, str]:
+        """Container -> digest of its checkpoint image (empty: none, e.g. a podman archive)."""
+        return protocol.container_images(self.annotations)
+
 
 def image_config(layers: Sequence[Layer], *, architecture: str, created: datetime) -> bytes:
     """A minimal OCI image config whose ``diff_ids`` are the (uncompressed) layers."""
-    config = {"architecture": architecture, "os": "linux", "created": _iso(created),
+    config = {"architecture": architecture, "os": "linux", "created": timestamp(created),
               "rootfs": {"type": "layers",
                          "diff_ids": [layer.descriptor.digest for layer in layers]},
               "config": {}}
-    return _canonical(config)
+    return canonical_json(config)
 
 
-def manifest_annotations(prov: Provenance, layers: Sequence[Layer]) -> dict[str, str]:
+def manifest_annotations(prov: Provenance, layers: Sequence[Layer],
+                         container_images: Mapping[str, str] | None = None) -> dict[str, str]:
     total = sum(layer.descriptor.size for layer in layers)
     out = {
         protocol.MANIFEST_CHECKPOINT_ID: prov.checkpoint_id,
@@ -116,24 +122,31 @@ def manifest_annotations(prov: Provenance, layers: Sequence[Layer]) -> dict[str,
         CONTAINERS: ",".join(layer.container for layer in layers),
         POD: f"{prov.namespace}/{prov.pod}",
         DUMPER: prov.dumper,
-        OCI_CREATED: _iso(prov.created),
+        OCI_CREATED: timestamp(prov.created),
         CRIU_POD_NAME: prov.pod,
         CRIU_POD_NAMESPACE: prov.namespace,
     }
     if prov.engine:
         out[CRIU_ENGINE] = prov.engine
+    if container_images:
+        out[protocol.MANIFEST_CONTAINER_IMAGES] = protocol.format_container_images(
+            dict(container_images))
     if len(layers) == 1:
-        out[CRIO_CHECKPOINT_NAME] = layers[0].container
         out[CRIU_CONTAINER_NAME] = layers[0].container
         if layers[0].image:
             out[CRIU_ROOTFS_IMAGE_NAME] = layers[0].image
     return out
 
 
-def checkpoint_manifest(prov: Provenance, config: Descriptor, layers: Sequence[Layer]) -> bytes:
-    """The manifest's canonical bytes."""
+def checkpoint_manifest(prov: Provenance, config: Descriptor, layers: Sequence[Layer], *,
+                        container_images: Mapping[str, str] | None = None) -> bytes:
+    """The pod-level manifest's canonical bytes; ``container_images``: container -> digest
+    of its checkpoint image, one for every layer or none."""
     if not layers:
         raise ValueError("a checkpoint has at least one container archive")
+    if container_images and set(container_images) != {layer.container for layer in layers}:
+        raise ValueError(f"container images {sorted(container_images)} do not match the "
+                         f"archives {[layer.container for layer in layers]}")
     listed = []
     for layer in layers:
         annotations = {CRIU_CONTAINER_NAME: layer.container,
@@ -144,8 +157,9 @@ def checkpoint_manifest(prov: Provenance, config: Descriptor, layers: Sequence[L
                                  annotations).to_json())
     manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
                 "config": Descriptor(CONFIG_TYPE, config.digest, config.size).to_json(),
-                "layers": listed, "annotations": manifest_annotations(prov, layers)}
-    return _canonical(manifest)
+                "layers": listed,
+                "annotations": manifest_annotations(prov, layers, container_images)}
+    return canonical_json(manifest)
 
 
 def read_checkpoint_manifest(body: bytes) -> CheckpointArtifact:
@@ -177,9 +191,9 @@ def read_checkpoint_manifest(body: bytes) -> CheckpointArtifact:
     return CheckpointArtifact({str(k): str(v) for k, v in annotations.items()}, tuple(layers))
 
 
-def _canonical(value: object) -> bytes:
+def canonical_json(value: object) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _iso(moment: datetime) -> str:
+def timestamp(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,7 +1,9 @@
 """The ``DeleteManifest`` action handler: garbage-collect an artifact by digest.
 
-Params (see :mod:`controlplane.machines.contract.actions`): ``repository`` (``registry/repo``) and
-``digest`` (``sha256:...``). Outcomes:
+The manifest goes with the per-container checkpoint images it lists
+(:func:`~drivers.registry.checkpoints.delete_checkpoint`), so deleting a checkpoint
+leaves none of its parts behind. Params (see :mod:`controlplane.machines.contract.actions`):
+``repository`` (``registry/repo``) and ``digest`` (``sha256:...``). Outcomes:
 
 - deleted, or ``404`` (already gone): done — deleting is idempotent;
 - ``403``/``401`` (not allowed) and ``405`` (deletes disabled on the registry): a
@@ -21,6 +23,7 @@ from controlplane.logs import get_logger
 from controlplane.machines.contract.actions import ActionType
 from controlplane.worker.errors import TerminalActionError
 from controlplane.worker.ports import ActionHandler
+from drivers.registry.checkpoints import delete_checkpoint
 from drivers.registry.client import is_digest
 from drivers.registry.errors import RegistryError, RegistryNotFound, action_error
 from drivers.registry.port import Registry
@@ -48,7 +51,7 @@ class ManifestActions:
                                       f"required, got {repository!r}, {digest!r}")
         what = f"DeleteManifest {repository}@{digest}"
         try:
-            await self.registry.delete_manifest(repository, digest)
+            await delete_checkpoint(self.registry, repository, digest)
         except RegistryNotFound:
             log.info("manifest already gone", repository=repository, digest=digest)
         except RegistryError as exc:
