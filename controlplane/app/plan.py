@@ -13,9 +13,16 @@ from __future__ import annotations
 
 from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
-from controlplane.engine.observation import Interests, Observation, ProbeError, TagView
+from controlplane.engine.observation import (
+    Interests,
+    NodeView,
+    Observation,
+    ProbeError,
+    TagView,
+)
 from controlplane.errors import ControlPlaneError
 from controlplane.machines.config.classes import parse_class
+from controlplane.machines.config.runtimes import RestorePath, restore_path
 from controlplane.machines.submission import (
     ActiveOperation,
     Limits,
@@ -40,6 +47,21 @@ def planned_artifact(klass: JsonValue, namespace: str, pod: str) -> str:
     cls = parse_class(klass)
     tag = cls.tag_scheme.format_map({"checkpoint_id": ID, "namespace": namespace, "pod": pod})
     return f"{cls.repository}:{tag}"
+
+
+def restore_path_text(observation: Observation, node: JsonValue) -> str | None:
+    """How ``node`` captures and restores, from the runtime it reports (None: not read)."""
+    fact = observation.nodes.get(node) if isinstance(node, str) else None
+    if not isinstance(fact, NodeView):
+        return None
+    path = restore_path(fact.runtime)
+    runtime = fact.runtime or "no runtime reported"
+    if path is RestorePath.RUNTIME:
+        return (f"cri-o on {node} ({runtime}): the kubelet's checkpoint API captures each "
+                "container; CRI-O restores it from its checkpoint image")
+    if path is RestorePath.AGENT:
+        return f"agent on {node} ({runtime}): the node agent captures and restores"
+    return f"none: {path}"
 
 
 def _steps(kind: str, spec: JsonObject, observation: Observation) -> JsonObject:
@@ -101,6 +123,9 @@ async def plan_operation(db: Database, observer: Observer, *, kind: str, spec: J
         doc["refused"] = str(exc)
         return doc
     doc.update(_steps(kind, normal, observation))
+    path = restore_path_text(observation, doc.get("target_node") or doc.get("source_node"))
+    if path:
+        doc["restore_path"] = path
     workload = str(doc["pod"])
     source = doc.get("source_node")
     async with read_txn(db) as conn:

@@ -27,7 +27,8 @@ def _print(doc: JsonObject, output: str) -> None:
     if doc.get("refused"):
         print(f"  refused: {doc['refused']}")
         return
-    for key in ("pod", "uid", "source_node", "target_node", "why", "admission"):
+    for key in ("pod", "uid", "source_node", "target_node", "why", "restore_path",
+                "admission"):
         if doc.get(key) is not None:
             print(f"  {key.replace('_', ' ')}: {doc[key]}")
     for key in ("artifacts_read", "artifacts_written", "artifacts_deleted", "would"):

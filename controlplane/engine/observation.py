@@ -84,16 +84,20 @@ class TagView:
 
 @dataclass(frozen=True)
 class NodeView:
-    """The facts of one node: is it there, ready, schedulable."""
+    """The facts of one node: is it there, ready, schedulable, which runtime it runs."""
 
     name: str
     ready: bool
     unschedulable: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
+    runtime: str = ""  # status.nodeInfo.containerRuntimeVersion, e.g. "cri-o://1.36.3"
 
     def to_json(self) -> JsonObject:
-        return {"node": {"name": self.name, "ready": self.ready,
-                         "unschedulable": self.unschedulable, "labels": dict(self.labels)}}
+        node: JsonObject = {"name": self.name, "ready": self.ready,
+                            "unschedulable": self.unschedulable, "labels": dict(self.labels)}
+        if self.runtime:
+            node["runtime"] = self.runtime
+        return {"node": node}
 
 
 @dataclass(frozen=True)
@@ -238,7 +242,7 @@ def _node_fact(value: JsonValue) -> NodeFact:
     n = _object(obj["node"])
     return NodeView(name=str(n["name"]), ready=bool(n["ready"]),
                     unschedulable=bool(n.get("unschedulable", False)),
-                    labels=_str_map(n.get("labels")))
+                    labels=_str_map(n.get("labels")), runtime=str(n.get("runtime") or ""))
 
 
 def _machine_fact(value: JsonValue) -> MachineFact:

@@ -5,7 +5,9 @@ Two pure layers, called by the API/CLI before a machine is created:
 - :func:`validate_submission` normalises the spec with the kind's ``validate_spec`` (strict
   artifact references, class validation) and checks it against an :class:`Observation` of
   :func:`submission_interests`: the pod exists with the given UID and is Running; the
-  target node exists, is Ready and not cordoned, and is not the pod's current node.
+  target node exists, is Ready and not cordoned, and is not the pod's current node; the
+  nodes a restore may run on report a runtime that can restore (containerd cannot), and a
+  migration's source and target restore the same way (``config.runtimes``).
   Bad input raises :class:`SubmissionRejected` naming the field and the fix; a probe error
   raises :class:`SubmissionUnverifiable` (retry later: an error is not an answer).
 - :func:`admission` decides over the list of active operations: one active operation per
@@ -23,6 +25,7 @@ from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, NodeView, Observation, PodView, ProbeError
 from controlplane.machines.base.specs import PodRef, pod_ref
 from controlplane.machines.catalog import product_kinds
+from controlplane.machines.config.runtimes import RestorePath, paths_agree, restore_path
 
 # Kinds whose spec names a running source pod, and the spec key of their target node.
 _SOURCE_KINDS = {"checkpoint": None, "migration": "target_node", "suspend": None}
@@ -50,6 +53,9 @@ def submission_interests(kind: str, spec: JsonObject) -> Interests:
     target = spec.get(target_key) if target_key else None
     if isinstance(target, str):
         nodes.add(target)
+    source = spec.get("source_node")
+    if kind == "migration" and isinstance(source, str):
+        nodes.add(source)  # a rollback restores there: its runtime must restore too
     return Interests(pods=frozenset(pods), nodes=frozenset(nodes))
 
 
@@ -70,12 +76,44 @@ def validate_submission(kind: str, spec: JsonObject, observation: Observation) -
     target_key = _SOURCE_KINDS.get(kind) or _TARGET_KINDS.get(kind)
     target = normal.get(target_key) if target_key else None
     if isinstance(target, str):
-        check_target_node(observation, target, field=f"spec.{target_key}", current=current)
+        node = check_target_node(observation, target, field=f"spec.{target_key}",
+                                 current=current)
+        path = check_restore_path(node, field=f"spec.{target_key}")
+        if kind == "migration":
+            check_same_path(observation, current, path, target)
     if kind == "migration" and normal.get("source_node") != current:
         raise SubmissionRejected(f"spec.source_node {normal.get('source_node')!r} is not "
                                  f"where the pod runs ({current!r}); resubmit with "
                                  f"source_node {current!r}")
     return normal
+
+
+def check_restore_path(node: NodeView, *, field: str) -> RestorePath:
+    """How ``node`` restores; a runtime that cannot is refused, naming it."""
+    path = restore_path(node.runtime)
+    if not isinstance(path, RestorePath):
+        raise SubmissionRejected(f"{field}: node {node.name!r} cannot restore: {path}")
+    return path
+
+
+def check_same_path(observation: Observation, source: str | None, target_path: RestorePath,
+                    target: str) -> None:
+    """A migration's source captures what its target can restore (and a rollback to the
+    source restores it there)."""
+    fact = observation.nodes.get(source) if source else None
+    if not isinstance(fact, NodeView):
+        return  # not observed: the restore step decides per attempt
+    source_path = check_restore_path(fact, field="spec.source_node")
+    if not paths_agree(source_path, target_path):
+        raise SubmissionRejected(
+            f"spec.target_node: node {target!r} restores by {_how(target_path)}, but the "
+            f"source node {source!r} captures for {_how(source_path)} "
+            f"({fact.runtime or 'no runtime reported'}): a checkpoint moves only between "
+            "nodes of one kind; pick a target that runs the source's runtime")
+
+
+def _how(path: RestorePath) -> str:
+    return "CRI-O (checkpoint images)" if path is RestorePath.RUNTIME else "the node agent"
 
 
 def check_pod(observation: Observation, ref: PodRef, *, field: str = "spec.pod") -> PodView:

@@ -63,7 +63,8 @@ def require_node(spec: KubeObject, node: str) -> KubeObject:
 
 
 def restore_pod(*, namespace: str, name: str, template: Mapping[str, Any], node: str | None,
-                annotations: Mapping[str, str], labels: Mapping[str, str]) -> KubeObject:
+                annotations: Mapping[str, str], labels: Mapping[str, str],
+                images: Mapping[str, str] | None = None) -> KubeObject:
     meta = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
     spec = template.get("spec")
     if not isinstance(spec, dict):
@@ -76,10 +77,28 @@ def restore_pod(*, namespace: str, name: str, template: Mapping[str, Any], node:
     inherited = {k: v for k, v in _strings((meta or {}).get("annotations")).items()
                  if not k.startswith(protocol.PREFIX)}
     merged_annotations = {**inherited, **annotations}
+    if images:
+        body_spec = {**body_spec, "containers": with_images(body_spec.get("containers"), images)}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": merged_labels,
                          "annotations": merged_annotations},
             "spec": body_spec}
+
+
+def with_images(containers: object, images: Mapping[str, str]) -> list[Any]:
+    """The pod's ``containers`` with the named ones' ``image`` replaced (a checkpoint image
+    the runtime restores from); a name the pod lacks is an error, not silently dropped."""
+    listed = [copy.deepcopy(c) for c in containers or [] if isinstance(c, dict)] \
+        if isinstance(containers, list) else []
+    names = {str(c.get("name")) for c in listed}
+    missing = sorted(set(images) - names)
+    if missing:
+        raise ValueError(f"the checkpoint names container(s) {', '.join(missing)} the pod "
+                         f"does not have (it has {', '.join(sorted(names)) or 'none'})")
+    for c in listed:
+        if c.get("name") in images:
+            c["image"] = images[str(c["name"])]
+    return listed
 
 
 def _strings(value: object) -> dict[str, str]:
@@ -97,7 +116,8 @@ def annotation_patch(uid: str, changes: Mapping[str, str | None],
 
 
 def claim_patch(pod: Mapping[str, Any], *, node: str | None, gate: str,
-                annotations: Mapping[str, str]) -> KubeObject:
+                annotations: Mapping[str, str],
+                images: Mapping[str, str] | None = None) -> KubeObject:
     """The merge patch that claims gated ``pod`` (as read) for a restore on ``node``."""
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     gates = [g for g in spec.get("schedulingGates") or []
@@ -112,6 +132,8 @@ def claim_patch(pod: Mapping[str, Any], *, node: str | None, gate: str,
         patch_spec["affinity"] = {"nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": terms or [{"matchExpressions": [pin]}]}}}
+    if images:  # a merge patch replaces the list: the whole list, as read, images changed
+        patch_spec["containers"] = with_images(spec.get("containers"), images)
     return {"metadata": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion"),
                          "annotations": dict(annotations)},
             "spec": patch_spec}

@@ -196,7 +196,8 @@ class PodActions:
             body = bodies.restore_pod(namespace=namespace, name=name, template=template,
                                       node=node or None,
                                       annotations=_string_map(action, "annotations"),
-                                      labels=_string_map(action, "labels"))
+                                      labels=_string_map(action, "labels"),
+                                      images=_string_map(action, "images"))
         except ValueError as exc:
             raise TerminalActionError(f"CreatePod {action.key}: {exc}") from exc
         await self._create(PODS, body, namespace, f"CreatePod {namespace}/{name}")
@@ -223,8 +224,12 @@ class PodActions:
         have = meta.get("annotations") or {}
         if not gated and all(have.get(k) == v for k, v in annotations.items()):
             return  # claimed already (a repeat after a crash)
-        body = bodies.claim_patch(pod, node=node if isinstance(node, str) else None,
-                                  gate=gate, annotations=annotations)
+        try:
+            body = bodies.claim_patch(pod, node=node if isinstance(node, str) else None,
+                                      gate=gate, annotations=annotations,
+                                      images=_string_map(action, "images"))
+        except ValueError as exc:
+            raise TerminalActionError(f"{what}: {exc}") from exc
         try:
             await self.api.patch(PODS, name, body, namespace=namespace, patch_type=MERGE)
         except ApiNotFound:

@@ -65,4 +65,6 @@ def node_view(obj: Mapping[str, Any]) -> NodeView:
     meta = _mapping(obj.get("metadata"))
     return NodeView(name=str(meta.get("name") or ""), ready=condition_true(obj, "Ready"),
                     unschedulable=bool(_mapping(obj.get("spec")).get("unschedulable")),
-                    labels=_strings(meta.get("labels")))
+                    labels=_strings(meta.get("labels")),
+                    runtime=str(_mapping(_mapping(obj.get("status")).get("nodeInfo"))
+                                .get("containerRuntimeVersion") or ""))

@@ -239,8 +239,13 @@ async def test_kubelet_checkpoint_over_https_is_pushed_as_a_cri_o_checkpoint_ima
 
         annotations = dict(body["annotations"])
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", annotations.pop(OCI_CREATED))
+        image = protocol.container_images(annotations)["main"]
+        per_container = json.loads((await reg.get_manifest(repo, image)).body)
+        assert per_container["annotations"][CRIO_CHECKPOINT_NAME] == "main"
+        assert [layer["digest"] for layer in per_container["layers"]] == [
+            sha256_digest(archive)], "CRI-O's image is the same archive, not a copy"
         assert annotations == {
-            CRIO_CHECKPOINT_NAME: "main", CRIU_CONTAINER_NAME: "main",
+            protocol.MANIFEST_CONTAINER_IMAGES: f"main={image}", CRIU_CONTAINER_NAME: "main",
             CRIU_POD_NAME: "app", CRIU_POD_NAMESPACE: NS,
             CRIU_ROOTFS_IMAGE_NAME: "quay.io/app:1",
             protocol.MANIFEST_CHECKPOINT_ID: "ck-k",

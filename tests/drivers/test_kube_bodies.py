@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from controlplane.worker.errors import RetryableActionError, TerminalActionError
 from drivers.kube import bodies, errors
 from drivers.kube.handlers import says_uid_precondition_failed, uid_precondition_failed
@@ -166,3 +168,45 @@ def test_both_wordings_of_a_failed_uid_precondition_are_recognised() -> None:
         "apply your changes to the latest version and try again")
     conflict = errors.ApiConflict(registry, status=409, reason="Conflict")
     assert uid_precondition_failed(conflict)
+
+
+TWO = {"spec": {"containers": [{"name": "app", "image": "app:1", "args": ["run"]},
+                               {"name": "side", "image": "side:1"}]}}
+
+
+def test_a_runtime_restored_pod_names_each_containers_checkpoint_image() -> None:
+    """CRI-O restores a container whose image is its checkpoint image: the named
+    containers get theirs, the others and every other field are kept."""
+    body = bodies.restore_pod(namespace="ns", name="p", template=TWO, node="b",
+                              annotations={}, labels={},
+                              images={"app": "reg/ck@sha256:" + "a" * 64})
+    assert body["spec"]["containers"] == [
+        {"name": "app", "image": "reg/ck@sha256:" + "a" * 64, "args": ["run"]},
+        {"name": "side", "image": "side:1"}]
+    assert TWO["spec"]["containers"][0]["image"] == "app:1", "the template is not modified"
+
+
+def test_a_checkpoint_image_for_a_container_the_pod_lacks_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"container\(s\) gone the pod does not have "
+                                         r"\(it has app, side\)"):
+        bodies.restore_pod(namespace="ns", name="p", template=TWO, node="b", annotations={},
+                           labels={}, images={"gone": "reg/ck@sha256:" + "a" * 64})
+
+
+def test_a_claim_sets_the_checkpoint_images_on_the_whole_container_list() -> None:
+    """A merge patch replaces lists: the claim carries every container, as read."""
+    pod = {"metadata": {"uid": "u", "resourceVersion": "7"}, **TWO}
+    patch = bodies.claim_patch(pod, node="b", gate="g", annotations={"k": "v"},
+                               images={"side": "reg/ck@sha256:" + "b" * 64})
+    assert [c["image"] for c in patch["spec"]["containers"]] == [
+        "app:1", "reg/ck@sha256:" + "b" * 64]
+    assert "containers" not in bodies.claim_patch(pod, node="b", gate="g",
+                                                  annotations={})["spec"]
+
+
+def test_a_nodes_view_carries_the_runtime_it_reports() -> None:
+    node = {"metadata": {"name": "n"}, "status": {
+        "nodeInfo": {"containerRuntimeVersion": "cri-o://1.36.3"},
+        "conditions": [{"type": "Ready", "status": "True"}]}}
+    assert node_view(node).runtime == "cri-o://1.36.3"
+    assert node_view({"metadata": {"name": "n"}}).runtime == ""

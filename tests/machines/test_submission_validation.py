@@ -53,11 +53,12 @@ def cluster(**pods: Any) -> Observation:
                    nodes={SRC_NODE: node(SRC_NODE), TARGET: node(TARGET)})
 
 
-def test_interests_name_the_pod_and_the_target_node() -> None:
-    """The caller observes exactly what validation needs."""
+def test_interests_name_the_pod_and_both_nodes() -> None:
+    """The caller observes exactly what validation needs: the source node too, whose
+    runtime a rollback restores with."""
     interests = submission_interests("migration", migration())
     assert interests.pods == frozenset({KEY})
-    assert interests.nodes == frozenset({TARGET})
+    assert interests.nodes == frozenset({TARGET, SRC_NODE})
 
 
 def test_good_migration_is_normalised() -> None:

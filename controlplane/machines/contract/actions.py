@@ -91,24 +91,34 @@ def delete_pod(key: str, *, namespace: str, name: str, uid: str, reason: str) ->
 
 
 def create_pod(key: str, *, namespace: str, name: str, template: JsonObject, node: str | None,
-               annotations: Mapping[str, str], labels: Mapping[str, str]) -> Action:
-    """Create a pod from a saved template with REQUIRED node affinity to ``node``."""
-    return Action(ActionType.CREATE_POD, key, {
+               annotations: Mapping[str, str], labels: Mapping[str, str],
+               images: Mapping[str, str] | None = None) -> Action:
+    """Create a pod from a saved template with REQUIRED node affinity to ``node``;
+    ``images`` replaces named containers' images (CRI-O restores checkpoint images)."""
+    params: JsonObject = {
         "namespace": namespace, "name": name, "template": template, "node": node,
         "annotations": {k: v for k, v in sorted(annotations.items())},
         "labels": {k: v for k, v in sorted(labels.items())},
-    })
+    }
+    if images:
+        params["images"] = {k: v for k, v in sorted(images.items())}
+    return Action(ActionType.CREATE_POD, key, params)
 
 
 def claim_pod(key: str, *, namespace: str, name: str, uid: str, node: str | None,
-              annotations: Mapping[str, str], gate: str) -> Action:
+              annotations: Mapping[str, str], gate: str,
+              images: Mapping[str, str] | None = None) -> Action:
     """Take a controller's gated pod for a restore, only if its UID is ``uid``: put the
-    ``annotations`` on it, narrow its required node affinity to ``node`` and remove the
-    scheduling ``gate`` (what a gated pod may still receive, KEP-3838)."""
-    return Action(ActionType.CLAIM_POD, key, {
+    ``annotations`` on it, narrow its required node affinity to ``node``, set the named
+    containers' ``images`` and remove the scheduling ``gate`` (what a gated pod may still
+    receive, KEP-3838; a container's image is always mutable)."""
+    params: JsonObject = {
         "namespace": namespace, "name": name, "uid": uid, "node": node, "gate": gate,
         "annotations": {k: v for k, v in sorted(annotations.items())},
-    })
+    }
+    if images:
+        params["images"] = {k: v for k, v in sorted(images.items())}
+    return Action(ActionType.CLAIM_POD, key, params)
 
 
 def delete_manifest(key: str, *, repository: str, digest: str) -> Action:

@@ -144,9 +144,12 @@ class MigrationDecider:
             return Interests(pods=source | {state.restore.plan.key})
         r = state.restore
         if r is None or r.status is rs_.RestoreStatus.CLEANED:
+            # The next attempt's node (the target, or the source for a rollback): which
+            # runtime it runs decides how it restores (rs_.runtime_plan).
+            nodes = frozenset({state.target, state.spec.source_node})
             if state.spec.keep_name:  # is the name free yet?
-                return Interests(pods=frozenset({state.spec.name_key}))
-            return Interests()
+                return Interests(pods=frozenset({state.spec.name_key}), nodes=nodes)
+            return Interests(nodes=nodes)
         nodes = frozenset({r.plan.node}) if r.plan.node and r.in_flight else frozenset()
         return Interests(pods=frozenset({r.plan.key}), nodes=nodes)
 

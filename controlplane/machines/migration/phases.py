@@ -219,13 +219,19 @@ def _restore(state: MigrationState, obs: Observation, now: datetime) -> Step:
     if r is not None and not r.superseded and state.target != state.spec.source_node \
             and not (state.spec.adopts and not state.source_gone):
         assert r.failure is not None
+        back = rs_.runtime_plan(_plan(state, state.spec.source_node, name), obs, now)
+        if isinstance(back, Step):
+            return back
         rollback = RollbackStarted(
             at=now, failed_node=r.plan.node, reason=r.failure.reason,
             message=r.failure.message, node=state.spec.source_node).recorded()
-        start = rs_.start_restore(_plan(state, state.spec.source_node, name), ctx, now,
-                                  machine_id=mid)
-        return emit(rollback, *start.events, actions=start.actions)
-    return rs_.start_restore(_plan(state, state.target, name), ctx, now, machine_id=mid)
+        start = rs_.start_restore(back, ctx, now, machine_id=mid)
+        return Step(events=(rollback, *start.events), actions=start.actions,
+                    confirm=start.confirm)
+    plan = rs_.runtime_plan(_plan(state, state.target, name), obs, now)
+    if isinstance(plan, Step):
+        return plan
+    return rs_.start_restore(plan, ctx, now, machine_id=mid)
 
 
 def _collect(state: MigrationState, obs: Observation, now: datetime) -> Step:

@@ -41,7 +41,6 @@ from controlplane.machines.base.codec import RawJson, decode
 from controlplane.machines.base.common import (
     Failure,
     Step,
-    emit,
     finish,
     next_poll,
     seconds,
@@ -208,8 +207,9 @@ class RestoreDecider:
     def interests(self, state: RestoreState) -> Interests:
         if state.terminal:
             return Interests()
-        if state.restore is None:
-            return Interests(tags=frozenset({state.spec.artifact}))
+        if state.restore is None:  # the node's runtime decides how it restores
+            return Interests(tags=frozenset({state.spec.artifact}),
+                             nodes=frozenset({state.spec.node}))
         plan = state.restore.plan
         nodes = frozenset({plan.node}) if plan.node and state.restore.in_flight else frozenset()
         return Interests(pods=frozenset({plan.key}), nodes=nodes)
@@ -264,9 +264,13 @@ class RestoreDecider:
                            node=spec.node, artifact=spec.artifact,
                            checkpoint_id=spec.checkpoint_id,
                            not_fresh=(spec.source_instance,) if spec.source_instance else ())
+        planned = rs_.runtime_plan(plan, obs, now)
+        if isinstance(planned, Step):
+            return planned
         resolved = ArtifactResolved(at=now, digest=tag.digest).recorded(facts)
-        start = rs_.start_restore(plan, state.context(), now, machine_id=state.machine_id)
-        return emit(resolved, *start.events, actions=start.actions)
+        start = rs_.start_restore(planned, state.context(), now, machine_id=state.machine_id)
+        return Step(events=(resolved, *start.events), actions=start.actions,
+                    confirm=start.confirm)
 
     def evolve(self, state: RestoreState, event: EventLike | DomainEvent) -> RestoreState:
         e = RESTORE_KIND_EVENTS.decode(event)

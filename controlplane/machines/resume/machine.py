@@ -247,13 +247,16 @@ class ResumeDecider:
     def interests(self, state: ResumeState) -> Interests:
         if state.terminal:
             return Interests()
+        # The node's runtime decides how a checkpoint is restored (rs_.runtime_plan); a
+        # cold boot needs no node read.
+        node = frozenset({state.spec.node}) if state.spec.node else frozenset()
         if state.status is ResumePhase.SELECTING:
-            return Interests(tags=frozenset(c.artifact for i, c in
-                                            enumerate(state.spec.candidates)
-                                            if i not in state.skipped))
+            tags = frozenset(c.artifact for i, c in enumerate(state.spec.candidates)
+                             if i not in state.skipped)
+            return Interests(tags=tags, nodes=node if tags else frozenset())
         r = state.restore
         if r is None or r.status is RestoreStatus.CLEANED:
-            return Interests()
+            return Interests(nodes=node if state.chosen is not None else frozenset())
         nodes = frozenset({r.plan.node}) if r.plan.node and r.in_flight else frozenset()
         return Interests(pods=frozenset({r.plan.key}), nodes=nodes)
 
@@ -294,16 +297,20 @@ class ResumeDecider:
             selected = CheckpointSelected(
                 at=now, index=i, artifact=cand.artifact,
                 reason="newest candidate present with matching provenance").recorded(facts)
-            start = self._start(state, now, cand)
-            return emit(selected, *start.events, actions=start.actions)
+            start = self._start(state, obs, now, cand)
+            if not start.events:  # the node's runtime is not known yet
+                return start
+            return Step(events=(selected, *start.events), actions=start.actions,
+                        confirm=start.confirm)
         reason = ("no checkpoint was recorded for this workload" if not state.spec.candidates
                   else f"all {len(state.spec.candidates)} recorded checkpoint(s) are absent or "
                        "foreign (see CandidateSkipped)")
         chosen = ColdBootChosen(at=now, reason=reason).recorded()
-        start = self._start(state, now, None)
+        start = self._start(state, obs, now, None)
         return emit(chosen, *start.events, actions=start.actions)
 
-    def _start(self, state: ResumeState, now: datetime, cand: Candidate | None) -> Step:
+    def _start(self, state: ResumeState, obs: Observation, now: datetime,
+               cand: Candidate | None) -> Step:
         attempt = state.attempts + 1
         name = state.spec.name if attempt == 1 else rs_.restore_pod_name(
             state.spec.name, state.machine_id, attempt)
@@ -312,7 +319,10 @@ class ResumeDecider:
             node=state.spec.node, artifact=None if cand is None else cand.artifact,
             checkpoint_id=None if cand is None else cand.checkpoint_id,
             not_fresh=(cand.source_instance,) if cand and cand.source_instance else ())
-        return rs_.start_restore(plan, state.context(), now, machine_id=state.machine_id)
+        planned = rs_.runtime_plan(plan, obs, now)
+        if isinstance(planned, Step):
+            return planned
+        return rs_.start_restore(planned, state.context(), now, machine_id=state.machine_id)
 
     def _restore(self, state: ResumeState, obs: Observation, now: datetime) -> Step:
         r = state.restore
@@ -336,7 +346,7 @@ class ResumeDecider:
                            f"{state.failures} attempt(s) failed, the last: {r.failure.reason}: "
                            f"{r.failure.message}{kept}")
         chosen = None if state.chosen is None else state.spec.candidates[state.chosen]
-        return self._start(state, now, chosen)
+        return self._start(state, obs, now, chosen)
 
     def evolve(self, state: ResumeState, event: EventLike | DomainEvent) -> ResumeState:
         e = RESUME_EVENTS.decode(event)

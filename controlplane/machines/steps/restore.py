@@ -43,6 +43,7 @@ from controlplane.machines.base.common import (
     emit,
     failing,
     merge_facts,
+    need,
     next_poll,
     node_facts,
     node_problem,
@@ -52,6 +53,7 @@ from controlplane.machines.base.common import (
 )
 from controlplane.machines.base.events import ActionFailed, DomainEvent
 from controlplane.machines.base.frozen import replace
+from controlplane.machines.config.runtimes import RestorePath, restore_path
 from controlplane.machines.contract import protocol
 from controlplane.machines.contract.actions import (
     EventType,
@@ -87,6 +89,14 @@ class RestoreContext:
 
 
 @dataclass(frozen=True)
+class ContainerImage:
+    """A container of the restore pod and the checkpoint image its runtime restores it from."""
+
+    container: str
+    image: str  # registry/repo@sha256:...
+
+
+@dataclass(frozen=True)
 class RestorePlan:
     """One attempt: where, from what, under which name."""
 
@@ -100,6 +110,10 @@ class RestorePlan:
     #: Claim mode (a StatefulSet's pod): the pod is not created but the controller's own
     #: successor of the source (this UID) is claimed: gated, same name, another UID.
     claim_from: str = field(default="", metadata=OMIT_DEFAULT)
+    #: How the target restores (:mod:`controlplane.machines.config.runtimes`): ``agent``,
+    #: or ``cri-o`` with the per-container checkpoint images the pod is created with.
+    path: str = field(default=RestorePath.AGENT.value, metadata=OMIT_DEFAULT)
+    images: tuple[ContainerImage, ...] = field(default=(), metadata=OMIT_DEFAULT)
 
     @property
     def key(self) -> str:
@@ -239,9 +253,59 @@ def restore_key(machine_id: str, attempt: int) -> str:
     return f"{machine_id}/{attempt}"
 
 
+def runtime_plan(plan: RestorePlan, obs: Observation, now: datetime) -> RestorePlan | Step:
+    """``plan`` with the target's restore path (and, on CRI-O, the checkpoint image of each
+    container), or the step that looks up what that needs first (the artifact's manifest;
+    the node must be among the machine's interests, or a wait while it cannot be read).
+
+    A target that cannot restore (containerd, an unknown runtime) or an artifact CRI-O
+    cannot restore keeps the plan with ``path`` set to the reason: :func:`start_restore`
+    then fails the attempt at once, naming it, instead of creating a pod."""
+    if plan.artifact is None or plan.node is None:
+        return plan  # a cold boot, or no node chosen: the agent path (nothing to name)
+    # A node the owner did not ask for, or one that does not exist, reports no runtime:
+    # the agent path (a missing node fails the attempt at its scheduling deadline).
+    node = obs.nodes.get(plan.node)
+    if isinstance(node, ProbeError):
+        return wait(now + PROBE_RETRY)
+    runtime = node.runtime if node is not None else ""
+    path = restore_path(runtime)
+    if path is RestorePath.AGENT:
+        return replace(plan, path=path.value, images=())
+    if not isinstance(path, RestorePath):
+        return replace(plan, path=f"{_REFUSED}node {plan.node} cannot restore: {path}")
+    if plan.artifact not in obs.tags:
+        return need(plan.artifact)
+    tag = obs.tags[plan.artifact]
+    if isinstance(tag, ProbeError):
+        return wait(now + PROBE_RETRY)
+    images = protocol.container_images(tag.annotations if tag is not None else {})
+    if not images:
+        return replace(plan, path=f"{_REFUSED}node {plan.node} runs {runtime}, which restores "
+                       "only checkpoint images the kubelet and CRI-O captured; artifact "
+                       f"{plan.artifact} lists none (it was captured by the node agent)")
+    refs = protocol.container_image_refs(plan.artifact, images)
+    return replace(plan, path=path.value,
+                   images=tuple(ContainerImage(c, ref) for c, ref in sorted(refs.items())))
+
+
+#: How soon a node or manifest that could not be read is read again.
+PROBE_RETRY = seconds(2)
+#: The prefix of a plan's ``path`` that says why its target cannot restore.
+_REFUSED = "refused: "
+
+
 def start_restore(plan: RestorePlan, ctx: RestoreContext, now: datetime, *,
                   machine_id: str, facts: JsonObject | None = None) -> Step:
-    """Create the attempt's pod (in claim mode: wait for the controller's, to claim it)."""
+    """Create the attempt's pod (in claim mode: wait for the controller's, to claim it).
+    A plan whose target cannot restore fails at once (see :func:`runtime_plan`)."""
+    if plan.path.startswith(_REFUSED):
+        requested = RestorePodRequested(
+            at=now, attempt=plan.attempt, create_attempt=0, plan=plan, mode="refused",
+            schedule_deadline=now, deadline=now).recorded(facts)
+        refused = RestoreFailed(at=now, attempt=plan.attempt, reason="RuntimeCannotRestore",
+                                message=plan.path.removeprefix(_REFUSED)).recorded(facts)
+        return failing(requested, refused)
     claim = bool(plan.claim_from)
     mode = "claim" if claim else "cold-boot" if plan.artifact is None else "restore"
     event = RestorePodRequested(
@@ -356,7 +420,7 @@ def _claim_action(plan: RestorePlan, ctx: RestoreContext, uid: str, machine_id: 
         checkpoint_id=plan.checkpoint_id, loader=ctx.loader)
     return claim_pod(create_key(machine_id, plan.attempt, attempt), namespace=plan.namespace,
                      name=plan.pod_name, uid=uid, node=plan.node, annotations=annotations,
-                     gate=protocol.RESTORE_GATE)
+                     gate=protocol.RESTORE_GATE, images=_images(plan))
 
 
 def _judge(r: Restore, pod: PodView, now: datetime, facts: JsonObject,
@@ -449,7 +513,12 @@ def _create(plan: RestorePlan, ctx: RestoreContext, machine_id: str,
     return create_pod(create_key(machine_id, plan.attempt, create_attempt),
                       namespace=plan.namespace, name=plan.pod_name, template=ctx.template,
                       node=plan.node, annotations=annotations,
-                      labels={protocol.MANAGED_BY_LABEL: protocol.MANAGED_BY})
+                      labels={protocol.MANAGED_BY_LABEL: protocol.MANAGED_BY},
+                      images=_images(plan))
+
+
+def _images(plan: RestorePlan) -> dict[str, str]:
+    return {i.container: i.image for i in plan.images}
 
 
 def _delete(r: Restore, uid: str, machine_id: str, attempt: int) -> Action:
