@@ -181,6 +181,10 @@ class SysctlRecord:
     def recorded(cls) -> dict[str, str]:
         return cls._load()[0]
 
+    @classmethod
+    def holders(cls) -> list[Owner]:
+        return cls._load()[1]
+
 
 def _sysctl_path(name: str) -> Path:
     return Path("/proc/sys") / name.replace(".", "/")

@@ -27,7 +27,7 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,11 +107,14 @@ class RealNodes:
         if missing:
             raise NodeFailed(f"real nodes need {', '.join(missing)}: run scripts/ensure-realnode")
 
-    def start(self, kubeconfig: Path) -> RealNodes:
-        """The registry, the images and every node, started (not yet Ready)."""
+    def start(self, kubeconfig: Path | Mapping[str, Path]) -> RealNodes:
+        """The registry, the images and every node, started (not yet Ready). The kubelets'
+        credentials: one kubeconfig for all, or one per node name."""
         if self.held is None or self.pki is None:
             raise RuntimeError("RealNodes.prepare() first")
-        self.api = kubeapi.Api.from_kubeconfig(kubeconfig)
+        per_node = kubeconfig if isinstance(kubeconfig, Mapping) else \
+            dict.fromkeys(self.names, kubeconfig)
+        self.api = kubeapi.Api.from_kubeconfig(per_node[self.names[0]])
         self.registry = start_registry(self.root / "registry")
         self.pause_image = images.push_pause_image(self.registry.host, self.binaries / "pause")
         self.busybox_image = images.push_busybox_image(self.registry.host)
@@ -131,7 +134,7 @@ class RealNodes:
                 criu_dir=self.criu.parent, runtime_wrapper=wrapper,
                 conmon=Path(shutil.which("conmon") or "/usr/bin/conmon"),
                 cni_plugins=Path("/usr/lib/cni"), pause_image=self.pause_image,
-                registry=self.registry.host, kubeconfig=kubeconfig,
+                registry=self.registry.host, kubeconfig=per_node[name],
                 kubelet_port=free_port(), cgroup_root=host.cgroup_root(held.slot, name),
                 bridge=host.bridge_name(held.slot, index), subnet=host.subnet(held.slot, index),
                 serving_cert=cert, serving_key=key, client_ca=self.pki.ca_cert,
