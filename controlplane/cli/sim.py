@@ -30,13 +30,28 @@ watches; survives broken watches and API server restarts.
 Prints one line on stdout once every node is registered, Ready and untainted:
   kubelets ready: node-1,node-2 on https://127.0.0.1:6443
 then runs until SIGTERM or SIGINT (exit 0). No containers run: it is a stand-in for
-kubelets and a scheduler, for tests and demos."""
+kubelets and a scheduler, for tests and demos.
+
+With --real, the nodes are real instead: a kubelet v1.36 and a CRI-O 1.36 per node (CRIU
+4.1, runc), each in a mount namespace of its own with its own state folder, cgroup root,
+CNI bridge and loopback ports, pulling from a loopback registry it starts (pause and
+busybox images pushed there), until SIGTERM or SIGINT; then every pod, process, mount,
+cgroup, bridge and host sysctl the kubelets changed is given back. Needs root,
+eval "$(scripts/ensure-realnode)" (../shared/realnode) and scripts/ensure-criu. The
+API server must be a real one (TokenReview, SubjectAccessReview: e.g. envtest's); the
+kubelets use the kubeconfig's credentials. Pods are placed by spec.nodeName or a real
+kube-scheduler (--real schedules nothing). The kubelet checkpoint API works at once;
+for `kubectl logs`/`exec` the API server needs the flags `python -m drivers.realnode
+pki --dir P` prints (start it with them, then pass --pki-dir P). Prints:
+  real nodes ready: node-a,node-b on https://127.0.0.1:PORT; registry ...; state DIR
+(then a line per node: its kubelet URL, CRI-O socket and logs). docs/realnode.md."""
 
 NODES_EPILOG = """\
 examples:
   cpctl sim nodes --kubeconfig admin.kubeconfig --nodes node-1,node-2,node-3
   cpctl sim nodes --kubeconfig var/sim-kubeconfig.yaml --nodes big-1 --node-cpu 64 \\
       --node-memory 256Gi --start-seconds 2 --stop-seconds 1
+  cpctl sim nodes --real --kubeconfig envtest-admin.kubeconfig --nodes node-a,node-b
 Against the simulator, start it with its own kubelets off (cpctl sim up --no-kubelets, or
 SimCluster(kubelets=False)); both would otherwise schedule the same pods.
 See docs/simulator.md.
@@ -170,6 +185,19 @@ def add_nodes_parser(verbs: argparse._SubParsersAction[Any]) -> None:
                    help="run pods as real containers: each node is a podman storage root "
                         "DIR/<node> (runc + CRIU; scripts/ensure-criu installs them). "
                         "Default: no containers, status only")
+    p.add_argument("--real", action="store_true",
+                   help="real nodes: a kubelet + CRI-O per node on this host (root; "
+                        "scripts/ensure-realnode); the node shape and pod-delay flags and "
+                        "--runtime-root do not apply (see above)")
+    p.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="with --real: the nodes' state folder, removed when they stop "
+                        "(default: a new folder under $TMPDIR)")
+    p.add_argument("--pki-dir", default=None, metavar="DIR",
+                   help="with --real: certificates made beforehand by `python -m "
+                        "drivers.realnode pki --dir DIR`, which the API server's "
+                        "--kubelet-* flags name (default: new ones in the state folder)")
+    p.add_argument("--log-level", default="info", metavar="LEVEL",
+                   help="with --real: CRI-O's log level (default info)")
     p.set_defaults(handler=nodes_cmd)
 
 
@@ -188,7 +216,23 @@ def _node_options(p: argparse.ArgumentParser) -> None:
                         "(default 0)")
 
 
+def real_nodes_argv(args: argparse.Namespace) -> list[str]:
+    """``python -m drivers.realnode up`` with this command's flags: the CLI may not import
+    a driver (the layering contract), so ``--real`` execs the driver's own entry point."""
+    argv = [sys.executable, "-m", "drivers.realnode", "up", "--nodes", args.nodes,
+            "--ready-timeout", str(args.ready_timeout), "--log-level", args.log_level]
+    for flag, value in (("--kubeconfig", args.kubeconfig), ("--state-dir", args.state_dir),
+                        ("--pki-dir", args.pki_dir)):
+        if value:
+            argv += [flag, value]
+    return argv
+
+
 async def nodes_cmd(args: argparse.Namespace) -> int:
+    if args.real:
+        import os
+        argv = real_nodes_argv(args)
+        os.execv(argv[0], argv)
     from controlplane.wiring.sim import run_kubelet_role
 
     def ready(nodes: tuple[str, ...], server: str) -> None:

@@ -49,7 +49,9 @@ def start_registry(folder: Path, *, limit: float = 20) -> LoopbackRegistry:
         "http": {"addr": "127.0.0.1:0", "secret": "controlplane-realnode"}}))
     log = folder / "registry.log"
     with log.open("ab") as out:
-        proc = subprocess.Popen([str(BINARY), "serve", str(config)], stdout=out, stderr=out,
+        # setpriv: it ends with the process that started it, even one killed with SIGKILL.
+        proc = subprocess.Popen(["setpriv", "--pdeathsig=TERM", "--", str(BINARY), "serve",
+                                 str(config)], stdout=out, stderr=out,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     # Another process's log line is the only signal it listens: poll it.
     deadline = time.monotonic() + limit

@@ -56,6 +56,15 @@ def binaries_folder() -> Path | None:
     return Path(found) / "bin" if found else None
 
 
+def prepared_pki(folder: Path, names: Sequence[str], *, reuse: bool) -> Pki:
+    """The certificates in ``folder``: those already there when ``reuse`` and they
+    cover every node (the API server was started naming them), else new ones."""
+    found = Pki(folder)
+    if reuse and found.ca_cert.exists() and all(found.serving(n)[0].exists() for n in names):
+        return found
+    return make_pki(folder, names, now=datetime.datetime.now(datetime.UTC))
+
+
 @dataclass
 class RealNodes:
     root: Path  # every file of the world; removed by stop()
@@ -63,6 +72,7 @@ class RealNodes:
     binaries: Path
     criu: Path = CRIU
     log_level: str = "info"
+    pki_dir: Path | None = None  # certificates made beforehand (``pki``), kept at stop
     held: host.Holding | None = None
     pki: Pki | None = None
     registry: LoopbackRegistry | None = None
@@ -73,7 +83,7 @@ class RealNodes:
 
     @property
     def hosts_file(self) -> Path:
-        return self.root / "hosts"
+        return (self.pki_dir or self.root) / "hosts"
 
     @property
     def apiserver_args(self) -> list[str]:
@@ -92,8 +102,8 @@ class RealNodes:
         self.held.cgroups = [host.cgroup_root(self.held.slot, n) for n in self.names]
         self.held.bridges = [host.bridge_name(self.held.slot, i) for i in range(len(self.names))]
         self.held.save()  # before any of them exists: a sweeper then knows to remove them
-        self.pki = make_pki(self.root / "pki", self.names,
-                            now=datetime.datetime.now(datetime.UTC))
+        self.pki = prepared_pki(self.pki_dir or self.root / "pki", self.names,
+                                reuse=self.pki_dir is not None)
         self.hosts_file.write_text(config.hosts_file(self.names))
         return self
 
@@ -116,6 +126,10 @@ class RealNodes:
             dict.fromkeys(self.names, kubeconfig)
         self.api = kubeapi.Api.from_kubeconfig(per_node[self.names[0]])
         self.registry = start_registry(self.root / "registry")
+        registry_owner = host.Owner.of(self.registry.proc.pid)
+        if registry_owner is not None:
+            self.held.pids.append(registry_owner)
+            self.held.save()
         self.pause_image = images.push_pause_image(self.registry.host, self.binaries / "pause")
         self.busybox_image = images.push_busybox_image(self.registry.host)
         wrapper = self.root / "runc-wrapper"
