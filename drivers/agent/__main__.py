@@ -82,6 +82,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="do not verify the kubelet's serving certificate")
     p.add_argument("--checkpoint-dir", default="/var/lib/kubelet/checkpoints",
                    help="the node's kubelet checkpoint directory, as mounted in the agent")
+    p.add_argument("--kubelet-checkpoint-dir", default="/var/lib/kubelet/checkpoints",
+                   help="the same directory as the kubelet names it in its answers (its "
+                        "--root-dir + /checkpoints)")
+    p.add_argument("--cgroup-root", default="/sys/fs/cgroup",
+                   help="the node's cgroup file system, as mounted in the agent: a quiesced "
+                        "capture stops the container's processes found there")
+    p.add_argument("--cri-endpoint", default="",
+                   help="the runtime's CRI socket (unix:///var/run/crio/crio.sock): before a "
+                        "CRI-O restore, the agent pulls each container's base image with "
+                        "crictl (CRI-O restores onto it and does not pull it)")
+    p.add_argument("--crictl", default="crictl", help="the crictl binary for --cri-endpoint")
     p.add_argument("--capture-timeout", type=float, default=600.0)
     p.add_argument("--restore-timeout", type=float, default=600.0)
     args = p.parse_args(argv)
@@ -146,7 +157,10 @@ def dumper_from(args: argparse.Namespace) -> DumperFactory:
                                ca_file=args.kubelet_ca, insecure=args.kubelet_insecure,
                                client_cert=args.kubelet_client_cert,
                                client_key=args.kubelet_client_key,
-                               checkpoint_dir=Path(args.checkpoint_dir))
+                               checkpoint_dir=Path(args.checkpoint_dir),
+                               kubelet_checkpoint_dir=args.kubelet_checkpoint_dir,
+                               cgroup_root=Path(args.cgroup_root),
+                               cri_endpoint=args.cri_endpoint, crictl=args.crictl)
 
     def build(patcher: PodPatcher) -> KubeletDumper:
         return KubeletDumper(settings)

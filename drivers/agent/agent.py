@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import shutil
 from collections import OrderedDict, deque
 from collections.abc import Mapping
@@ -59,7 +60,7 @@ from drivers.agent.requests import (
 from drivers.kube.client import KubeObject
 from drivers.kube.errors import KubeApiError
 from drivers.kube.views import pod_view
-from drivers.registry.artifact import Provenance
+from drivers.registry.artifact import Provenance, read_checkpoint_manifest
 from drivers.registry.checkpoints import pull_checkpoint, push_checkpoint
 from drivers.registry.errors import RegistryError
 from drivers.registry.port import Registry
@@ -125,6 +126,7 @@ class NodeAgent:
         self._seen: set[str] = set()
         self._restoring: dict[str, asyncio.Task[None]] = {}  # pod uid -> the job in flight
         self._restored: dict[str, str] = {}  # pod uid -> "restored" | "failed"
+        self._changed: dict[str, asyncio.Event] = {}  # pod uid -> set on each change
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -144,6 +146,9 @@ class NodeAgent:
             self._held.pop(uid, None)
             self._restored.pop(uid, None)
             self._seen.discard(uid)
+            gone = self._changed.pop(uid, None)
+            if gone is not None:
+                gone.set()
             return
         if old is not None and _uid(old) != _uid(new):
             self.on_change(old, None)
@@ -154,6 +159,9 @@ class NodeAgent:
         if pod.node != self.node:
             return
         self._pods[pod.uid] = obj
+        changed = self._changed.get(pod.uid)
+        if changed is not None:
+            changed.set()
         first_sight = pod.uid not in self._seen
         self._seen.add(pod.uid)
         if pod.deleting:
@@ -354,6 +362,7 @@ class NodeAgent:
                                        else f"{type(exc).__name__}: {exc}")
         finally:
             self._restoring.pop(pod.uid, None)
+            self._changed.pop(pod.uid, None)
             await asyncio.to_thread(shutil.rmtree, workdir, True)
 
     async def _restore_steps(self, pod: PodView, workdir: Path) -> dict[str, str | None]:
@@ -361,18 +370,35 @@ class NodeAgent:
         assert request is not None
         assert request.artifact.digest is not None
         digest = request.artifact.digest
-        pulled = await pull_checkpoint(self.registry, request.artifact.repo, digest, workdir)
-        named = pulled.artifact.checkpoint_id
+        if getattr(self.dumper, "runtime_restores", False):
+            # The runtime pulls the checkpoint images itself: read the manifest only.
+            manifest = await self.registry.get_manifest(request.artifact.repo, digest)
+            artifact, files = read_checkpoint_manifest(manifest.body), {}
+        else:
+            pulled = await pull_checkpoint(self.registry, request.artifact.repo, digest,
+                                           workdir)
+            artifact, files = pulled.artifact, pulled.files
+        named = artifact.checkpoint_id
         if request.checkpoint_id and named != request.checkpoint_id:
             raise RestoreFailed(f"artifact {request.artifact} is checkpoint {named!r}, not "
                                 f"{request.checkpoint_id!r}")
         result = await self.dumper.restore(RestoreRequest(
-            self._workload(pod), digest, pulled.artifact, pulled.files, request.loader))
+            self._workload(pod), digest, artifact, files, request.loader,
+            latest=functools.partial(self._latest, pod.uid)))
         marks: dict[str, str | None] = dict(result.annotations)
         marks.update({protocol.RESTORED_FROM_DIGEST: digest,
                       protocol.INSTANCE_ID: f"{pod.uid}.{new_id()[:8]}",
                       protocol.RESTORE_FAILURE: None})
         return marks
+
+    async def _latest(self, uid: str, within: float) -> KubeObject | None:
+        """The pod ``uid`` after its next change, or as it is after ``within`` seconds."""
+        changed = self._changed.setdefault(uid, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                await changed.wait()
+        changed.clear()
+        return self._pods.get(uid)
 
     async def _restore_failed(self, pod: PodView, reason: str) -> None:
         self.stats.restore_failures += 1
@@ -389,7 +415,11 @@ class NodeAgent:
         obj = self._pods.get(pod.uid)
         latest = pod_view(obj) if obj is not None else pod
         spec = (obj or {}).get("spec") or {}
-        containers = tuple(Container(str(c.get("name")), str(c.get("image") or ""))
+        ids = {str(s.get("name")): str(s.get("containerID") or "")
+               for s in ((obj or {}).get("status") or {}).get("containerStatuses") or []
+               if isinstance(s, dict)}
+        containers = tuple(Container(str(c.get("name")), str(c.get("image") or ""),
+                                     ids.get(str(c.get("name")), ""))
                            for c in spec.get("containers") or [] if isinstance(c, dict))
         return Workload(latest.namespace, latest.name, latest.uid, self.node, containers,
                         dict(latest.annotations))

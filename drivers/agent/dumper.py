@@ -13,6 +13,9 @@ one class with three methods:
   withdrawn, and after any failure: the unstick);
 - :meth:`Dumper.restore` brings the captured state into a new pod from the pulled
   archives; it may return annotations the agent writes onto the pod with its report.
+  A dumper whose *runtime* restores (``runtime_restores = True``: CRI-O restores a
+  container whose image is its checkpoint image) gets no archives, only the manifest,
+  and watches the pod (``RestoreRequest.latest``) until the runtime has restored it.
 
 Raise :class:`~drivers.agent.errors.DumpFailed` / ``RestoreFailed`` with a message an
 operator can act on. Implementations: :mod:`drivers.agent.sim`, :mod:`drivers.agent.kubelet`.
@@ -20,10 +23,10 @@ operator can act on. Implementations: :mod:`drivers.agent.sim`, :mod:`drivers.ag
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from drivers.registry.artifact import CheckpointArtifact
 from drivers.registry.checkpoints import Archive
@@ -33,6 +36,7 @@ from drivers.registry.checkpoints import Archive
 class Container:
     name: str
     image: str = ""
+    id: str = ""  # the runtime's container id as the pod status says (``cri-o://...``)
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,12 @@ class RestoreRequest:
     workload: Workload  # the new pod
     digest: str
     artifact: CheckpointArtifact
-    files: Mapping[str, Path]  # container -> archive pulled to local disk
+    files: Mapping[str, Path]  # container -> archive pulled to local disk (none when the
+    # runtime restores: see Dumper.runtime_restores)
     loader: str  # the class's loader container (JSON), for dumpers that run one
+    #: The pod as the agent last saw it, after the next change or ``timeout`` seconds
+    #: (``None``: gone): how a dumper whose runtime restores watches it do so.
+    latest: Callable[[float], Awaitable[Mapping[str, Any] | None]] | None = None
 
 
 @dataclass(frozen=True)

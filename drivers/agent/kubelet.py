@@ -9,10 +9,21 @@ the archive is written on the node. The agent sees that directory mounted at
 it), moves the archive into the capture's work directory (so the node's checkpoint
 directory does not fill up) and hands it over for the push.
 
-The checkpoint leaves the container running (CRIU ``--leave-running``), so
-:meth:`KubeletDumper.release` has nothing to do. Restoring is the runtime's job (CRI-O
-creates a container from the checkpoint image when a pod names it as its image), so
-:meth:`KubeletDumper.restore` reports ``RestoreUnsupported``.
+The checkpoint leaves the container running (CRIU ``--leave-running``; CRI-O also thaws
+a freeze done beforehand), so a *quiesced* capture stops the container's processes with
+``SIGSTOP`` first (:mod:`drivers.agent.stopper`): they are checkpointed stopped and stay
+stopped, so the source never runs past its checkpoint. :meth:`KubeletDumper.release`
+sends ``SIGCONT`` (a failed or withdrawn capture, a wake in place; harmless to a
+container that runs).
+
+Restoring is the runtime's job (``runtime_restores``): the control plane creates the pod
+with each container's image set to its checkpoint image, and CRI-O restores it.
+:meth:`KubeletDumper.restore` watches the pod until every checkpointed container runs
+from its checkpoint image, then sends ``SIGCONT`` (CRIU restores stopped tasks stopped);
+a container the runtime could not create (``CreateContainerError``, a pull error) fails
+the restore with the runtime's own message. With ``cri_endpoint`` set, it first pulls
+each container's base image through ``crictl`` (CRI-O restores onto it and does not pull
+it itself).
 
 Auth: a bearer token (a service account allowed ``nodes/checkpoint``) and/or a client
 certificate; the kubelet's serving certificate is checked against ``ca_file`` (the
@@ -28,21 +39,26 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import ssl
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 
 from drivers.agent.dumper import (
+    Container,
     DumpRequest,
     DumpResult,
     RestoreRequest,
     RestoreResult,
     Workload,
 )
-from drivers.agent.errors import DumpFailed, RestoreUnsupported
+from drivers.agent.errors import DumpFailed, RestoreFailed, RestoreUnsupported
+from drivers.agent.stopper import signal_container
 from drivers.registry.checkpoints import Archive
 
 FORMAT = "kubelet-checkpoint/v1"
@@ -60,17 +76,30 @@ class KubeletSettings:
     checkpoint_dir: Path = Path(KUBELET_DIR)  # the node's checkpoint directory, as mounted
     kubelet_checkpoint_dir: str = KUBELET_DIR  # ... as the kubelet names it
     timeout: float = 300.0
+    cgroup_root: Path = Path("/sys/fs/cgroup")  # the node's cgroups, as mounted
+    cri_endpoint: str = ""  # unix:///var/run/crio/crio.sock: pre-pull base images
+    crictl: str = "crictl"
+
+
+#: Waiting reasons of a container the runtime could not create or pull: the restore
+#: failed (the kubelet would retry it with a back-off, never with another outcome).
+FAILED_WAITING = frozenset({"CreateContainerError", "CreateContainerConfigError",
+                            "ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+                            "CrashLoopBackOff", "RunContainerError"})
 
 
 class KubeletDumper:
     """Captures containers through the kubelet's checkpoint endpoint."""
 
     name = "kubelet"
+    runtime_restores = True
 
     def __init__(self, settings: KubeletSettings | None = None) -> None:
         self.settings = settings or KubeletSettings()
 
     async def dump(self, request: DumpRequest) -> DumpResult:
+        if request.quiesce:
+            await self._signal(request.containers, signal.SIGSTOP, "stop")
         archives = []
         for container in request.containers:
             reported = await self._checkpoint(request.workload, container.name)
@@ -86,11 +115,66 @@ class KubeletDumper:
         return DumpResult(tuple(archives), FORMAT)
 
     async def release(self, workload: Workload) -> None:
-        return None  # the kubelet's checkpoint never stops the container
+        await self._signal(workload.containers, signal.SIGCONT, "continue", missing_ok=True)
 
     async def restore(self, request: RestoreRequest) -> RestoreResult:
-        raise RestoreUnsupported("the kubelet dumper cannot restore: the container runtime "
-                                 "restores a checkpoint image named as the pod's image")
+        images = request.artifact.container_images
+        if not images:
+            raise RestoreUnsupported(
+                f"checkpoint {request.digest} has no checkpoint image per container (it was "
+                "not captured through the kubelet and CRI-O), so this node's runtime "
+                "cannot restore it")
+        if request.latest is None:
+            raise RestoreUnsupported("the agent gave no way to watch the pod")
+        await self._pull_bases(request)
+        containers = await self._until_restored(request, set(images))
+        await self._signal(containers, signal.SIGCONT, "continue")
+        return RestoreResult()
+
+    async def _pull_bases(self, request: RestoreRequest) -> None:
+        s = self.settings
+        if not s.cri_endpoint:
+            return
+        for layer in request.artifact.layers:
+            if not layer.image:
+                continue
+            process = await asyncio.create_subprocess_exec(
+                s.crictl, "--runtime-endpoint", s.cri_endpoint, "--image-endpoint",
+                s.cri_endpoint, "pull", layer.image, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+            _, err = await process.communicate()
+            if process.returncode != 0:
+                raise RestoreFailed(f"cannot pull {layer.image}, the base image CRI-O restores "
+                                    f"container {layer.container} onto: "
+                                    f"{err.decode(errors='replace').strip()[:400]}")
+
+    async def _until_restored(self, request: RestoreRequest,
+                              names: set[str]) -> tuple[Container, ...]:
+        assert request.latest is not None
+        while True:
+            pod = await request.latest(1.0)
+            if pod is None:
+                raise RestoreFailed(f"pod {request.workload.key} went away during the restore")
+            running = restored_containers(pod, names)
+            if isinstance(running, str):
+                raise RestoreFailed(running)
+            if running is not None:
+                return running
+
+    async def _signal(self, containers: Iterable[Container], sig: signal.Signals, verb: str,
+                      *, missing_ok: bool = False) -> None:
+        for container in containers:
+            if not container.id:
+                if missing_ok:
+                    continue
+                raise DumpFailed(f"cannot {verb} container {container.name}: the pod status "
+                                 "names no container id yet")
+            try:
+                await asyncio.to_thread(signal_container, container.id, sig,
+                                        root=self.settings.cgroup_root)
+            except DumpFailed:
+                if not missing_ok:
+                    raise
 
     async def _checkpoint(self, w: Workload, container: str) -> str:
         s = self.settings
@@ -158,6 +242,32 @@ class KubeletDumper:
                 raise DumpFailed(f"cannot use the kubelet client certificate "
                                  f"{s.client_cert!r}: {exc}") from exc
         return context
+
+
+def restored_containers(pod: Mapping[str, Any],
+                        names: set[str]) -> tuple[Container, ...] | str | None:
+    """The checkpointed containers once all run (with their ids), the runtime's failure
+    as a sentence, or ``None`` while CRI-O is still restoring. Pure."""
+    statuses = {str(s.get("name")): s for s in
+                ((pod.get("status") or {}).get("containerStatuses") or [])
+                if isinstance(s, dict)}
+    out = []
+    for name in sorted(names):
+        status = statuses.get(name) or {}
+        state = status.get("state") or {}
+        waiting = state.get("waiting") or {}
+        if waiting.get("reason") in FAILED_WAITING:
+            return (f"CRI-O did not restore container {name}: {waiting.get('reason')}: "
+                    f"{str(waiting.get('message') or '').strip()[:600]}")
+        terminated = state.get("terminated")
+        if terminated:
+            return (f"container {name} exited after the restore (exit code "
+                    f"{terminated.get('exitCode')}, {terminated.get('reason') or 'no reason'})")
+        if "running" not in state or not status.get("containerID"):
+            return None
+        out.append(Container(name, str(status.get("image") or ""),
+                             str(status.get("containerID"))))
+    return tuple(out)
 
 
 def token_from_file(path: str | os.PathLike[str]) -> str:

@@ -27,7 +27,9 @@ import subprocess
 import tarfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -36,7 +38,12 @@ from controlplane.engine.observation import TagView
 from controlplane.machines.contract import protocol
 from drivers.agent.dumper import Container, DumpRequest, Workload
 from drivers.agent.errors import DumpFailed
-from drivers.agent.kubelet import FORMAT, KubeletDumper, KubeletSettings
+from drivers.agent.kubelet import (
+    FORMAT,
+    KubeletDumper,
+    KubeletSettings,
+    restored_containers,
+)
 from drivers.agent.pods import PodPatcher
 from drivers.registry import RegistryObserver
 from drivers.registry.artifact import (
@@ -53,8 +60,10 @@ from drivers.registry.artifact import (
     OCI_CREATED,
     OCI_TITLE,
     POD,
+    Provenance,
 )
-from drivers.registry.port import OCI_MANIFEST, sha256_digest
+from drivers.registry.checkpoints import Archive, push_checkpoint
+from drivers.registry.port import OCI_MANIFEST, Registry, sha256_digest
 from tests.agent.world import open_world
 
 NS = "default"
@@ -282,12 +291,17 @@ async def test_kubelet_refusal_is_the_reported_capture_failure(
         assert await RegistryObserver(w.backend.registry).tag(artifact) is None
 
 
-async def test_the_kubelet_dumper_does_not_restore(tmp_path: Path,
-                                                   kubelet: FakeKubelet) -> None:
-    """Restoring a kubelet checkpoint is the runtime's job: the agent reports
-    ``RestoreUnsupported`` on the restored pod instead of pretending."""
+async def test_a_runtime_restore_is_reported_once_the_runtime_runs_the_containers(
+        tmp_path: Path, kubelet: FakeKubelet) -> None:
+    """Restoring a kubelet checkpoint is the runtime's job: the agent pulls no archive,
+    waits until the pod's containers run, continues their processes and reports the
+    digest; an artifact without checkpoint images is ``RestoreUnsupported``."""
+    cgroups = tmp_path / "cgroup"
+    (cgroups / "pids").mkdir(parents=True)
+    (cgroups / "pids" / "cgroup.procs").write_text("")
+
     def factory(patcher: PodPatcher) -> KubeletDumper:
-        return KubeletDumper(settings(kubelet))
+        return KubeletDumper(settings(kubelet, cgroup_root=cgroups))
 
     async with open_world(tmp_path, dumpers={"node-1": factory, "node-2": factory}) as w:
         w.cluster.create_pod(NS, "app", node="node-1")
@@ -298,10 +312,70 @@ async def test_the_kubelet_dumper_does_not_restore(tmp_path: Path,
         w.cluster.create_pod(NS, "r", node="node-2", annotations=protocol.restore_request(
             artifact=f"{w.repo}@{digest}", restore_key="m/1", checkpoint_id="ck-k",
             loader="{}"))
+        await w.running(NS, "r")
+        restored = w.cluster.pod(NS, "r")
+        assert restored is not None
+        for status in restored["status"]["containerStatuses"]:
+            scope = cgroups / "pids" / "pod" / f"crio-{status['containerID'].split('://')[1]}"
+            scope.mkdir(parents=True)
+            (scope / "cgroup.procs").write_text("")
         await w.cluster.wait_for(
-            lambda: protocol.RESTORE_FAILURE in w.annotations(NS, "r"), what="failure")
-        assert w.annotations(NS, "r")[protocol.RESTORE_FAILURE].startswith(
-            "RestoreUnsupported: ")
+            lambda: protocol.RESTORED_FROM_DIGEST in w.annotations(NS, "r"), what="report")
+        assert w.annotations(NS, "r")[protocol.RESTORED_FROM_DIGEST] == digest
+
+        podman_like = await push_without_images(w.backend.registry, w.repo, tmp_path)
+        w.cluster.create_pod(NS, "r2", node="node-2", annotations=protocol.restore_request(
+            artifact=f"{w.repo}@{podman_like}", restore_key="m/2", checkpoint_id="ck-p",
+            loader="{}"))
+        await w.cluster.wait_for(
+            lambda: protocol.RESTORE_FAILURE in w.annotations(NS, "r2"), what="failure")
+        assert w.annotations(NS, "r2")[protocol.RESTORE_FAILURE].startswith(
+            "RestoreUnsupported: checkpoint ")
+
+
+async def push_without_images(registry: Registry, repo: str, where: Path) -> str:
+    """A checkpoint in the agent's (podman's) format: no checkpoint image per container."""
+    archive = tmp_archive(where)
+    prov = Provenance(checkpoint_id="ck-p", source_uid="u", node="node-1", namespace=NS,
+                      pod="app", format="criu-archive/v1", dumper="criu",
+                      created=datetime(2026, 11, 26, tzinfo=UTC))
+    pushed = await push_checkpoint(registry, repo, "ck-p", [Archive("main", archive)], prov)
+    return pushed.digest
+
+
+def tmp_archive(where: Path) -> Path:
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / "podman-like.tar"
+    with tarfile.open(path, "w") as tar:
+        body = b"{}"
+        info = tarfile.TarInfo("config.dump")
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body))
+    return path
+
+
+@pytest.mark.parametrize(("status", "verdict"), [
+    ({"name": "main", "state": {"waiting": {"reason": "ContainerCreating"}}}, None),
+    ({"name": "main", "state": {"running": {}}}, None),  # no container id yet
+    ({"name": "main", "state": {"waiting": {
+        "reason": "CreateContainerError",
+        "message": "locating image with ID abc: image not known"}}},
+     "CRI-O did not restore container main: CreateContainerError: locating image with ID "
+     "abc: image not known"),
+    ({"name": "main", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}},
+     "container main exited after the restore (exit code 1, Error)"),
+])
+def test_the_runtimes_progress_is_read_from_the_pod_status(status: dict[str, Any],
+                                                           verdict: str | None) -> None:
+    assert restored_containers({"status": {"containerStatuses": [status]}}, {"main"}) == verdict
+
+
+def test_containers_that_run_are_restored_with_their_ids() -> None:
+    pod = {"status": {"containerStatuses": [
+        {"name": "main", "image": "reg/ck@sha256:1", "containerID": "cri-o://abc",
+         "state": {"running": {}}}]}}
+    assert restored_containers(pod, {"main"}) == (
+        Container("main", "reg/ck@sha256:1", "cri-o://abc"),)
 
 
 # --- the dumper alone: credentials, TLS, kubelet answers ---------------------------------
