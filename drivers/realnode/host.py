@@ -250,9 +250,23 @@ def cgroup_pids(root: str) -> set[int]:
     return pids
 
 
+def thaw(root: str) -> None:
+    """Thaw every frozen v1 freezer cgroup under ``root``: a frozen task takes its
+    SIGKILL only once thawed (a test that froze a container must not stall teardown)."""
+    for hierarchy in v1_hierarchies():
+        top = hierarchy / root.lstrip("/")
+        for folder, _dirs, files in os.walk(top):
+            if "freezer.state" in files:
+                state = Path(folder) / "freezer.state"
+                with contextlib.suppress(OSError):
+                    if state.read_text().strip() != "THAWED":
+                        state.write_text("THAWED")
+
+
 def empty_cgroup_root(root: str, *, limit: float = 10) -> None:
     """SIGKILL every process left under ``root`` (containers, conmons) until none is."""
     deadline = time.monotonic() + limit
+    thaw(root)
     while pids := cgroup_pids(root):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):

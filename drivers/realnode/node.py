@@ -55,6 +55,7 @@ class RealNode:
     hosts_file: Path
     on_started: Callable[[host.Owner], None] = lambda _owner: None  # recorded for sweepers
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    stop_seconds: dict[str, float] = field(default_factory=dict)  # per step, last stop()
 
     @property
     def name(self) -> str:
@@ -166,10 +167,12 @@ class RealNode:
         problems: list[str] = []
 
         def attempt(what: str, step: Callable[[], None]) -> None:
+            started = time.monotonic()
             try:
                 step()
             except Exception as exc:  # keep going: the next step may still give back more
                 problems.append(f"{self.name}: {what}: {exc}")
+            self.stop_seconds[what] = time.monotonic() - started
 
         attempt("stopping the kubelet", lambda: self._stop("kubelet"))
         attempt("removing pods", self._remove_pods)
@@ -185,14 +188,13 @@ class RealNode:
         proc = self.procs.get("crio")
         if proc is None or proc.poll() is not None:
             return
-        containers = self.crictl("ps", "-a", "-q").stdout.split()
-        if containers:
-            self.crictl("stop", "-t", "0", *containers)
-            self.crictl("rm", "-f", *containers)
-        pods = self.crictl("pods", "-q").stdout.split()
-        if pods:
-            self.crictl("stopp", *pods)
-            self.crictl("rmp", "-f", *pods)
+        host.thaw(self.settings.cgroup_root)  # a frozen container would not stop
+        containers = self.crictl("ps", "-q", timeout=10).stdout.split()
+        if containers:  # at once: CRI-O would give each its 30 s to stop on SIGTERM
+            self.crictl("stop", "-t", "0", *containers, timeout=15)
+        pods = self.crictl("pods", "-q", timeout=10).stdout.split()
+        if pods:  # stops the sandboxes and removes them with their containers
+            self.crictl("rmp", "-f", *pods, timeout=15)
 
     def _stop(self, name: str) -> None:
         proc = self.procs.get(name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -97,9 +98,10 @@ def test_the_wrapper_finds_runcs_command_and_bundle(argv: list[str], command: st
 
 
 def test_the_wrapper_raises_negative_oom_scores_and_drops_hugetlb_without_v1() -> None:
-    spec = {"process": {"oomScoreAdj": -998, "args": ["/pause"]},
-            "linux": {"resources": {"hugepageLimits": [{"pageSize": "2MB", "limit": 0}],
-                                    "memory": {"limit": 1}}}}
+    huge = [{"pageSize": "2MB", "limit": 0}]
+    spec: dict[str, Any] = {"process": {"oomScoreAdj": -998, "args": ["/pause"]},
+                            "linux": {"resources": {"hugepageLimits": huge,
+                                                    "memory": {"limit": 1}}}}
     fitted = fit_spec(spec, v1_hugetlb=False)
     assert fitted["process"] == {"oomScoreAdj": 0, "args": ["/pause"]}
     assert fitted["linux"]["resources"] == {"memory": {"limit": 1}}

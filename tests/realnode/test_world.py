@@ -8,13 +8,17 @@ checks what it gave back.
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from drivers.realnode import host
+from drivers.realnode import config, host
+from tests.e2e.world import ApiError
 from tests.support.realnode import (
     RealNodeWorld,
     archived_log,
@@ -107,6 +111,50 @@ def test_a_checkpoint_image_restores_on_the_other_node_where_the_count_left_off(
     assert at - 1 >= before[-1][0], (at, before[-1], log)
 
 
+def test_cpctl_sim_nodes_real_runs_a_second_world_beside_this_one(
+        world: RealNodeWorld) -> None:
+    """Two worlds on one host (the command a person runs, here against this world's API
+    server): the second takes other bridges and cgroups, and stopping it with SIGTERM
+    gives back its own and leaves the first world's pods running."""
+    state = world.tmp / "by-hand"
+    out = (world.tmp / "by-hand.out").open("w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controlplane.cli.main", "sim", "nodes", "--real",
+         "--kubeconfig", str(world.kubeconfig), "--nodes", "node-c", "--state-dir",
+         str(state)], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parents[2])
+    try:
+        wait_for(lambda: "real nodes ready: node-c" in Path(out.name).read_text()
+                 or proc.poll() is not None, "cpctl sim nodes --real's ready line", 90)
+        assert proc.poll() is None, Path(out.name).read_text()
+        node = world.kube.request("GET", "/api/v1/nodes/node-c")
+        assert node["status"]["nodeInfo"]["containerRuntimeVersion"] == "cri-o://1.36.3"
+        theirs = [h for h in map(host.Holding.load, (host.RUN_DIR / "worlds").glob("*.json"))
+                  if h.owner.pid == proc.pid]
+        assert len(theirs) == 1
+        assert world.nodes.held is not None
+        assert theirs[0].slot != world.nodes.held.slot
+        assert not set(theirs[0].bridges) & set(world.nodes.held.bridges)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+        out.close()
+    assert code == 0, Path(out.name).read_text()
+    assert "real nodes stopped" in Path(out.name).read_text()
+    assert not state.exists()
+    for bridge in theirs[0].bridges:
+        assert not Path("/sys/class/net", bridge).exists()
+    for root in theirs[0].cgroups:
+        assert host.leftover_cgroups(root) == []
+    # The first world's counters count on.
+    for name in world.names:
+        before = len(ticks(world.container_log(f"counter-{name}")))
+        counting(world, f"counter-{name}", before + 2)
+    with pytest.raises(ApiError) as gone:  # its Node object deleted on the way out
+        world.kube.request("GET", "/api/v1/nodes/node-c")
+    assert gone.value.code == 404
+
+
 def test_stopping_gives_everything_back(world: RealNodeWorld) -> None:
     root: Path = world.nodes.root
     assert world.leftovers(), "the running world should hold bridges, cgroups, a folder"
@@ -118,4 +166,4 @@ def test_stopping_gives_everything_back(world: RealNodeWorld) -> None:
     if others:  # another world on this host still holds them: the record keeps them
         assert host.SysctlRecord.recorded()
     else:
-        assert {n: host.read_sysctl(n) for n in host.HOST_SYSCTLS} == world.sysctls_before
+        assert {n: host.read_sysctl(n) for n in config.HOST_SYSCTLS} == world.sysctls_before

@@ -33,7 +33,14 @@ from typing import Any
 
 import pytest
 
-from drivers.realnode import HOW_TO_ENABLE, RealNode, RealNodes, binaries_folder, host, images
+from drivers.realnode import (
+    HOW_TO_ENABLE,
+    RealNode,
+    RealNodes,
+    binaries_folder,
+    host,
+    images,
+)
 from tests.e2e.world import KubeHttp
 from tests.support.envtest import (
     ADMIN_TOKEN,
@@ -116,7 +123,7 @@ class RealNodeWorld:
     kubeconfig: Path  # admin
     kube: KubeHttp
     names: tuple[str, ...] = NODES
-    sysctls_before: dict[str, str] = field(default_factory=dict)
+    sysctls_before: dict[str, str] = field(default_factory=dict)  # before any world
     _closed: bool = False
 
     # --- what the world is ---------------------------------------------------------------
@@ -309,13 +316,15 @@ def open_realnode_world(tmp: Path, names: Sequence[str] = NODES) -> Iterator[Rea
     """Two (or ``names``) Ready real nodes and their API server; all stopped and given
     back on the way out, also when the body fails."""
     binaries, assets = _skip_or_fail()
-    sysctls_before = {name: host.read_sysctl(name) for name in host.HOST_SYSCTLS}
     nodes = RealNodes(tmp / "nodes", tuple(names), binaries)
     kubelets = {n: Identity(f"system:node:{n}", f"kubelet-{n}-token",
                             ("system:nodes", "system:authenticated")) for n in names}
     world: RealNodeWorld | None = None
     try:
         nodes.prepare()
+        # The host's values before any world changed them: recorded by the first world
+        # to start, this one or another still running on the host.
+        sysctls_before = host.SysctlRecord.recorded()
         with running_envtest(assets, tmp / "envtest", identities=list(kubelets.values()),
                              extra_args=nodes.apiserver_args,
                              hosts_file=nodes.hosts_file) as env:
