@@ -24,8 +24,10 @@ import contextlib
 import datetime
 import os
 import shutil
+import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +59,10 @@ def binaries_folder() -> Path | None:
     return Path(found) / "bin" if found else None
 
 
+def _exit(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def prepared_pki(folder: Path, names: Sequence[str], *, reuse: bool) -> Pki:
     """The certificates in ``folder``: those already there when ``reuse`` and they
     cover every node (the API server was started naming them), else new ones."""
@@ -81,6 +87,7 @@ class RealNodes:
     busybox_image: str = ""
     nodes: dict[str, RealNode] = field(default_factory=dict)
     api: kubeapi.Api | None = None
+    _took_sigterm: bool = False
 
     @property
     def hosts_file(self) -> Path:
@@ -99,6 +106,7 @@ class RealNodes:
             raise ValueError(f"at most {host.NODES_PER_WORLD} nodes in a world")
         self.root.mkdir(parents=True, exist_ok=True)
         atexit.register(self.stop)
+        self._exit_on_sigterm()
         self.held = host.taken_slot(self.root)
         self.held.cgroups = [host.cgroup_root(self.held.slot, n) for n in self.names]
         self.held.bridges = [host.bridge_name(self.held.slot, i) for i in range(len(self.names))]
@@ -107,6 +115,16 @@ class RealNodes:
                                 reuse=self.pki_dir is not None)
         self.hosts_file.write_text(config.hosts_file(self.names))
         return self
+
+    def _exit_on_sigterm(self) -> None:
+        """A SIGTERM to a process that has no handler for it (a test run stopped by CI)
+        becomes ``SystemExit``, so ``finally`` blocks and :meth:`stop` run; a process
+        with a handler of its own (the ``up`` command) keeps it. SIGKILL leaves it to
+        ``--pdeathsig`` and the next world's sweep (:func:`host.taken_slot`)."""
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
+            signal.signal(signal.SIGTERM, _exit)
+            self._took_sigterm = True
 
     def _check_tools(self) -> None:
         missing = [str(self.binaries / b) for b in ("kubelet", "crio", "pinns", "crictl", "pause")
@@ -190,6 +208,9 @@ class RealNodes:
     def stop(self) -> list[str]:
         """Give everything back; the problems met (each step is tried regardless)."""
         atexit.unregister(self.stop)
+        if self._took_sigterm and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            self._took_sigterm = False
         problems: list[str] = []
         # Side by side: most of a node's stop is waiting on crictl and CRI-O. (Threads
         # only stop: a daemon started from a thread would die with it, ``--pdeathsig``.)
