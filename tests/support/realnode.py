@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import ssl
 import tarfile
 import urllib.error
@@ -44,11 +45,13 @@ from drivers.realnode import (
 from tests.e2e.world import KubeHttp
 from tests.support.envtest import (
     ADMIN_TOKEN,
+    ASSETS,
     Envtest,
     Identity,
     find_real_cluster,
     running_envtest,
 )
+from tests.support.envtest import HOW_TO_ENABLE as HOW_TO_ENABLE_ENVTEST
 from tests.support.waiting import wait_for
 
 NODES = ("node-a", "node-b")
@@ -305,10 +308,12 @@ def _skip_or_fail() -> tuple[Path, Path]:
     binaries = binaries_folder()
     if binaries is None:
         pytest.skip(HOW_TO_ENABLE)
-    kind, where = find_real_cluster()
-    if kind != "assets":
-        pytest.fail(f"real nodes need a kube-apiserver of their own: {where}", pytrace=False)
-    return binaries, Path(where)
+    assets = os.environ.get(ASSETS)
+    if not assets:  # an existing cluster (CONTROLPLANE_TEST_KUBECONFIG) will not do
+        pytest.fail(f"real nodes need a kube-apiserver of their own: {HOW_TO_ENABLE_ENVTEST}",
+                    pytrace=False)
+    find_real_cluster()  # raises, naming what is missing, if the folder lacks a binary
+    return binaries, Path(assets)
 
 
 @contextlib.contextmanager
