@@ -9,12 +9,15 @@ the archive is written on the node. The agent sees that directory mounted at
 it), moves the archive into the capture's work directory (so the node's checkpoint
 directory does not fill up) and hands it over for the push.
 
-The checkpoint leaves the container running (CRIU ``--leave-running``; CRI-O also thaws
-a freeze done beforehand), so a *quiesced* capture stops the container's processes with
-``SIGSTOP`` first (:mod:`drivers.agent.stopper`): they are checkpointed stopped and stay
-stopped, so the source never runs past its checkpoint. :meth:`KubeletDumper.release`
-sends ``SIGCONT`` (a failed or withdrawn capture, a wake in place; harmless to a
-container that runs).
+The checkpoint leaves the container running (CRIU ``--leave-running``; CRI-O pauses it
+for the dump and unpauses it after, undoing any freeze made beforehand, and a container
+stopped by ``SIGSTOP`` beforehand makes the kubelet's call hang: measured on CRI-O 1.36.3,
+no answer in 60 s). So a *quiesced* capture stops the container's processes with
+``SIGSTOP`` right after the kubelet answers (:mod:`drivers.agent.stopper`). Known gap:
+between CRI-O's unpause and that signal the source runs on for a moment, so it may print
+a tick the restored copy prints again; closing it needs CRI-O to leave the container
+paused (not in 1.36.3's API). :meth:`KubeletDumper.release` sends ``SIGCONT`` (a failed
+or withdrawn capture, a wake in place; harmless to a container that runs).
 
 Restoring is the runtime's job (``runtime_restores``): the control plane creates the pod
 with each container's image set to its checkpoint image, and CRI-O restores it.
@@ -98,8 +101,6 @@ class KubeletDumper:
         self.settings = settings or KubeletSettings()
 
     async def dump(self, request: DumpRequest) -> DumpResult:
-        if request.quiesce:
-            await self._signal(request.containers, signal.SIGSTOP, "stop")
         archives = []
         for container in request.containers:
             reported = await self._checkpoint(request.workload, container.name)
@@ -112,6 +113,8 @@ class KubeletDumper:
                                  f"it from {local}: {exc} (is the checkpoint directory "
                                  "mounted?)") from exc
             archives.append(Archive(container.name, target, container.image))
+            if request.quiesce:  # at once: CRI-O has just unpaused it (see the docstring)
+                await self._signal((container,), signal.SIGSTOP, "stop")
         return DumpResult(tuple(archives), FORMAT)
 
     async def release(self, workload: Workload) -> None:

@@ -3,11 +3,12 @@
 The kubelet's checkpoint API always leaves the container running, and CRI-O 1.36.3
 undoes a freeze done beforehand: ``internal/lib/checkpoint.go`` pauses the container
 (the cgroup freezer), checkpoints it with ``--leave-running`` and, in a deferred call,
-unpauses it whenever runc reports it paused. So a quiesced capture stops the
-container's processes with ``SIGSTOP`` instead: CRIU checkpoints stopped tasks as
-stopped, CRI-O's unpause thaws them still stopped, and the source cannot run past its
-checkpoint. CRIU restores them stopped too, so the restoring node sends ``SIGCONT`` once
-CRI-O reports the container running; a failed capture's release sends it on the source.
+unpauses it whenever runc reports it paused; a container stopped by ``SIGSTOP``
+*before* the call makes it hang (measured: no answer in 60 s). So a quiesced capture
+stops the container's processes with ``SIGSTOP`` right after the checkpoint (a short
+window remains where the source runs on: see :mod:`drivers.agent.kubelet`). The
+restoring node sends ``SIGCONT`` once CRI-O reports the container running (harmless to a
+running process); a failed capture's release sends it on the source.
 
 The processes are found by the container's cgroup: a directory named ``crio-<id>``
 (CRI-O's cgroupfs scope, ``<id>.scope`` under systemd) in one cgroup v1 hierarchy
