@@ -10,13 +10,14 @@ it), moves the archive into the capture's work directory (so the node's checkpoi
 directory does not fill up) and hands it over for the push.
 
 The checkpoint leaves the container running (CRIU ``--leave-running``; CRI-O pauses it
-for the dump and unpauses it after, undoing any freeze made beforehand, and a container
-stopped by ``SIGSTOP`` beforehand makes the kubelet's call hang: measured on CRI-O 1.36.3,
-no answer in 60 s). So a *quiesced* capture stops the container's processes with
-``SIGSTOP`` right after the kubelet answers (:mod:`drivers.agent.stopper`). Known gap:
-between CRI-O's unpause and that signal the source runs on for a moment, so it may print
-a tick the restored copy prints again; closing it needs CRI-O to leave the container
-paused (not in 1.36.3's API). :meth:`KubeletDumper.release` sends ``SIGCONT`` (a failed
+for the dump and unpauses it after, undoing any freeze made beforehand; a container
+stopped by ``SIGSTOP`` beforehand, or frozen through its pod's cgroup, makes the dump hang
+or fail: measured on CRI-O 1.36.3). So a *quiesced* capture watches the dump from a
+thread and sends ``SIGSTOP`` in the window after CRIU detaches and before CRI-O thaws
+the container (:func:`~drivers.agent.stopper.stop_when_dumped`): the signal waits in the
+frozen tasks, so the source does not run past its checkpoint. If the window is missed
+(``quiesced`` records ``late``), the signal follows the kubelet's answer and the source
+may have run on for a moment. :meth:`KubeletDumper.release` sends ``SIGCONT`` (a failed
 or withdrawn capture, a wake in place; harmless to a container that runs).
 
 Restoring is the runtime's job (``runtime_restores``): the control plane creates the pod
@@ -44,6 +45,7 @@ import os
 import shutil
 import signal
 import ssl
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -52,6 +54,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from controlplane.logs import get_logger
 from drivers.agent.dumper import (
     Container,
     DumpRequest,
@@ -61,9 +64,10 @@ from drivers.agent.dumper import (
     Workload,
 )
 from drivers.agent.errors import DumpFailed, RestoreFailed, RestoreUnsupported
-from drivers.agent.stopper import signal_container
+from drivers.agent.stopper import signal_container, stop_when_dumped
 from drivers.registry.checkpoints import Archive
 
+log = get_logger("drivers.agent.kubelet")
 FORMAT = "kubelet-checkpoint/v1"
 KUBELET_DIR = "/var/lib/kubelet/checkpoints"
 
@@ -99,11 +103,14 @@ class KubeletDumper:
 
     def __init__(self, settings: KubeletSettings | None = None) -> None:
         self.settings = settings or KubeletSettings()
+        #: container id -> how its quiesce went ("held": stopped before CRI-O thawed it;
+        #: "late"/"no-freezer": after, so it may have run on for a moment)
+        self.quiesced: dict[str, str] = {}
 
     async def dump(self, request: DumpRequest) -> DumpResult:
         archives = []
         for container in request.containers:
-            reported = await self._checkpoint(request.workload, container.name)
+            reported = await self._checkpoint_quiesced(request, container)
             local = self._local_path(reported)
             target = request.workdir / f"{container.name}.tar"
             try:
@@ -113,9 +120,32 @@ class KubeletDumper:
                                  f"it from {local}: {exc} (is the checkpoint directory "
                                  "mounted?)") from exc
             archives.append(Archive(container.name, target, container.image))
-            if request.quiesce:  # at once: CRI-O has just unpaused it (see the docstring)
-                await self._signal((container,), signal.SIGSTOP, "stop")
         return DumpResult(tuple(archives), FORMAT)
+
+    async def _checkpoint_quiesced(self, request: DumpRequest, container: Container) -> str:
+        """The kubelet's checkpoint; when quiesced, the container stopped right after the
+        dump, before CRI-O thaws it (:func:`~drivers.agent.stopper.stop_when_dumped`)."""
+        if not request.quiesce:
+            return await self._checkpoint(request.workload, container.name)
+        if not container.id:
+            raise DumpFailed(f"cannot quiesce container {container.name}: the pod status "
+                             "names no container id yet")
+        done = threading.Event()
+        watcher = asyncio.create_task(asyncio.to_thread(
+            stop_when_dumped, container.id, done, root=self.settings.cgroup_root))
+        try:
+            reported = await self._checkpoint(request.workload, container.name)
+        finally:
+            done.set()
+            how = await watcher
+        if how != "held":
+            await self._signal((container,), signal.SIGSTOP, "stop")
+            log.warning("container stopped after CRI-O thawed it: it may have run on past "
+                        "its checkpoint for a moment", container=container.name, how=how)
+        else:
+            log.info("container stopped before CRI-O thawed it", container=container.name)
+        self.quiesced[container.id] = how
+        return reported
 
     async def release(self, workload: Workload) -> None:
         await self._signal(workload.containers, signal.SIGCONT, "continue", missing_ok=True)

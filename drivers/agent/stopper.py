@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -57,6 +58,52 @@ def _find(base: Path, wanted: set[str]) -> Path | None:
         if depth >= MAX_DEPTH:
             dirs.clear()
     return None
+
+
+def stop_when_dumped(container_id: str, done: threading.Event, *,
+                     root: Path = Path("/sys/fs/cgroup"), poll: float = 0.001) -> str:
+    """Stop the container's processes in the moment after CRIU's dump and before CRI-O's
+    unpause, so the source runs not one instruction past its checkpoint; run in a thread
+    beside the kubelet's checkpoint call, until ``done``.
+
+    CRI-O freezes the container (``freezer.self_freezing`` 1), CRIU seizes its tasks
+    (``TracerPid`` set), dumps and detaches (``TracerPid`` 0) while the cgroup is still
+    frozen; then CRI-O exports the archive and thaws it. A ``SIGSTOP`` sent in that
+    window stays pending in the frozen tasks and is taken before they run user code again.
+    Returns ``"held"`` when it was sent in the window, ``"late"`` when ``done`` came first
+    (the caller stops the container then: it may have run on for a moment), ``"no-freezer"``
+    without a v1 freezer hierarchy (cgroup v2: the same, late)."""
+    base = root / "freezer"
+    wanted = {f"crio-{runtime_id(container_id)}", f"crio-{runtime_id(container_id)}.scope"}
+    freezer = _find(base, wanted) if (base / "cgroup.procs").exists() else None
+    if freezer is None:
+        return "no-freezer"
+    seized = False
+    while not done.is_set():
+        try:
+            paused = (freezer / "freezer.self_freezing").read_text().strip() == "1"
+            members = pids(freezer)
+            traced = any(_tracer(pid) for pid in members)
+        except OSError:  # the container went away
+            return "late"
+        if traced:
+            seized = True
+        elif seized and paused:
+            _send(members, signal.SIGSTOP)
+            return "held"
+        done.wait(poll)
+    return "late"
+
+
+def _tracer(pid: int) -> int:
+    """The pid tracing ``pid`` (CRIU while it dumps), 0 when none or it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("TracerPid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return 0
+    return 0
 
 
 def pids(cgroup: Path) -> list[int]:

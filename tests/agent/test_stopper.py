@@ -1,17 +1,19 @@
 """A quiesced kubelet capture stops the container's processes by signal, found through
-the container's cgroup; a real process is stopped and continued."""
+the container's cgroup; a real process is stopped and continued. (The stop in the window
+between CRIU's dump and CRI-O's thaw is pinned on real nodes: tests/realnode.)"""
 
 from __future__ import annotations
 
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from drivers.agent.errors import DumpFailed
-from drivers.agent.stopper import container_cgroup, signal_container
+from drivers.agent.stopper import container_cgroup, signal_container, stop_when_dumped
 from tests.support.waiting import wait_for
 
 
@@ -54,3 +56,20 @@ def test_a_container_without_a_cgroup_is_named_in_the_failure(tmp_path: Path) ->
     fake_cgroups(tmp_path, "abc123", [])
     with pytest.raises(DumpFailed, match="container cri-o://other"):
         signal_container("cri-o://other", signal.SIGSTOP, root=tmp_path)
+
+
+def test_a_dump_that_never_froze_the_container_leaves_the_stop_to_the_caller(
+        tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+    """No CRI-O pause and no CRIU seen before the kubelet answered: ``late``, nothing
+    sent (the caller stops the container itself); no v1 freezer at all: ``no-freezer``."""
+    fake_cgroups(tmp_path, "abc123", [sleeper.pid])
+    freezer = tmp_path / "freezer" / "kubepods" / "pod1" / "crio-abc123"
+    freezer.mkdir(parents=True)
+    (tmp_path / "freezer" / "cgroup.procs").write_text("")
+    (freezer / "cgroup.procs").write_text(f"{sleeper.pid}\n")
+    (freezer / "freezer.self_freezing").write_text("0\n")
+    done = threading.Event()
+    done.set()
+    assert stop_when_dumped("cri-o://abc123", done, root=tmp_path) == "late"
+    assert state(sleeper.pid) != "T"
+    assert stop_when_dumped("cri-o://abc123", done, root=tmp_path / "pids") == "no-freezer"
