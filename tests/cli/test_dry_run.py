@@ -97,6 +97,8 @@ async def test_dry_runs_print_the_plan_and_write_nothing(tmp_path: Path,
         assert plan["artifacts_written"] == [f"{repo}:default.app-01.<operation-id>"]
         assert plan["refused"] is None
         assert plan["admission"] == "would start now"
+        assert plan["restore_path"] == ("agent on node-2 (sim://1): the node agent captures "
+                                        "and restores")
 
         code, out, err = await cpctl(capfd, tmp_path, "suspend", "default/app-02", "--repository",
                                      repo, "--dry-run", "-o", "json")
@@ -108,6 +110,7 @@ async def test_dry_runs_print_the_plan_and_write_nothing(tmp_path: Path,
         assert code == 0, err
         plan = document(out)
         assert plan["target_node"] == "node-3"
+        assert plan["restore_path"].startswith("agent on node-3 (sim://1)")
         assert plan["artifacts_read"][0].startswith(f"{repo}@sha256:")
 
         code, out, err = await cpctl(capfd, tmp_path, "drain", "node-1", "--repository", repo,
