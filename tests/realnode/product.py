@@ -9,21 +9,69 @@ lifted once, as the node lifecycle controller would); one node agent per node wi
 its serving certificate checked against the world's CA, the node's checkpoint directory,
 its cgroups for the quiesce, its CRI-O socket to pre-pull base images); one
 ``cpctl worker`` on SQLite; ``cpctl`` verbs as subprocesses.
+
+It also gives the tests of ``tests/realnode/test_product_*.py`` their common judgement
+of what the runtime did: a container's log with the runtime's own time on each line
+(:meth:`ProductWorld.timed_ticks`), waiting until a restored process has printed a line of
+its own (:meth:`ProductWorld.counting_since`), and the shapes a restored log may take
+(:func:`consecutive` for a quiesced capture, :func:`went_on` for one that kept
+running).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from tests.e2e.world import World
 from tests.support.envtest import ADMIN_TOKEN
-from tests.support.realnode import RealNodeWorld, counter_command, open_realnode_world, ticks
+from tests.support.realnode import (
+    RealNodeWorld,
+    Tick,
+    counter_command,
+    open_realnode_world,
+    ticks,
+)
 from tests.support.waiting import wait_for
+
+TimedTick = tuple[float, Tick]  # (the runtime's time of the line, epoch seconds; the tick)
+
+
+def consecutive(log: Sequence[Tick]) -> None:
+    """One token, counts 1, 2, 3... with no repeat and no gap: the log of a process
+    restored from a quiesced capture (the archived lines, then its own)."""
+    assert log, "no ticks"
+    assert len({token for _, token in log}) == 1, f"more than one life: {log[:3]}..."
+    counts = [count for count, _ in log]
+    assert counts == list(range(1, len(counts) + 1)), f"repeat or gap in {counts}"
+
+
+def went_on(log: Sequence[TimedTick], between: float) -> tuple[list[Tick], list[Tick]]:
+    """A log restored from a capture that left the source running, split at ``between``
+    (a time after the capture, before the restore): the archived lines (1..m, the source's
+    output up to the copy of its log, which may be a few lines past CRIU's dump) and the
+    restored process's own (consecutive from a count c, 2 <= c <= m + 1: the dumped
+    process's next line), all with one token. Fails otherwise."""
+    assert log, "no ticks"
+    archived = [t for stamp, t in log if stamp <= between]
+    own = [t for stamp, t in log if stamp > between]
+    every = archived + own
+    assert len({token for _, token in every}) == 1, f"more than one life: {every[:3]}..."
+    counts = [count for count, _ in archived]
+    assert counts == list(range(1, len(counts) + 1)), f"archived: {counts}"
+    if own:
+        start = own[0][0]
+        assert 2 <= start <= len(counts) + 1, f"went on from {start} after 1..{len(counts)}"
+        assert [c for c, _ in own] == list(range(start, start + len(own))), \
+            f"repeat or gap after the restore: {[c for c, _ in own]}"
+    return archived, own
 
 
 @dataclass
@@ -67,6 +115,59 @@ class ProductWorld(World):
         self.real.wait_running(name)
         return wait_for(lambda: t if len(t := ticks(self.real.container_log(name))) >=
                         at_least else None, f"{name} to tick {at_least} times")
+
+    def timed_ticks(self, name: str, node: str, container: str = "main") -> list[TimedTick]:
+        """The container's ticks with the time the runtime logged each
+        (``/containerLogs?timestamps=true`` from the node's kubelet)."""
+        body = self.real.kubelet(node, "GET", f"/containerLogs/{self.namespace}/{name}/"
+                                 f"{container}?timestamps=true").decode(errors="replace")
+        out = []
+        for line in body.splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+                stamp = datetime.fromisoformat(parts[0][:26].rstrip("Z") + "+00:00")
+                out.append((stamp.timestamp(), (int(parts[1]), parts[2])))
+        return out
+
+    def counting_since(self, name: str, node: str, since: float, *, container: str = "main",
+                       lines: int = 3, limit: float = 60) -> list[Tick]:
+        """The container's ticks once it has printed ``lines`` of them after ``since``
+        (epoch seconds, e.g. when the operation ended): a restored log begins with the
+        archived lines, so only lines logged after the operation are the restored
+        process's own."""
+        def after() -> list[Tick] | None:
+            timed = self.timed_ticks(name, node, container)
+            return [t for _, t in timed] if sum(s > since for s, _ in timed) >= lines \
+                else None
+        return wait_for(after, f"{name}/{container} on {node} counting after {since:.1f}",
+                        limit)
+
+    def create_counters(self, name: str, node: str, containers: Sequence[str], *,
+                        labels: dict[str, str] | None = None) -> None:
+        """A pod on ``node`` (``spec.nodeName``) with one counter per container name."""
+        spec = [{"name": c, "image": self.real.image, "command": counter_command()}
+                for c in containers]
+        self.kube.request("POST", f"/api/v1/namespaces/{self.namespace}/pods", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": labels or {"app": name}},
+            "spec": {"nodeName": node, "containers": spec, "restartPolicy": "Never",
+                     "terminationGracePeriodSeconds": 0}})
+
+    def checkpoints_left(self) -> dict[str, list[str]]:
+        """What is in each node's kubelet checkpoint directory (the agent takes every
+        archive the kubelet writes: empty after any capture)."""
+        return {n: sorted(p.name for p in self.real.node(n).settings.checkpoints.iterdir())
+                for n in self.real.names}
+
+    def history(self, operation: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = json.loads(self.ok("history", operation, "-o", "json",
+                                                          cluster=False))
+        return events
+
+    def ticking(self, name: str, container: str = "main", *, at_least: int = 5) -> list[Tick]:
+        """The container's ticks once it has printed ``at_least`` of them."""
+        return wait_for(lambda: t if len(t := ticks(self.real.container_log(name, container)))
+                        >= at_least else None, f"{name}/{container} to tick {at_least} times")
 
     def running_on(self, name: str, node: str, limit: float = 120) -> dict[str, object]:
         def found() -> dict[str, object] | None:
@@ -115,3 +216,17 @@ def open_product_world(tmp: Path) -> Iterator[ProductWorld]:
             yield world
         finally:
             world.stop()
+
+
+def restored_status(pod: dict[str, Any], repository: str) -> None:
+    """The API server's view of a pod CRI-O restored: Running, every container running
+    from a checkpoint image in ``repository`` (pinned by digest), never restarted."""
+    status = pod.get("status") or {}
+    assert status.get("phase") == "Running", status
+    images = {c["name"]: c["image"] for c in pod["spec"]["containers"]}
+    statuses = status.get("containerStatuses") or []
+    assert {s["name"] for s in statuses} == set(images), statuses
+    for s in statuses:
+        assert "running" in s["state"], s
+        assert s["restartCount"] == 0, s
+        assert images[s["name"]].startswith(f"{repository}@sha256:"), images
