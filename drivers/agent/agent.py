@@ -415,12 +415,14 @@ class NodeAgent:
         obj = self._pods.get(pod.uid)
         latest = pod_view(obj) if obj is not None else pod
         spec = (obj or {}).get("spec") or {}
-        ids = {str(s.get("name")): str(s.get("containerID") or "")
-               for s in ((obj or {}).get("status") or {}).get("containerStatuses") or []
-               if isinstance(s, dict)}
-        containers = tuple(Container(str(c.get("name")), str(c.get("image") or ""),
-                                     ids.get(str(c.get("name")), ""))
-                           for c in spec.get("containers") or [] if isinstance(c, dict))
+        statuses = {str(s.get("name")): s for s in
+                    ((obj or {}).get("status") or {}).get("containerStatuses") or []
+                    if isinstance(s, dict)}
+        containers = tuple(
+            Container(str(c.get("name")), str(c.get("image") or ""),
+                      str((statuses.get(str(c.get("name"))) or {}).get("containerID") or ""),
+                      str((statuses.get(str(c.get("name"))) or {}).get("imageID") or ""))
+            for c in spec.get("containers") or [] if isinstance(c, dict))
         return Workload(latest.namespace, latest.name, latest.uid, self.node, containers,
                         dict(latest.annotations))
 

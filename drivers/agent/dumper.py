@@ -37,6 +37,7 @@ class Container:
     name: str
     image: str = ""
     id: str = ""  # the runtime's container id as the pod status says (``cri-o://...``)
+    image_id: str = ""  # the image it runs, as the pod status says (``repo@sha256:...``)
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,7 @@ class KubeletDumper:
                 raise DumpFailed(f"the kubelet wrote {reported}, but the agent cannot take "
                                  f"it from {local}: {exc} (is the checkpoint directory "
                                  "mounted?)") from exc
-            archives.append(Archive(container.name, target, container.image))
+            archives.append(Archive(container.name, target, base_image(container)))
         return DumpResult(tuple(archives), FORMAT)
 
     async def _checkpoint_quiesced(self, request: DumpRequest, container: Container) -> str:
@@ -171,15 +171,23 @@ class KubeletDumper:
         for layer in request.artifact.layers:
             if not layer.image:
                 continue
-            process = await asyncio.create_subprocess_exec(
-                s.crictl, "--runtime-endpoint", s.cri_endpoint, "--image-endpoint",
-                s.cri_endpoint, "pull", layer.image, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-            _, err = await process.communicate()
-            if process.returncode != 0:
+            present, _ = await self._crictl("inspecti", layer.image)
+            if present:  # a pull would ask the registry again, which may have lost it
+                continue
+            pulled, err = await self._crictl("pull", layer.image)
+            if not pulled:
                 raise RestoreFailed(f"cannot pull {layer.image}, the base image CRI-O restores "
-                                    f"container {layer.container} onto: "
-                                    f"{err.decode(errors='replace').strip()[:400]}")
+                                    f"container {layer.container} onto: {err[:400]}")
+
+    async def _crictl(self, *args: str) -> tuple[bool, str]:
+        """Run crictl against the node's CRI socket: (succeeded, its stderr)."""
+        s = self.settings
+        process = await asyncio.create_subprocess_exec(
+            s.crictl, "--runtime-endpoint", s.cri_endpoint, "--image-endpoint",
+            s.cri_endpoint, *args, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        _, err = await process.communicate()
+        return process.returncode == 0, err.decode(errors="replace").strip()
 
     async def _until_restored(self, request: RestoreRequest,
                               names: set[str]) -> tuple[Container, ...]:
@@ -275,6 +283,16 @@ class KubeletDumper:
                 raise DumpFailed(f"cannot use the kubelet client certificate "
                                  f"{s.client_cert!r}: {exc}") from exc
         return context
+
+
+def base_image(container: Container) -> str:
+    """The image the container runs, by digest when the runtime reported one
+    (``registry/repo@sha256:...``): CRI-O restores onto exactly that image, and a tag may
+    have moved since (a pull by tag on the restoring node would fetch another image)."""
+    digest_ref = container.image_id.partition("://")[2] or container.image_id
+    if "@sha256:" in digest_ref and "/" in digest_ref.split("@", 1)[0]:
+        return digest_ref
+    return container.image
 
 
 def restored_containers(pod: Mapping[str, Any],

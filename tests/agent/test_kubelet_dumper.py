@@ -42,6 +42,7 @@ from drivers.agent.kubelet import (
     FORMAT,
     KubeletDumper,
     KubeletSettings,
+    base_image,
     restored_containers,
 )
 from drivers.agent.pods import PodPatcher
@@ -472,3 +473,15 @@ async def test_unusable_tls_files_are_a_clear_dump_failure(
     with pytest.raises(DumpFailed, match=f"^{re.escape(expected)}: "):
         await KubeletDumper(settings(kubelet, **changes)).dump(dump_request(tmp_path))
     assert kubelet.calls == []
+
+
+@pytest.mark.parametrize(("image_id", "base"), [
+    ("127.0.0.1:5000/app@sha256:" + "a" * 64, "127.0.0.1:5000/app@sha256:" + "a" * 64),
+    ("docker-pullable://quay.io/app@sha256:" + "b" * 64, "quay.io/app@sha256:" + "b" * 64),
+    ("sha256:" + "c" * 64, "quay.io/app:1"),  # an image id alone names no registry
+    ("", "quay.io/app:1")])
+def test_the_base_image_is_recorded_by_digest_when_the_runtime_says_it(image_id: str,
+                                                                       base: str) -> None:
+    """A tag may move between capture and restore: CRI-O restores onto the image by ID,
+    so the restoring node must pull exactly that image."""
+    assert base_image(Container("main", "quay.io/app:1", "cri-o://x", image_id)) == base
