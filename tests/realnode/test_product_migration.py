@@ -6,23 +6,32 @@ SIGSTOP), the registry (one checkpoint image per container) and CRI-O, which res
 from that image. Each test asserts what the runtime did: the restored container's own
 log goes on from the checkpointed count with the same token, no repeat and no gap; the
 source never printed past its checkpoint; the pod's status from the API server; the
-kubelet's checkpoint directory is empty again.
+kubelet's checkpoint directory is empty again. A target that cannot start the
+checkpoint (its base image deleted from the registry: node-b cannot pull it) rolls back
+to node-a, which restores from its own copy of the image.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
-from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
 
 import pytest
 
 from controlplane.machines.contract import protocol
-from tests.realnode.product import ProductWorld, open_product_world
-from tests.support.realnode import Tick, ticks
+from drivers.realnode import images
+from tests.realnode.product import (
+    ProductWorld,
+    TimedTick,
+    consecutive,
+    open_product_world,
+    restored_status,
+)
+from tests.support.realnode import Tick, counter_command, ticks
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -58,31 +67,11 @@ class LastTicks:
         return self.seen
 
 
-def timed_ticks(w: ProductWorld, name: str, node: str) -> list[tuple[datetime, Tick]]:
-    """The container's ticks with the time the runtime logged each (``timestamps=true``)."""
-    body = w.real.kubelet(node, "GET", f"/containerLogs/{w.namespace}/{name}/main"
-                          "?timestamps=true").decode(errors="replace")
-    out = []
-    for line in body.splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-            stamp = datetime.fromisoformat(parts[0][:26].rstrip("Z") + "+00:00")
-            out.append((stamp, (int(parts[1]), parts[2])))
-    return out
-
-
-def last_before_the_pause(log: list[tuple[datetime, Tick]]) -> Tick:
+def last_before_the_pause(log: list[TimedTick]) -> Tick:
     """The tick before the longest silence: the last one the checkpoint kept (the
     restored log begins with the archived lines, then the migration's downtime)."""
     gaps = [(later[0] - earlier[0], earlier[1]) for earlier, later in pairwise(log)]
     return max(gaps)[1]
-
-
-def consecutive(log: list[Tick]) -> None:
-    """One token, counts 1, 2, 3... with no repeat and no gap."""
-    assert len({token for _, token in log}) == 1, f"more than one life: {log[:3]}..."
-    counts = [count for count, _ in log]
-    assert counts == list(range(1, len(counts) + 1)), f"repeat or gap in {counts}"
 
 
 def test_a_counter_migrates_between_real_nodes_with_no_repeat_and_no_gap(
@@ -111,7 +100,7 @@ def test_a_counter_migrates_between_real_nodes_with_no_repeat_and_no_gap(
         len(last_on_source) + 3 else None, f"{name} counting on on node-b")
     consecutive(restored)
     assert restored[0][1] == before[0][1], "the same life: the token drawn at start"
-    checkpointed = last_before_the_pause(timed_ticks(w, name, "node-b"))
+    checkpointed = last_before_the_pause(w.timed_ticks(name, "node-b"))
     assert last_on_source[-1] == checkpointed, \
         "the source printed nothing after its checkpoint (quiesced)"
     assert restored[-1][0] > checkpointed[0], "the restored process counts on"
@@ -119,3 +108,61 @@ def test_a_counter_migrates_between_real_nodes_with_no_repeat_and_no_gap(
     assert not any(Path(w.real.node("node-a").settings.checkpoints).iterdir()), \
         "the kubelet's checkpoint directory is emptied (the agent took the archive)"
     assert w.real.pod(name) is not None
+
+
+def _push_base(w: ProductWorld, repository: str) -> str:
+    """Busybox under ``repository:v1``, an image of this test's own (its config names
+    the repository, so no node holds it already under the world's busybox ID)."""
+    layer = images.blob_of(images.rootfs_tar(
+        {"bin/busybox": images.BUSYBOX},
+        links={f"bin/{a}": "busybox" for a in images.APPLETS},
+        dirs=("bin", "tmp", "proc", "sys", "dev", "etc")))
+    return images.push_image(w.real.registry, repository, "v1", [layer],
+                             config={"Cmd": ["/bin/sh"],
+                                     "Env": ["PATH=/bin", f"IMAGE={repository}"]})
+
+
+def _delete_manifest(w: ProductWorld, image_id: str) -> None:
+    """Delete ``registry/repo@sha256:...`` from the registry (the image is then gone)."""
+    name, _, digest = image_id.partition("@")
+    repository = name.split("/", 1)[1]
+    request = urllib.request.Request(
+        f"http://{w.real.registry}/v2/{repository}/manifests/{digest}", method="DELETE")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status == 202, answer.status
+
+
+def test_a_target_that_cannot_start_the_checkpoint_rolls_back_to_the_source(
+        world: ProductWorld) -> None:
+    w = world
+    name = w.name("rb")
+    base = _push_base(w, f"rollback/{name}")
+    w.real.create_pod(name, "node-a", image=base, command=counter_command())
+    running = w.real.wait_running(name)
+    before = w.ticking(name)
+    source = w.real.pod(name)
+    assert source is not None
+    _delete_manifest(w, running["status"]["containerStatuses"][0]["imageID"])
+
+    done = w.cpctl("migrate", f"{w.namespace}/{name}", "--to", "node-b", "--repository",
+                   w.repository, "--wait", "--wait-seconds", "240", cluster=True)
+    operation = done.stdout.split()[0]
+    assert w.phase_of(operation) == "RolledBack", done.stdout + done.stderr
+    ended = time.time()
+    [rollback] = [e for e in w.history(operation) if e["type"] == "RollbackStarted"]
+    assert rollback["data"]["failed_node"] == "node-b", rollback
+    assert rollback["data"]["node"] == "node-a", rollback
+    assert "cannot pull" in rollback["data"]["message"], rollback
+
+    back = w.running_on(name, "node-a")
+    assert back["metadata"]["uid"] != source["metadata"]["uid"]  # type: ignore[index]
+    restored_status(back, w.repository)
+    log = w.counting_since(name, "node-a", ended)
+    consecutive(log)  # restored from the quiesced checkpoint: no repeat, no gap
+    assert log[0][1] == before[0][1], "the same life: the token drawn at start"
+    assert log[-1][0] > before[-1][0] + 3
+    on_b = [p["metadata"]["name"] for p in w.kube.pods(w.namespace)
+            if p["spec"].get("nodeName") == "node-b"]
+    assert not any(p.startswith(name) for p in on_b), f"left on node-b: {on_b}"
+    assert w.checkpoints_left() == {"node-a": [], "node-b": []}
+    w.real.delete_pod(name)
