@@ -91,6 +91,8 @@ bench-all: bench bench-scale bench-growth bench-recovery bench-replay bench-hist
 bench-criu: $(STAMP)
 	scripts/ensure-registry
 	eval "$$(scripts/ensure-criu)" && $(BIN)/python -m bench.criu_migration --sizes 1,64,512
+bench-realnode: $(STAMP)
+	eval "$$(scripts/ensure-envtest)" && eval "$$(scripts/ensure-criu)" && eval "$$(scripts/ensure-realnode)" && $(BIN)/python -m bench.realnode_downtime --sizes 1,64,512 --runs 3
 
 # Reliability soak (never in CI): 5,000 migrations, 3 workers SIGKILLed at random, the
 # API/registry/node fault mix and one PostgreSQL restart (a throwaway server of its own);
