@@ -103,18 +103,24 @@ def test_the_migration_job_and_the_init_container_gate_the_schema(overlay: str) 
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_the_agent_runs_on_every_node_with_only_the_checkpoint_directory_from_the_host(
+def test_the_agent_runs_on_every_node_with_only_what_a_capture_needs_from_the_host(
         overlay: str) -> None:
+    """The kubelet's checkpoint directory (read-write), the node's cgroups (read-only) and
+    its PID namespace, to stop a quiesced container right after its dump; no host network,
+    and of root's capabilities only DAC_OVERRIDE (the archives) and KILL (the stop)."""
     daemonset = find(render(overlay), "DaemonSet", "checkpoint-agent")
     spec = pod_spec(daemonset)
     assert {"operator": "Exists"} in spec["tolerations"]
     host_paths = [v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v]
-    assert host_paths == ["/var/lib/kubelet/checkpoints"]
+    assert host_paths == ["/var/lib/kubelet/checkpoints", "/sys/fs/cgroup"]
     assert not spec.get("hostNetwork")
-    assert not spec.get("hostPID")
+    assert spec.get("hostPID") is True
     agent = container(daemonset, "agent")
     assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"],
-                                                        "add": ["DAC_OVERRIDE"]}
+                                                        "add": ["DAC_OVERRIDE", "KILL"]}
+    mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
+    assert mounts["/host/sys/fs/cgroup"]["readOnly"] is True
+    assert "--cgroup-root=/host/sys/fs/cgroup" in agent["args"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
