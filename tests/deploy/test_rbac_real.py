@@ -246,14 +246,15 @@ def _drive_the_resources(r: DeployedRun, server: Server) -> None:
 
 def test_every_overlay_passes_a_server_side_dry_run(applied: Applied) -> None:
     """The API server (not only the offline schemas) accepts every object of every overlay;
-    its only warning is the one the namespace's labels promise: the agent's hostPath."""
+    its only warning is the one the namespace's labels promise: the agent's host PID
+    namespace and host paths (the checkpoint directory, the cgroups)."""
     for overlay, done in applied.dry_runs.items():
         assert done.returncode == 0, f"{overlay}: {done.stderr}"
         assert "(server dry run)" in done.stdout
         warnings = [line for line in done.stderr.splitlines() if line.startswith("Warning:")]
         assert warnings, f"{overlay}: the namespace's warn label should flag the agent"
-        assert all('hostPath volumes (volume "kubelet-checkpoints")' in w
-                   for w in warnings), warnings
+        assert all('host namespaces (hostPID=true), hostPath volumes (volumes '
+                   '"kubelet-checkpoints", "cgroups")' in w for w in warnings), warnings
 
 
 def test_the_dev_overlay_applies_and_creates_its_identities_and_rules(
