@@ -25,6 +25,7 @@ from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, NodeView, Observation, PodView, ProbeError
 from controlplane.machines.base.specs import PodRef, pod_ref
 from controlplane.machines.catalog import product_kinds
+from controlplane.machines.config.classes import parse_class
 from controlplane.machines.config.runtimes import RestorePath, paths_agree, restore_path
 
 # Kinds whose spec names a running source pod, and the spec key of their target node.
@@ -78,9 +79,10 @@ def validate_submission(kind: str, spec: JsonObject, observation: Observation) -
     if isinstance(target, str):
         node = check_target_node(observation, target, field=f"spec.{target_key}",
                                  current=current)
-        path = check_restore_path(node, field=f"spec.{target_key}")
+        overrides = parse_class(normal.get("class")).runtime_paths()
+        path = check_restore_path(node, field=f"spec.{target_key}", overrides=overrides)
         if kind == "migration":
-            check_same_path(observation, current, path, target)
+            check_same_path(observation, current, path, target, overrides)
     if kind == "migration" and normal.get("source_node") != current:
         raise SubmissionRejected(f"spec.source_node {normal.get('source_node')!r} is not "
                                  f"where the pod runs ({current!r}); resubmit with "
@@ -88,22 +90,23 @@ def validate_submission(kind: str, spec: JsonObject, observation: Observation) -
     return normal
 
 
-def check_restore_path(node: NodeView, *, field: str) -> RestorePath:
+def check_restore_path(node: NodeView, *, field: str,
+                       overrides: Mapping[str, str] | None = None) -> RestorePath:
     """How ``node`` restores; a runtime that cannot is refused, naming it."""
-    path = restore_path(node.runtime)
+    path = restore_path(node.runtime, overrides)
     if not isinstance(path, RestorePath):
         raise SubmissionRejected(f"{field}: node {node.name!r} cannot restore: {path}")
     return path
 
 
 def check_same_path(observation: Observation, source: str | None, target_path: RestorePath,
-                    target: str) -> None:
+                    target: str, overrides: Mapping[str, str] | None = None) -> None:
     """A migration's source captures what its target can restore (and a rollback to the
     source restores it there)."""
     fact = observation.nodes.get(source) if source else None
     if not isinstance(fact, NodeView):
         return  # not observed: the restore step decides per attempt
-    source_path = check_restore_path(fact, field="spec.source_node")
+    source_path = check_restore_path(fact, field="spec.source_node", overrides=overrides)
     if not paths_agree(source_path, target_path):
         raise SubmissionRejected(
             f"spec.target_node: node {target!r} restores by {_how(target_path)}, but the "

@@ -46,7 +46,8 @@ def test_every_field_of_a_resource_lands_on_the_classes_file_key() -> None:
         tagScheme="{pod}.{checkpoint_id}", timeouts={"capture": 120, "restore": 600},
         retention={"keepLast": 3, "maxAgeSeconds": 3600, "deleteAfterMigration": False},
         saver=saver, loader={"command": ["load", "--fast"]}, onFailure="Kill",
-        restoreAttempts=5, owners={"Sandbox": "move", "Job": "refuse"}, historyKeepDays=30))
+        restoreAttempts=5, owners={"Sandbox": "move", "Job": "refuse"}, historyKeepDays=30,
+        runtimes={"my-crio": "cri-o"}))
     assert definition == {
         "name": "fast", "repository": REPO, "tag_scheme": "{pod}.{checkpoint_id}",
         "timeouts": {"capture": 120, "restore": 600},
@@ -54,12 +55,13 @@ def test_every_field_of_a_resource_lands_on_the_classes_file_key() -> None:
                       "delete_after_migration": False},
         "saver": saver, "loader": {"command": ["load", "--fast"]}, "on_failure": "Kill",
         "restore_attempts": 5, "owners": {"Sandbox": "move", "Job": "refuse"},
-        "history_keep_days": 30}
+        "history_keep_days": 30, "runtimes": {"my-crio": "cri-o"}}
     klass = parse_class(definition)
     assert (klass.name, klass.on_failure, klass.retention.keep_last) == \
         ("fast", OnFailure.KILL, 3)
     assert klass.saver.volume_mounts[0].mount_path == "/scratch"
     assert klass.movable_owners == ("Sandbox",)
+    assert klass.runtime_paths() == {"my-crio": "cri-o"}
 
 
 def test_a_normalised_class_becomes_a_resource_without_nulls_and_parses_the_same() -> None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.engine.jsonvalue import JsonObject
+from controlplane.engine.decider import InvalidSpec
+from controlplane.engine.jsonvalue import JsonObject, JsonValue
 from controlplane.engine.observation import NodeView, Observation, TagView
 from controlplane.machines.base.codec import decode, encode_object
+from controlplane.machines.config.classes import class_to_json, parse_class
 from controlplane.machines.config.runtimes import RestorePath, restore_path
 from controlplane.machines.contract import protocol
 from controlplane.machines.steps.restore import (
@@ -162,3 +164,33 @@ def test_a_migration_a_runtime_cannot_carry_is_refused_before_anything_is_frozen
         target: str, source: str, message: str) -> None:
     with pytest.raises(SubmissionRejected, match=message):
         validate_submission("migration", SPEC, migration(target, source))
+
+
+def test_a_class_maps_a_runtime_name_to_a_path_over_what_the_name_implies() -> None:
+    """A CRI-O build that names itself otherwise restores as CRI-O; an operator may send a
+    runtime to the agent; the setting is kept in the class's normal form."""
+    cls = parse_class({"runtimes": {"my-crio": "cri-o", "cri-o": "agent"}})
+    assert restore_path("my-crio://2.0", cls.runtime_paths()) is RestorePath.RUNTIME
+    assert restore_path(CRIO, cls.runtime_paths()) is RestorePath.AGENT
+    assert class_to_json(cls)["runtimes"] == {"cri-o": "agent", "my-crio": "cri-o"}
+    assert "runtimes" not in class_to_json(parse_class({}))
+    obs = Observation(nodes={TARGET: crio_node(TARGET, "my-crio://2.0")},
+                      tags={ARTIFACT: tag({"app": APP_IMAGE})})
+    planned = runtime_plan(plan(), obs, at(0), cls.runtime_paths())
+    assert isinstance(planned, RestorePlan)
+    assert planned.path == "cri-o"
+
+
+@pytest.mark.parametrize("runtimes", [{"cri-o": "podman"}, {"CRI O": "agent"}, ["cri-o"]])
+def test_a_class_runtime_setting_that_names_no_path_is_refused_with_the_fix(
+        runtimes: JsonValue) -> None:
+    with pytest.raises(InvalidSpec, match=r"class.runtimes must map a runtime name .* to "
+                                          r"one of agent, cri-o"):
+        parse_class({"runtimes": runtimes})
+
+
+def test_a_migration_the_class_sends_to_the_agent_is_not_refused_for_containerd() -> None:
+    klass: JsonObject = {"repository": REPO, "runtimes": {"containerd": "agent"}}
+    spec: JsonObject = {**SPEC, "class": klass}
+    obs = migration(CONTAINERD, CONTAINERD)
+    assert validate_submission("migration", spec, obs)["target_node"] == TARGET

@@ -41,6 +41,7 @@ from controlplane.machines.config.containers import (
     override_to_json,
     parse_override,
 )
+from controlplane.machines.config.runtimes import RestorePath
 
 DEFAULT_CLASS_NAME = "default"
 DEFAULT_REPOSITORY = "localhost:5000/checkpoints"
@@ -49,6 +50,7 @@ TAG_PLACEHOLDERS = frozenset({"checkpoint_id", "namespace", "pod"})
 MAX_TIMEOUT = 7 * 86400
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _KIND = re.compile(r"^[A-Z][A-Za-z0-9]{0,62}$")
+_RUNTIME = re.compile(r"^[a-z0-9][-a-z0-9._]{0,62}$")
 
 
 class OnFailure(StrEnum):
@@ -98,6 +100,12 @@ class CheckpointClass:
     #: Days a settled operation's events are kept before a prune replaces them by one
     #: summary row (``None``: the prune's ``--keep-days`` decides).
     history_keep_days: int | None = field(default=None, metadata=OMIT_DEFAULT)
+    #: Runtime name -> restore path (``"cri-o"`` or ``"agent"``), over what the node's
+    #: reported runtime implies (:mod:`controlplane.machines.config.runtimes`).
+    runtimes: tuple[tuple[str, str], ...] = field(default=(), metadata=OMIT_DEFAULT)
+
+    def runtime_paths(self) -> dict[str, str]:
+        return dict(self.runtimes)
 
     def saver_container(self) -> Container:
         return merge(DEFAULT_SAVER, self.saver)
@@ -124,7 +132,7 @@ def _annotation(default: Container, override: ContainerOverride) -> str:
 DEFAULT_CLASS = CheckpointClass()
 
 _KEYS = {"name", "repository", "tag_scheme", "timeouts", "retention", "saver", "loader",
-         "on_failure", "restore_attempts", "owners", "history_keep_days"}
+         "on_failure", "restore_attempts", "owners", "history_keep_days", "runtimes"}
 MAX_HISTORY_KEEP_DAYS = 100 * 366
 _OWNER_POLICIES = ("move", "refuse")
 
@@ -191,7 +199,21 @@ def _parse_class(data: JsonValue, *, field: str) -> CheckpointClass:
         movable_owners=_owners(data.get("owners"), field=f"{field}.owners"),
         history_keep_days=_keep_days(data.get("history_keep_days"),
                                      field=f"{field}.history_keep_days"),
+        runtimes=_runtimes(data.get("runtimes"), field=f"{field}.runtimes"),
     )
+
+
+def _runtimes(data: JsonValue, *, field: str) -> tuple[tuple[str, str], ...]:
+    """``{"cri-o": "cri-o", "my-runtime": "agent"}`` -> sorted pairs."""
+    if data is None:
+        return ()
+    paths = sorted(p.value for p in RestorePath)
+    if not isinstance(data, dict) or not all(
+            isinstance(k, str) and _RUNTIME.match(k) and v in paths for k, v in data.items()):
+        raise InvalidSpec(f"{field} must map a runtime name (the scheme of a node's "
+                          f"containerRuntimeVersion, e.g. cri-o) to one of {', '.join(paths)}, "
+                          f"e.g. {{\"my-crio\": \"cri-o\"}}; got {data!r}")
+    return tuple(sorted((str(k), str(v)) for k, v in data.items()))
 
 
 def _keep_days(value: JsonValue, *, field: str) -> int | None:
@@ -237,6 +259,7 @@ def class_to_json(cls: CheckpointClass) -> JsonObject:
            if cls.movable_owners else {}),
         **({"history_keep_days": cls.history_keep_days}
            if cls.history_keep_days is not None else {}),
+        **({"runtimes": dict(cls.runtimes)} if cls.runtimes else {}),
     }
 
 

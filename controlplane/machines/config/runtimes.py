@@ -16,8 +16,10 @@ in one of two ways:
 A runtime that can checkpoint but not restore (containerd: the CRI has no restore and
 containerd does not restore from an image) or that we do not know is refused, before
 anything is frozen, with a reason naming the runtime (:func:`restore_path` returns it as
-a string). A node that reports nothing is taken as an agent node (the simulator's nodes
-without ``nodeInfo``, nodes some tests register by hand).
+a string). A checkpoint class may say otherwise per runtime name (``runtimes:
+{"my-crio": "cri-o"}``): the class setting wins over what the name implies. A node that
+reports nothing is taken as an agent node (the simulator's nodes without ``nodeInfo``,
+nodes some tests register by hand).
 
 Used by the submission checks (``controlplane.machines.submission``), the restore step
 (``controlplane.machines.steps.restore``) and the dry run.
@@ -25,6 +27,7 @@ Used by the submission checks (``controlplane.machines.submission``), the restor
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 
 
@@ -44,9 +47,15 @@ def runtime_name(version: str) -> str:
     return version.partition("://")[0].strip().lower() if version else ""
 
 
-def restore_path(version: str) -> RestorePath | str:
-    """The path a node reporting ``version`` takes, or why it cannot restore at all."""
+def restore_path(version: str,
+                 overrides: Mapping[str, str] | None = None) -> RestorePath | str:
+    """The path a node reporting ``version`` takes, or why it cannot restore at all.
+    ``overrides`` (a checkpoint class's ``runtimes``) maps a runtime name to a path: a
+    CRI-O build that names itself otherwise, or the agent on a node an operator runs it on."""
     name = runtime_name(version)
+    chosen = (overrides or {}).get(name)
+    if chosen is not None:
+        return RestorePath(chosen)
     if not name or name in AGENT_RUNTIMES:
         return RestorePath.AGENT
     if name in RESTORING_RUNTIMES:

@@ -219,7 +219,8 @@ def _restore(state: MigrationState, obs: Observation, now: datetime) -> Step:
     if r is not None and not r.superseded and state.target != state.spec.source_node \
             and not (state.spec.adopts and not state.source_gone):
         assert r.failure is not None
-        back = rs_.runtime_plan(_plan(state, state.spec.source_node, name), obs, now)
+        back = rs_.runtime_plan(_plan(state, state.spec.source_node, name), obs, now,
+                                state.klass.runtime_paths())
         if isinstance(back, Step):
             return back
         rollback = RollbackStarted(
@@ -228,7 +229,8 @@ def _restore(state: MigrationState, obs: Observation, now: datetime) -> Step:
         start = rs_.start_restore(back, ctx, now, machine_id=mid)
         return Step(events=(rollback, *start.events), actions=start.actions,
                     confirm=start.confirm)
-    plan = rs_.runtime_plan(_plan(state, state.target, name), obs, now)
+    plan = rs_.runtime_plan(_plan(state, state.target, name), obs, now,
+                            state.klass.runtime_paths())
     if isinstance(plan, Step):
         return plan
     return rs_.start_restore(plan, ctx, now, machine_id=mid)

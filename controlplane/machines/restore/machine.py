@@ -264,7 +264,7 @@ class RestoreDecider:
                            node=spec.node, artifact=spec.artifact,
                            checkpoint_id=spec.checkpoint_id,
                            not_fresh=(spec.source_instance,) if spec.source_instance else ())
-        planned = rs_.runtime_plan(plan, obs, now)
+        planned = rs_.runtime_plan(plan, obs, now, state.klass.runtime_paths())
         if isinstance(planned, Step):
             return planned
         resolved = ArtifactResolved(at=now, digest=tag.digest).recorded(facts)

@@ -319,7 +319,7 @@ class ResumeDecider:
             node=state.spec.node, artifact=None if cand is None else cand.artifact,
             checkpoint_id=None if cand is None else cand.checkpoint_id,
             not_fresh=(cand.source_instance,) if cand and cand.source_instance else ())
-        planned = rs_.runtime_plan(plan, obs, now)
+        planned = rs_.runtime_plan(plan, obs, now, state.klass.runtime_paths())
         if isinstance(planned, Step):
             return planned
         return rs_.start_restore(planned, state.context(), now, machine_id=state.machine_id)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -253,7 +254,8 @@ def restore_key(machine_id: str, attempt: int) -> str:
     return f"{machine_id}/{attempt}"
 
 
-def runtime_plan(plan: RestorePlan, obs: Observation, now: datetime) -> RestorePlan | Step:
+def runtime_plan(plan: RestorePlan, obs: Observation, now: datetime,
+                 overrides: Mapping[str, str] | None = None) -> RestorePlan | Step:
     """``plan`` with the target's restore path (and, on CRI-O, the checkpoint image of each
     container), or the step that looks up what that needs first (the artifact's manifest;
     the node must be among the machine's interests, or a wait while it cannot be read).
@@ -269,7 +271,7 @@ def runtime_plan(plan: RestorePlan, obs: Observation, now: datetime) -> RestoreP
     if isinstance(node, ProbeError):
         return wait(now + PROBE_RETRY)
     runtime = node.runtime if node is not None else ""
-    path = restore_path(runtime)
+    path = restore_path(runtime, overrides)
     if path is RestorePath.AGENT:
         return replace(plan, path=path.value, images=())
     if not isinstance(path, RestorePath):
