@@ -192,7 +192,7 @@ class World:
         return str(self.get(operation)["phase"])
 
     def wait_phase(self, operation: str, *phases: str, limit: float = 90) -> str:
-        return wait_for(lambda: (p := self.phase_of(operation)) in phases and p,
+        return wait_for(lambda: p if (p := self.phase_of(operation)) in phases else None,
                         f"{operation} in {phases}", limit)
 
     def make_pod(self, name: str, node: str, *, marker: str | None = None,
