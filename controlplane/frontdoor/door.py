@@ -24,7 +24,10 @@ a 410) and reconciles it, one key at a time:
    through the status subresource when it differs from what the server holds, so a lost
    or edited status is rewritten at the next pass, at most once per
    ``status_interval`` per resource. The mirror polls the store every ``mirror_seconds``
-   for operations whose version moved (one query) and reconciles their resources.
+   (one query for the operations' versions) and reconciles every resource whose status
+   is not yet written from its operations' current versions (``_Memo.mirrored``): they
+   moved, the last pass failed or was rate-limited, or it found an operation ended but
+   not settled. A resource with a pass already due (``_later``) is left to that pass.
 
 Transient failures (API server, database) are logged and the key retried after
 ``retry_seconds``; the loop itself never dies of one.
@@ -107,7 +110,13 @@ class _Memo:
     #: accepted or the operation settles.
     command_refused: Refusal | None = None
     status_written_at: float = 0.0
-    versions: dict[str, int] = field(default_factory=dict)
+    #: Each of the resource's operations (a Suspension's resume too) at the version the
+    #: status was last written (or found right) from: the mirror reconciles the resource
+    #: until this holds every current version. Only a pass that wrote sets it, so a
+    #: failed or deferred write is tried again. An operation that ended but still holds
+    #: its lease or owes actions is left out: it settles (the worker's release, a commit
+    #: of its own) without a new version, and only then is it Succeeded or Failed.
+    mirrored: dict[str, int] = field(default_factory=dict)
 
 
 class FrontDoor:
@@ -129,6 +138,8 @@ class FrontDoor:
         self.memo: dict[Key, _Memo] = {}
         self._queue: asyncio.Queue[Key] = asyncio.Queue()
         self._queued: set[Key] = set()
+        #: Keys with a pass due later (a retry, a rate-limited write, a wait): one each.
+        self._due: dict[Key, asyncio.TimerHandle] = {}
         self._stopping = asyncio.Event()
 
     def stop(self) -> None:
@@ -152,6 +163,9 @@ class FrontDoor:
         try:
             await self._stopping.wait()
         finally:
+            for due in self._due.values():
+                due.cancel()
+            self._due.clear()
             for task in tasks:
                 task.cancel()
             for task in tasks:
@@ -193,6 +207,9 @@ class FrontDoor:
             except ControlPlaneError as exc:
                 log.warning("front door: watching %s failed, listing again: %s", kind, exc)
                 await asyncio.sleep(self.settings.retry_seconds)
+            except Exception:  # a task that died here would stop watching for good
+                log.exception("front door: watching %s failed, listing again", kind)
+                await asyncio.sleep(self.settings.retry_seconds)
 
     def _on_event(self, kind: str, event: Resource) -> None:
         obj = event.get("object")
@@ -219,6 +236,9 @@ class FrontDoor:
     def _forget(self, key: Key) -> None:
         self.seen.pop(key, None)
         self.memo.pop(key, None)
+        due = self._due.pop(key, None)
+        if due is not None:
+            due.cancel()
 
     def _enqueue(self, key: Key) -> None:
         if key not in self._queued:
@@ -226,12 +246,37 @@ class FrontDoor:
             self._queue.put_nowait(key)
 
     def _later(self, key: Key, seconds: float) -> None:
-        asyncio.get_running_loop().call_later(seconds, self._enqueue, key)
+        """Reconcile ``key`` in ``seconds``, or sooner if a pass is due sooner: one timer
+        a key (a timer per pass asking would multiply with every watch event)."""
+        loop = asyncio.get_running_loop()
+        due = self._due.get(key)
+        if due is not None:
+            if due.when() <= loop.time() + seconds:
+                return
+            due.cancel()
+        self._due[key] = loop.call_later(seconds, self._when_due, key)
+
+    def _when_due(self, key: Key) -> None:
+        self._due.pop(key, None)
+        self._enqueue(key)
+
+    async def _patch(self, key: Key, patch: Resource, *, status: bool = False) -> Resource:
+        """``api.patch``; its answer becomes the key's copy unless the watch brought one
+        while the write was in flight: that copy may be newer than the answer (an edit
+        right after the write), and a pass that kept the answer would write nothing. A
+        copy brought before the write went out is older than the answer, which is kept."""
+        sent_over = self.seen.get(key)
+        answer = await self.api.patch(key[0], key[1], key[2], patch, status=status)
+        answer.setdefault("kind", key[0])
+        if key in self.seen and self.seen[key] is sent_over:
+            self.seen[key] = answer
+        return answer
 
     # -- the mirror's poll ------------------------------------------------------------------
 
     async def _mirror(self) -> None:
-        """Reconcile every resource whose operation's version moved since the last look."""
+        """Reconcile every resource whose status is not written from its operations'
+        current versions (``_Memo.mirrored``), unless a pass is due for it already."""
         while True:
             await asyncio.sleep(self.settings.mirror_seconds)
             owners: dict[str, Key] = {}
@@ -244,11 +289,14 @@ class FrontDoor:
             except ControlPlaneError as exc:
                 log.warning("front door: cannot read the operations' versions: %s", exc)
                 continue
+            except Exception:  # a task that died here would stop mirroring for good
+                log.exception("front door: reading the operations' versions failed")
+                continue
             for machine_id, version in versions.items():
                 key = owners[machine_id]
-                memo = self.memo.setdefault(key, _Memo())
-                if memo.versions.get(machine_id) != version:
-                    memo.versions[machine_id] = version
+                memo = self.memo.get(key)
+                if key not in self._due and (memo is None
+                                             or memo.mirrored.get(machine_id) != version):
                     self._enqueue(key)
 
     # -- reconciling ------------------------------------------------------------------------
@@ -290,6 +338,7 @@ class FrontDoor:
                 await self._command(record, Command("Cancel"), memo)
             if not live:
                 await self._release(obj)
+                _mirrored(memo, operation, resume)
                 return
         elif operation is None:
             prior = _refused_before(obj)
@@ -304,7 +353,8 @@ class FrontDoor:
         else:
             await self._follow(obj, operation, resume, memo)
             resume = await self._machine(resume_id(obj)) if key[0] == "Suspension" else None
-        await self._write_status(key, obj, operation, resume, memo)
+        if await self._write_status(key, obj, operation, resume, memo):
+            _mirrored(memo, operation, resume)
 
     async def _submit(self, obj: Resource) -> Refusal | None:
         """Submit the resource's operation; the refusal to show, if it was refused."""
@@ -408,13 +458,9 @@ class FrontDoor:
         finalizers = list(meta.get("finalizers") or [])
         if FINALIZER in finalizers:
             return obj
-        patched = await self.api.patch(
-            str(obj["kind"]), meta.get("namespace"), str(meta["name"]),
-            {"metadata": {"finalizers": [*finalizers, FINALIZER],
-                          "resourceVersion": meta.get("resourceVersion")}})
-        patched.setdefault("kind", obj["kind"])
-        self.seen[key_of(patched)] = patched
-        return patched
+        return await self._patch(key_of(obj), {"metadata": {
+            "finalizers": [*finalizers, FINALIZER],
+            "resourceVersion": meta.get("resourceVersion")}})
 
     async def _release(self, obj: Resource) -> None:
         """Remove the finalizer: the operation is settled (or never was), the delete goes on."""
@@ -428,7 +474,9 @@ class FrontDoor:
                           "resourceVersion": meta.get("resourceVersion")}})
 
     async def _write_status(self, key: Key, obj: Resource, operation: MachineRecord | None,
-                            resume: MachineRecord | None, memo: _Memo) -> None:
+                            resume: MachineRecord | None, memo: _Memo) -> bool:
+        """Bring the server's status to the one these records give; ``False``: deferred
+        (rate-limited, due again later), not written."""
         meta = obj.get("metadata") or {}
         current = obj.get("status")
         desired = desired_status(
@@ -444,18 +492,26 @@ class FrontDoor:
                 self.clock.now())]
         patch = status_patch(current if isinstance(current, dict) else None, desired)
         if not patch:
-            return
+            return True
         loop = asyncio.get_running_loop()
         wait = memo.status_written_at + self.settings.status_interval - loop.time()
         if wait > 0:  # rate-limited: this resource's status was written a moment ago
             self._later(key, wait)
-            return
-        patched = await self.api.patch(key[0], key[1], key[2], {"status": patch},
-                                       status=True)
+            return False
+        await self._patch(key, {"status": patch}, status=True)
         memo.status_written_at = loop.time()
-        patched.setdefault("kind", key[0])
-        if key in self.seen:
-            self.seen[key] = patched
+        return True
+
+
+def _mirrored(memo: _Memo, *records: MachineRecord | None) -> None:
+    """Note the versions a pass wrote the status from (see ``_Memo.mirrored``)."""
+    for record in records:
+        if record is None:
+            continue
+        if record.terminal and not settled(record):
+            memo.mirrored.pop(record.id, None)  # it settles without a new version
+        else:
+            memo.mirrored[record.id] = record.version
 
 
 def _version(obj: Resource) -> object:

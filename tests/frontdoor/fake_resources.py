@@ -78,6 +78,10 @@ class FakeResources:
         self._bump(obj)
         self._notify(kind, "MODIFIED", obj)
 
+    async def delivered(self) -> None:
+        """Until every open watch has handled every event sent to it."""
+        await asyncio.gather(*(events.join() for _, events in self.watchers))
+
     def read(self, kind: str, name: str, namespace: str | None = "default") -> Resource | None:
         found = self.objects.get((kind, namespace, name))
         return copy.deepcopy(found) if found is not None else None
@@ -101,6 +105,7 @@ class FakeResources:
         async def events() -> AsyncIterator[Resource]:
             while True:
                 yield await queue.get()
+                queue.task_done()  # the watcher asked for the next: it handled this one
         try:
             yield events()
         finally:

@@ -2,13 +2,16 @@
 cluster, agents, registry, a worker) and an in-memory resource API that keeps the API
 server's rules (``fake_resources``): one operation per resource whoever races for it, a
 refusal final for its generation across restarts, a stale copy read again before anything
-is created, a lost status rewritten, a delete held until the operation settles.
+is created, a lost status rewritten (even when the watch overtakes the door's own write),
+an operation's end shown once it settled though settling moved no version, a delete held
+until the operation settles.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import dataclasses
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -16,20 +19,25 @@ from typing import Any
 import pytest
 
 from controlplane.clock import SystemClock
+from controlplane.engine.decider import Action
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.frontdoor.door import FINALIZER, DoorSettings, FrontDoor
-from controlplane.frontdoor.ports import StaleResource
+from controlplane.frontdoor.ports import Resource, StaleResource
+from controlplane.machines.base.common import action_key
 from controlplane.machines.catalog import default_kinds
 from controlplane.store import queries
 from controlplane.store.database import Database
 from controlplane.store.errors import MachineNotFound
 from controlplane.wiring.embedded import Embedded, embedded
+from controlplane.worker.actions import ActionFailure, ActionRunner, RetryPolicy
 from tests.frontdoor.fake_resources import FakeResources
 from tests.support.sim_access import SimAccess
 from tests.support.waiting import eventually
 
 FAST = DoorSettings(resync_seconds=5.0, mirror_seconds=0.05, status_interval=0.0,
                     retry_seconds=0.05, wait_seconds=0.1)
+#: No relist during a test: what the door converges on, it reaches without one.
+NO_RESYNC = dataclasses.replace(FAST, resync_seconds=3600.0)
 
 
 class Classes:
@@ -51,9 +59,10 @@ async def world(db: Database, tmp_path: Path) -> AsyncIterator[Embedded]:
         yield w
 
 
-def door_for(world: Embedded, db: Database, api: FakeResources) -> FrontDoor:
+def door_for(world: Embedded, db: Database, api: FakeResources, *,
+             settings: DoorSettings = FAST) -> FrontDoor:
     return FrontDoor(db, default_kinds(), SimAccess(world), api, Classes(world),
-                     SystemClock(), settings=FAST)
+                     SystemClock(), settings=settings)
 
 
 @asynccontextmanager
@@ -170,12 +179,93 @@ async def test_a_lost_status_is_rewritten_from_the_history(
             "status")) == _timeless(before))
 
 
+class LostAgainAfterAWrite(FakeResources):
+    """Once :attr:`armed`: right after the door's next status write, the status is lost
+    again, and the watch delivers that newer copy before the write's own answer is back
+    (a real API server's watch and its replies travel apart)."""
+
+    armed = False
+
+    async def patch(self, kind: str, namespace: str | None, name: str, patch: Resource, *,
+                    status: bool = False) -> Resource:
+        answer = await super().patch(kind, namespace, name, patch, status=status)
+        if status and self.armed:
+            self.armed = False
+            self.edit_status(kind, name, None, namespace)
+            await self.delivered()
+        return answer
+
+
+async def test_a_status_lost_while_the_door_writes_it_is_rewritten(
+        world: Embedded, db: Database) -> None:
+    """A write's answer is older than a copy the watch already brought: the door keeps
+    the watch's copy, so it sees the status lost and writes it again (with the answer
+    kept, it believed the status written and wrote nothing until a relist)."""
+    api = LostAgainAfterAWrite()
+    api.create("Checkpoint", "web", {"podName": "web"})
+    async with running(door_for(world, db, api, settings=NO_RESYNC)):
+        await eventually(status_is(api, "Checkpoint", "web", "Succeeded", "True"),
+                         what="the checkpoint's status Succeeded")
+        before = (api.read("Checkpoint", "web") or {})["status"]
+        api.armed = True
+        api.edit_status("Checkpoint", "web", None)
+        await eventually(lambda: not api.armed and _timeless(
+            (api.read("Checkpoint", "web") or {}).get("status")) == _timeless(before),
+            what="the status rewritten after it was lost twice",
+            describe=lambda: (api.read("Checkpoint", "web") or {}).get("status"))
+
+
 def _timeless(status: dict[str, Any] | None) -> dict[str, Any]:
     """A status without its conditions' transition times (a rewrite stamps them anew)."""
     out = dict(status or {})
     out["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
                          for c in out.get("conditions") or []]
     return out
+
+
+class EndingHeld(ActionRunner):
+    """The world's actions, but one operation's last (the Kubernetes Event saying how it
+    ended) waits for :attr:`release`: until then the operation has ended, at its final
+    version, and its worker still holds its lease, as between a worker's commit of the
+    end and its release."""
+
+    def __init__(self, actions: ActionRunner, machine_id: str) -> None:
+        super().__init__({}, RetryPolicy())
+        self.actions = actions
+        self.ending = action_key(machine_id, "event", "finished")
+        self.release = asyncio.Event()
+
+    async def run_all(self, actions: Sequence[Action]) -> ActionFailure | None:
+        if any(a.key == self.ending for a in actions):
+            await self.release.wait()
+        return await self.actions.run_all(actions)
+
+
+async def test_an_operation_settling_without_a_new_version_shows_how_it_ended(
+        world: Embedded, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass that reads an ended operation before its worker released it writes
+    Progressing=True; the release settles it without a new version, and the status still
+    becomes Succeeded (it stayed Progressing for good when the mirror looked at versions
+    only: the flake of two tests of this file on a loaded machine)."""
+    api = FakeResources()
+    uid = api.create("Checkpoint", "web", {"podName": "web"})["metadata"]["uid"]
+    held = EndingHeld(world.worker.actions, uid)
+    monkeypatch.setattr(world.worker, "actions", held)
+    try:
+        async with running(door_for(world, db, api, settings=NO_RESYNC)):
+            await eventually(lambda: condition(api.read("Checkpoint", "web"), "Progressing")
+                             .get("reason") == "Succeeded",
+                             what="the ended, unreleased operation shown as Progressing")
+            ended = await queries.get_machine(db, uid)
+            held.release.set()
+            await eventually(status_is(api, "Checkpoint", "web", "Succeeded", "True"),
+                             what="Succeeded=True once the operation settled",
+                             describe=lambda: (api.read("Checkpoint", "web") or {}).get(
+                                 "status"))
+    finally:
+        held.release.set()  # never leave the world's worker waiting at teardown
+    assert ended.terminal
+    assert (await queries.get_machine(db, uid)).version == ended.version
 
 
 async def test_a_delete_waits_for_the_operation_to_settle_and_keeps_its_history(
