@@ -193,26 +193,31 @@ async def commit_many_txn(
     """:func:`commit_many` inside the caller's transaction."""
     if any(not r.events for r in requests):
         raise ValueError("a commit needs at least one event")
-    leased = [r for r in requests if r.lease is not None]
-    if conn.dialect.name == "postgresql" and len(leased) > 1:
+    # A machine may be in a batch twice (two of a worker's tasks decided it at once): one
+    # statement for the batch would move its version once but report both as updated,
+    # and on PostgreSQL the (machine_id, seq, recorded_at) key lets both append the same
+    # seq. Only each machine's first request goes in the batch; a second is judged after
+    # it, one by one, against the version the first left (so it is refused).
+    firsts: dict[str, int] = {}
+    for i, r in enumerate(requests):
+        firsts.setdefault(r.machine_id, i)
+    batch = [i for i, r in enumerate(requests) if r.lease is not None and firsts[r.machine_id] == i]
+    updated: set[int] = set()  # indexes of the requests that moved their machine's version
+    if conn.dialect.name == "postgresql" and len(batch) > 1:
         # One statement for the whole batch instead of one round trip per machine.
-        updated = await _update_leased_batch_txn(conn, leased)
+        ids = await _update_leased_batch_txn(conn, [requests[i] for i in batch])
+        updated = {i for i in batch if requests[i].machine_id in ids}
     else:
-        updated = set()
-        for r in leased:
-            params = {**_set_params(r), "b_token": r.lease.token, "b_now": r.now}  # type: ignore[union-attr]
-            if (await conn.execute(_COMMIT_LEASED, params)).rowcount == 1:
-                updated.add(r.machine_id)
-    for r in requests:
-        if r.lease is None:
-            params = {**_set_params(r),
-                      "b_next_wake_at": None if r.projection.terminal else r.now}
-            if (await conn.execute(_COMMIT_COMMAND, params)).rowcount == 1:
-                updated.add(r.machine_id)
+        for i in batch:
+            if await _commit_one_txn(conn, requests[i]):
+                updated.add(i)
+    for i, r in enumerate(requests):
+        if i not in batch and await _commit_one_txn(conn, r):
+            updated.add(i)
     outcomes: list[int | StaleWriter] = []
     accepted: list[CommitRequest] = []
-    for r in requests:
-        if r.machine_id in updated:
+    for i, r in enumerate(requests):
+        if i in updated:
             accepted.append(r)
             outcomes.append(r.new_version)
         else:
@@ -273,6 +278,15 @@ async def _update_leased_batch_txn(
          "terminal": r.projection.terminal, "pending": [action_to_json(a) for a in r.outbox]}
         for r in requests
     ])
+
+
+async def _commit_one_txn(conn: AsyncConnection, r: CommitRequest) -> bool:
+    """One request's guarded update (lease and version, or version for a command)."""
+    if r.lease is not None:
+        params = {**_set_params(r), "b_token": r.lease.token, "b_now": r.now}
+        return (await conn.execute(_COMMIT_LEASED, params)).rowcount == 1
+    params = {**_set_params(r), "b_next_wake_at": None if r.projection.terminal else r.now}
+    return (await conn.execute(_COMMIT_COMMAND, params)).rowcount == 1
 
 
 def _set_params(r: CommitRequest) -> dict[str, Any]:

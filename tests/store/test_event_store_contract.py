@@ -263,6 +263,37 @@ async def test_a_batch_commit_refuses_only_its_stale_member(
     assert (m3.terminal, m3.next_wake_at) == (True, None)
 
 
+async def test_a_machine_twice_in_one_batch_commits_once_and_refuses_the_second(
+    db: Database, clock: FakeClock
+) -> None:
+    """Two of a worker's tasks decided the same machine and their commits met in one group
+    commit: the first moves the version, the second is refused and appends nothing (a
+    crash campaign on PostgreSQL recorded both: one statement for the batch reported the
+    machine updated for each, and the partitioned events' key allows the same seq at
+    another instant)."""
+    from controlplane.store.batch import write_batch
+    from controlplane.store.event_store import CommitRequest
+
+    for i in range(3):
+        await submit_steps(db, clock, f"m{i}")
+    claimed = await leases.claim_due(db, owner="w", token="t", now=clock.now(), limit=10,
+                                     lease_seconds=30)
+    by_id = {c.record.id: c.lease for c in claimed}
+
+    def request(machine: str, event: str) -> CommitRequest:
+        return CommitRequest(machine_id=machine, expected_version=1, events=[Event(event, {})],
+                             projection=Projection("P", {"by": event}, False),
+                             cause="observation", decision_input={}, now=clock.now(),
+                             worker_id="w", lease=by_id[machine])
+
+    committed, _ = await write_batch(db, [request("m0", "First"), request("m1", "Other"),
+                                          request("m0", "Second"), request("m2", "Third")], [])
+    assert committed[0] == committed[1] == committed[3] == 2
+    assert isinstance(committed[2], ConcurrencyConflict)
+    assert [e.type for e in await queries.history(db, "m0")] == ["Submitted", "First"]
+    assert (await queries.get_machine(db, "m0")).state == {"by": "First"}
+
+
 async def test_a_terminal_machine_with_a_lease_held_is_not_yet_settled(
     db: Database, clock: FakeClock
 ) -> None:
