@@ -25,7 +25,6 @@ import datetime
 import os
 import shutil
 import signal
-import socket
 import sys
 import threading
 import time
@@ -34,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from drivers.loopback import free_port
 from drivers.realnode import config, host, images, kubeapi
 from drivers.realnode.config import NodeSettings
 from drivers.realnode.node import NodeFailed, RealNode
@@ -45,12 +45,6 @@ REALNODE = "CONTROLPLANE_REALNODE"
 HOW_TO_ENABLE = (f"no real node binaries: run `eval \"$(scripts/ensure-realnode)\"` (sets "
                  f"{REALNODE}; needs ../shared/realnode beside the clone)")
 CRIU = Path(os.environ.get("CONTROLPLANE_CRIU", "/usr/local/sbin/criu"))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def binaries_folder() -> Path | None:

@@ -14,11 +14,12 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from drivers.loopback import free_port
 
 
 def _bin(name: str) -> str:
@@ -28,15 +29,9 @@ def _bin(name: str) -> str:
     return found[-1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class ThrowawayPostgres:
     def __init__(self, root: Path) -> None:
-        self.root, self.data, self.port = root, root / "data", _free_port()
+        self.root, self.data, self.port = root, root / "data", free_port()
         self.as_postgres = os.geteuid() == 0
         self.log = root / "server.log"
 

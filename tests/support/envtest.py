@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -36,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from drivers.loopback import free_port
 
 ASSETS = "KUBEBUILDER_ASSETS"
 KUBECONFIG = "CONTROLPLANE_TEST_KUBECONFIG"
@@ -65,12 +66,6 @@ CONTROLLERS = ("replicaset", "deployment", "statefulset", "garbagecollector",
                "persistentvolume-binder")
 
 ADMIN = Identity("envtest-admin", ADMIN_TOKEN, ("system:masters", "system:authenticated"))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def find_real_cluster() -> tuple[str, str]:
