@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -32,6 +31,7 @@ from typing import Any
 
 from tests.e2e.world import World
 from tests.support.envtest import ADMIN_TOKEN
+from tests.support.pump import pump_to_file
 from tests.support.realnode import (
     RealNodeWorld,
     Tick,
@@ -94,16 +94,9 @@ class ProductWorld(World):
         proc = super().start(name, *args)
         assert proc.stdout is not None
         first = proc.stdout.readline() if name.startswith("agent-") else ""
-        stream, target = proc.stdout, self.tmp / f"{name}.stdout"
+        target = self.tmp / f"{name}.stdout"
         target.write_text(first)
-
-        def copy() -> None:
-            with target.open("a") as out, contextlib.suppress(ValueError, OSError):
-                for line in stream:
-                    out.write(line)
-                    out.flush()
-
-        threading.Thread(target=copy, daemon=True, name=f"log-{name}").start()
+        pump_to_file(proc, target, name)
         return proc
 
     def cluster_args(self) -> list[str]:

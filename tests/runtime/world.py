@@ -46,6 +46,7 @@ from tests.support.envtest import (
     running_envtest,
     start_kubelet_role,
 )
+from tests.support.pump import pump_to_file
 from tests.support.waiting import wait_for
 
 NODES = ("node-1", "node-2", "node-3")
@@ -89,16 +90,7 @@ class CriuWorld(World):
         return proc
 
     def _pump(self, name: str, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        stream, target = proc.stdout, self.tmp / f"{name}.stdout"
-
-        def copy() -> None:
-            with target.open("a") as out, contextlib.suppress(ValueError, OSError):
-                for line in stream:
-                    out.write(line)
-                    out.flush()
-
-        threading.Thread(target=copy, daemon=True, name=f"log-{name}").start()
+        pump_to_file(proc, self.tmp / f"{name}.stdout", name)
 
     def node(self, name: str) -> PodmanNode:
         return PodmanNode(self.runtime_root / name)
