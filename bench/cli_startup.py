@@ -53,7 +53,7 @@ def verbs() -> list[list[str]]:
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):
                 for name, sub in action.choices.items():
-                    # `history prune` is parsed as the verb `history-prune` (cli/history.py)
+                    # `history prune` is parsed as the verb `history-prune` (cli/retention.py)
                     head, _, tail = name.partition("-")
                     argv = [*prefix, head, tail] if tail and head in action.choices else [
                         *prefix, name]

@@ -2,7 +2,7 @@
 
 ``python -m bench.criu_migration --sizes 1,64,512`` (``make bench-criu``; needs
 ``scripts/ensure-criu`` and Debian's ``docker-registry``). For each size, a counter
-(:mod:`drivers.runtime.workload`) that touched that many MiB runs on node A (a podman
+(:mod:`drivers.podman.workload`) that touched that many MiB runs on node A (a podman
 root of its own) and is migrated to node B (another root) twice, through Debian's
 ``docker-registry`` on loopback:
 
@@ -16,14 +16,14 @@ root of its own) and is migrated to node B (another root) twice, through Debian'
 - **floor**: the same migration typed by hand — ``podman container checkpoint
   --create-image IMG --leave-running``, ``podman push``, ``podman pull`` on B, ``podman
   container restore IMG`` (the source removed after: podman 4.3's image restore needs the
-  source's run directory, see :mod:`drivers.runtime.archive`).
+  source's run directory, see :mod:`drivers.podman.archive`).
 
 Each row gives capture, push, pull and restore seconds, the checkpoint size, and the
 **downtime** as the process saw it: the longest pause between two consecutive ticks of
 the restored log (the last tick the checkpoint holds → the first tick after the
 restore; tick interval 50 ms, so ±0.05 s). ``overhead`` is ours over the floor's total.
 The **product** row is one migration of the same counter through the whole product
-(``wiring.runtime``: the API server, runtime-backed nodes, criu agents, the worker):
+(``wiring.criu_world``: the API server, runtime-backed nodes, criu agents, the worker):
 its phases as ``report_migrations`` records them, and the downtime the process saw — what
 the control loop (observe-decide-act rounds, source deletion, the restore pod) adds on
 top of the agent's own steps.
@@ -48,14 +48,11 @@ from controlplane.engine.jsonvalue import JsonObject
 from controlplane.machines.catalog import default_kinds
 from controlplane.store import migrate, queries, reports
 from controlplane.store.database import open_database
-from controlplane.wiring.runtime import runtime_world
+from controlplane.wiring.criu_world import runtime_world
 from drivers.agent.criu import CriuDumper
 from drivers.agent.dumper import Container, DumpRequest, RestoreRequest, Workload
-from drivers.registry.artifact import Provenance
-from drivers.registry.checkpoints import pull_checkpoint, push_checkpoint
-from drivers.registry.options import registry_from_options
-from drivers.runtime.podman import PodmanNode, container_name
-from drivers.runtime.workload import (
+from drivers.podman.podman import PodmanNode, container_name
+from drivers.podman.workload import (
     Tick,
     build_image,
     command,
@@ -63,6 +60,9 @@ from drivers.runtime.workload import (
     resumption,
     ticked_since,
 )
+from drivers.registry.artifact import Provenance
+from drivers.registry.checkpoints import pull_checkpoint, push_checkpoint
+from drivers.registry.options import registry_from_options
 from tests.registry.servers import run_registry
 
 INTERVAL_MS = 50
@@ -194,7 +194,7 @@ async def criu_only(a: PodmanNode, b: PodmanNode, image: str, mib: int,
 
 
 async def product_migration(root: Path, mib: int) -> dict[str, float]:
-    """One migration through the whole product (``wiring.runtime``: API server, kubelet
+    """One migration through the whole product (``wiring.criu_world``: API server, kubelet
     role with runtime nodes, criu agents, worker, registry): the downtime the process saw
     and the migration's phases as ``report_migrations`` records them."""
     db = open_database(f"sqlite:///{root / 'cp.db'}")

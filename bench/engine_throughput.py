@@ -39,10 +39,10 @@ from controlplane.machines.catalog import default_kinds
 from controlplane.machines.selftest.steps import WORK_ACTION
 from controlplane.store import leases, migrate, queries
 from controlplane.store.database import Database, open_database
-from controlplane.worker import runtime
+from controlplane.worker import loop
 from controlplane.worker.actions import ActionRunner, RetryPolicy
+from controlplane.worker.loop import Worker, WorkerConfig
 from controlplane.worker.ports import NullObserver
-from controlplane.worker.runtime import Worker, WorkerConfig
 
 clock = SystemClock()
 
@@ -125,7 +125,7 @@ async def recovery(url: str, db: Database, machines: int, lease_seconds: float) 
             first_claim.setdefault(c.record.id, now)
         return claimed
 
-    runtime.leases.claim_due = recording_claim  # type: ignore[attr-defined]
+    loop.leases.claim_due = recording_claim  # type: ignore[attr-defined]
     worker = Worker(db, kinds, NullObserver(), ActionRunner({WORK_ACTION: _noop},
                                                             RetryPolicy()), clock,
                     WorkerConfig(worker_id="rescuer", concurrency=128, batch_size=128,
@@ -137,7 +137,7 @@ async def recovery(url: str, db: Database, machines: int, lease_seconds: float) 
     finally:
         worker.stop()
         await task
-        runtime.leases.claim_due = real_claim  # type: ignore[attr-defined]
+        loop.leases.claim_due = real_claim  # type: ignore[attr-defined]
     expiry_ts = expiry.astimezone(UTC).timestamp()
     histories_ok = True
     for machine_id in ids[:50]:  # spot-check: exact histories after the crash

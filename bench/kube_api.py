@@ -52,7 +52,7 @@ from controlplane.machines.submission import Limits
 from controlplane.store import migrate
 from controlplane.store.database import Database, open_database
 from controlplane.wiring.product import product
-from controlplane.worker.runtime import WorkerConfig
+from controlplane.worker.loop import WorkerConfig
 from drivers.kube import KubeDriver, KubeSettings
 from drivers.kube.metrics import RequestCounter
 from drivers.kube.resources import MERGE

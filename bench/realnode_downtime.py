@@ -50,9 +50,9 @@ from typing import Any
 import pytest
 
 from bench.common import ROOT, write_results
-from controlplane.machines.steps.capture import ArtifactVerified, CaptureRequested
-from controlplane.machines.steps.restore import RestorePodRequested, RestoreVerified
-from controlplane.machines.steps.source import SourceDeleted
+from controlplane.machines.stages.capture import ArtifactVerified, CaptureRequested
+from controlplane.machines.stages.restore import RestorePodRequested, RestoreVerified
+from controlplane.machines.stages.source import SourceDeleted
 from drivers.agent.stopper import container_cgroup
 from tests.realnode.product import ProductWorld, open_product_world
 from tests.support.waiting import wait_for

@@ -45,8 +45,8 @@ from controlplane.machines.submission import Limits
 from controlplane.store import leases, migrate
 from controlplane.store.database import Database, open_database
 from controlplane.wiring.product import product
-from controlplane.worker import runtime
-from controlplane.worker.runtime import WorkerConfig
+from controlplane.worker import loop
+from controlplane.worker.loop import WorkerConfig
 from drivers.kube import KubeSettings
 from drivers.registry import OciLayout
 
@@ -157,7 +157,7 @@ async def _rescue(db: Database, kubeconfig: Path, layout: Path, limits: Limits,
     config = WorkerConfig(worker_id="rescuer", concurrency=concurrency,
                           batch_size=min(concurrency, 128),
                           poll_seconds=0.05, limits=limits)
-    runtime.leases.claim_due = recording_claim  # type: ignore[attr-defined]
+    loop.leases.claim_due = recording_claim  # type: ignore[attr-defined]
     try:
         async with product(db, clock, registry=registry, config=config,
                            kubeconfig=str(kubeconfig), kube=UNTHROTTLED,
@@ -179,7 +179,7 @@ async def _rescue(db: Database, kubeconfig: Path, layout: Path, limits: Limits,
             errors = dict(requests.errors)
             transitions = running.worker.transitions
     finally:
-        runtime.leases.claim_due = real_claim  # type: ignore[attr-defined]
+        loop.leases.claim_due = real_claim  # type: ignore[attr-defined]
     resumed = [first_claim[i] for i in live if i in first_claim]
     return {"rescuer_started_at": started, "resumed": len(resumed),
             "_resumed_at": max(resumed, default=started), "_finished_at": finished,

@@ -59,7 +59,7 @@ from controlplane.machines.submission import Limits
 from controlplane.store import leases, migrate, queries
 from controlplane.store.database import Database, open_database
 from controlplane.wiring.product import product
-from controlplane.worker.runtime import WorkerConfig
+from controlplane.worker.loop import WorkerConfig
 from drivers.kube import KubeSettings
 from drivers.registry import OciLayout
 

@@ -13,7 +13,7 @@ from collections import defaultdict
 from datetime import datetime
 
 from controlplane.exposition import CONTENT_TYPE, Exposition, histogram
-from controlplane.machines.steps.collect import ArtifactDeletionFailed
+from controlplane.machines.stages.collect import ArtifactDeletionFailed
 from controlplane.store import queries, reports
 from controlplane.store.database import Database
 

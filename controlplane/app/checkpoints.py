@@ -17,7 +17,7 @@ from datetime import datetime
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
 from controlplane.machines.contract.protocol import MANIFEST_NODE
-from controlplane.machines.steps.collect import (
+from controlplane.machines.stages.collect import (
     ArtifactDeleted,
     ArtifactDeletionFailed,
     ArtifactDeletionRequested,

@@ -1,1 +1,2 @@
-"""``cpctl``: the operator's command line (parser in ``main``, verbs in ``commands``)."""
+"""``cpctl``: the operator's command line (the parser in ``main``; one module per group of
+verbs: ``reading``, ``control``, ``submit``, ``drain``, ``retention``...)."""

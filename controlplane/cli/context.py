@@ -1,7 +1,7 @@
 """What every CLI verb shares: the clock and the database opened from ``--db``.
 
 Its own module so that verbs import it without importing each other (no import circle
-between ``commands``, ``cluster`` and ``serve``). The parser imports it too (through
+between the verbs' modules). The parser imports it too (through
 ``webhook`` and ``history``), so the store is imported when a database is opened, not
 here.
 """

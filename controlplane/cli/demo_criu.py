@@ -1,6 +1,6 @@
 """``cpctl demo --runtime criu``: a real process migrated and suspended/resumed with CRIU.
 
-The world is ``wiring.runtime``: the simulated API server, emulated nodes running real
+The world is ``wiring.criu_world``: the simulated API server, emulated nodes running real
 containers (podman + runc, a storage root each), Debian's ``docker-registry`` on
 loopback, a ``criu`` node agent per node, and the product. The workload is a counter
 holding its count and touched pages only in memory. The demo migrates one counter
@@ -27,7 +27,7 @@ MIB = {"app": 64, "sandbox": 16}
 
 
 async def criu_demo(args: argparse.Namespace) -> int:
-    from controlplane.wiring.runtime import runtime_world  # the drivers, only for the demo
+    from controlplane.wiring.criu_world import runtime_world  # the drivers, only for the demo
 
     started = time.monotonic()
     root = Path.cwd() / args.workdir

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from controlplane.cli import checkpoints as checkpoints_module
-from controlplane.cli import history as history_verbs
+from controlplane.cli import retention as retention_verbs
 from controlplane.cli import sim as sim_module
 from controlplane.cli.classes import add_class_options
 from controlplane.cli.options import (
@@ -38,22 +38,21 @@ from controlplane.errors import ControlPlaneError
 
 Handler = Callable[[argparse.Namespace], Awaitable[int]]
 
-_COMMANDS = "controlplane.cli.commands"
 _CLUSTER_VERBS = "controlplane.cli.cluster"
 #: The function that runs each verb, as ``module:function``; imported when the verb runs.
 HANDLERS = {
-    "db upgrade": f"{_COMMANDS}:db_upgrade",
-    "db current": f"{_COMMANDS}:db_current",
-    "submit": f"{_COMMANDS}:submit_cmd",
-    "get": f"{_COMMANDS}:get_cmd",
-    "history": f"{_COMMANDS}:history_cmd",
-    "list": f"{_COMMANDS}:list_cmd",
-    "cancel": f"{_COMMANDS}:cancel_cmd",
-    "retarget": f"{_COMMANDS}:retarget_cmd",
-    "wait": f"{_COMMANDS}:wait_cmd",
-    "wake": f"{_COMMANDS}:wake_cmd",
-    "report": f"{_COMMANDS}:report_cmd",
-    "replay": f"{_COMMANDS}:replay_cmd",
+    "db upgrade": "controlplane.cli.database:db_upgrade",
+    "db current": "controlplane.cli.database:db_current",
+    "submit": "controlplane.cli.submit:submit_cmd",
+    "get": "controlplane.cli.reading:get_cmd",
+    "history": "controlplane.cli.reading:history_cmd",
+    "list": "controlplane.cli.reading:list_cmd",
+    "cancel": "controlplane.cli.control:cancel_cmd",
+    "retarget": "controlplane.cli.control:retarget_cmd",
+    "wait": "controlplane.cli.reading:wait_cmd",
+    "wake": "controlplane.cli.control:wake_cmd",
+    "report": "controlplane.cli.reports:report_cmd",
+    "replay": "controlplane.cli.replay:replay_cmd",
     "worker": "controlplane.cli.worker:worker_cmd",
     "serve": "controlplane.cli.serve:serve_cmd",  # aiohttp
     **dict.fromkeys(("checkpoint", "migrate", "suspend", "resume"),  # the drivers
@@ -167,8 +166,8 @@ class _Parser(argparse.ArgumentParser):
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
     ) -> tuple[argparse.Namespace, list[str]]:
-        if self.prog == "cpctl":  # `history prune|import`: their own verbs (cli/history.py)
-            args = history_verbs.route(sys.argv[1:] if args is None else args)
+        if self.prog == "cpctl":  # `history prune|import`: their own verbs (cli/retention.py)
+            args = retention_verbs.route(sys.argv[1:] if args is None else args)
         return super().parse_known_args(args, namespace)
 
 
@@ -260,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--id")
     group.add_argument("--key")
 
-    history_verbs.add_parsers(sub)  # `cpctl history prune|import` (routed in main)
+    retention_verbs.add_parsers(sub)  # `cpctl history prune|import` (routed in main)
 
     rp = verb("report", "summarise operations, checkpoints or migrations from the "
               "reporting views: counts, success rate, p50/p95 seconds, bytes; migrations "

@@ -30,7 +30,7 @@ from controlplane.gc_tuning import tune_for_service
 from controlplane.machines.catalog import default_kinds
 from controlplane.store import migrate
 from controlplane.store.database import open_database
-from controlplane.worker.runtime import Worker
+from controlplane.worker.loop import Worker
 
 MIN_TOKEN = 16
 

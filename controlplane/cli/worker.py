@@ -15,8 +15,8 @@ from dataclasses import replace
 
 from controlplane.cli.classes import load_classes
 from controlplane.cli.context import clock
-from controlplane.cli.history import parse_policy
 from controlplane.cli.options import limits_from
+from controlplane.cli.retention import parse_policy
 from controlplane.clock import new_id
 from controlplane.gc_tuning import tune_for_service
 from controlplane.machines.config.classes import class_to_json
@@ -24,7 +24,7 @@ from controlplane.store import migrate, queries
 from controlplane.store.database import open_database
 from controlplane.wiring.engine import build_worker
 from controlplane.worker.housekeeping import Housekeeping
-from controlplane.worker.runtime import Worker, WorkerConfig
+from controlplane.worker.loop import Worker, WorkerConfig
 
 
 async def worker_cmd(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from controlplane.app.operations import final_pod
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.machines.base.codec import decode
-from controlplane.machines.base.common import Failure
+from controlplane.machines.base.failures import Failure
 from controlplane.machines.checkpoint.machine import KIND as CHECKPOINT
 from controlplane.machines.checkpoint.machine import CheckpointPhase, CheckpointState
 from controlplane.machines.drain.state import KIND as DRAIN

@@ -14,8 +14,8 @@ from typing import Any
 
 from sqlalchemy import Select, func, select
 
-from controlplane.machines.steps.capture import ArtifactVerified
-from controlplane.machines.steps.collect import COLLECT_EVENTS
+from controlplane.machines.stages.capture import ArtifactVerified
+from controlplane.machines.stages.collect import COLLECT_EVENTS
 from controlplane.store import codec, schema
 from controlplane.store.database import Database
 from controlplane.store.session import read_txn

@@ -1,6 +1,6 @@
 """Retention: settled operations older than a policy lose their history but keep a summary.
 
-Called by ``cpctl history prune`` (``cli/history.py``) and by the worker's housekeeping
+Called by ``cpctl history prune`` (``cli/retention.py``) and by the worker's housekeeping
 (``worker/housekeeping.py``). A prune runs in three phases, each resumable:
 
 1. per batch of prunable machines (settled, older than their policy, oldest first): the

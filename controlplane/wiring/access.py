@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.store.database import Database
-from controlplane.worker.children import StoreMachineObserver
+from controlplane.worker.child_machines import StoreMachineObserver
 from controlplane.worker.composite import CompositeObserver
 from controlplane.worker.ports import Observer
 from drivers.kube import KubeDriver, KubeSettings

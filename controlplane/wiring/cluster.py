@@ -18,7 +18,7 @@ from controlplane.frontdoor.door import FrontDoor
 from controlplane.store.database import Database
 from controlplane.wiring.access import KubeClusterAccess, cluster_access
 from controlplane.wiring.product import product
-from controlplane.worker.runtime import Worker, WorkerConfig
+from controlplane.worker.loop import Worker, WorkerConfig
 from drivers.kube import KubeSettings
 from drivers.kube.custom import CustomResources
 from drivers.registry.options import registry_from_options

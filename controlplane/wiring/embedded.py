@@ -15,7 +15,7 @@ from controlplane.clock import Clock
 from controlplane.machines.submission import Limits
 from controlplane.store.database import Database
 from controlplane.wiring.product import Product, RunsProduct, product
-from controlplane.worker.runtime import WorkerConfig
+from controlplane.worker.loop import WorkerConfig
 from drivers.agent import AgentSettings, node_agent
 from drivers.agent.sim import SimDumper
 from drivers.registry import OciLayout

@@ -11,8 +11,8 @@ from controlplane.machines.catalog import default_kinds
 from controlplane.machines.selftest.steps import WORK_ACTION
 from controlplane.store.database import Database
 from controlplane.worker.actions import ActionRunner, RetryPolicy
+from controlplane.worker.loop import Worker, WorkerConfig
 from controlplane.worker.ports import NullObserver
-from controlplane.worker.runtime import Worker, WorkerConfig
 
 
 async def _noop(_action: Any) -> None:

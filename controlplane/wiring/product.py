@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.app.children import ChildSubmitter
+from controlplane.app.child_submitter import ChildSubmitter
 from controlplane.app.drains import NodeRecheck
 from controlplane.clock import Clock
 from controlplane.engine.observation import pod_key
@@ -33,10 +33,10 @@ from controlplane.store import leases
 from controlplane.store.database import Database
 from controlplane.wiring.access import KubeClusterAccess
 from controlplane.worker.actions import ActionRunner, RetryPolicy
-from controlplane.worker.children import StoreMachineObserver
+from controlplane.worker.child_machines import StoreMachineObserver
 from controlplane.worker.composite import CompositeObserver
+from controlplane.worker.loop import Worker, WorkerConfig
 from controlplane.worker.ports import ActionHandler
-from controlplane.worker.runtime import Worker, WorkerConfig
 from drivers.kube import KubeDriver, KubeSettings
 from drivers.registry import ManifestActions, RegistryObserver
 from drivers.registry.port import Registry

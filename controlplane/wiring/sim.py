@@ -10,7 +10,7 @@ from pathlib import Path
 
 from controlplane.errors import UsageError
 from drivers.kubelet.options import RoleOptions
-from drivers.kubelet.runtime import RuntimeNodes
+from drivers.kubelet.podman_nodes import RuntimeNodes
 from drivers.kubelet.serve import serve as serve_role
 from drivers.sim import faultspec
 from drivers.sim.cluster import SimCluster

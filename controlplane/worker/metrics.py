@@ -18,7 +18,7 @@ from controlplane.exposition import Exposition
 
 @dataclass
 class WorkerMetrics:
-    """Monotonic counters, updated by :class:`~controlplane.worker.runtime.Worker`."""
+    """Monotonic counters, updated by :class:`~controlplane.worker.loop.Worker`."""
 
     transitions: Counter[str] = field(default_factory=Counter)  # kind -> events committed
     lease_losses: int = 0

@@ -30,9 +30,9 @@ from drivers.agent.pods import PodPatcher
 from drivers.agent.runner import DumperFactory, node_agent
 from drivers.agent.sim import SimDumper
 from drivers.kube import KubeDriver, KubeSettings
+from drivers.podman.podman import PodmanNode
 from drivers.registry.options import registry_from_options
 from drivers.registry.port import Registry
-from drivers.runtime.podman import PodmanNode
 
 #: The default ``--workdir`` is ``DEFAULT_WORKDIRS/NODE`` under the working directory (as
 #: cpctl's default database is ``var/controlplane.db``): one per node, so the agents of

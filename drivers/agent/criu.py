@@ -1,8 +1,8 @@
 """The ``criu`` dumper: real CRIU checkpoints of a node's containers, through podman.
 
-The node's runtime is a :class:`~drivers.runtime.podman.PodmanNode` (on an emulated
+The node's runtime is a :class:`~drivers.podman.podman.PodmanNode` (on an emulated
 node, the storage root the kubelet role runs the node's pods in; the container of a pod
-is :func:`~drivers.runtime.podman.container_name`):
+is :func:`~drivers.podman.podman.container_name`):
 
 - **dump**: ``podman container checkpoint --export <workdir>/<container>.tar
   --compress none --keep`` per requested container, ``--leave-running`` unless the
@@ -33,8 +33,8 @@ from drivers.agent.dumper import (
 )
 from drivers.agent.errors import DumpFailed, RestoreFailed, RestoreUnsupported
 from drivers.agent.kubelet import FORMAT as KUBELET_FORMAT
+from drivers.podman.podman import PodmanNode, RuntimeFailed, container_name
 from drivers.registry.checkpoints import Archive
-from drivers.runtime.podman import PodmanNode, RuntimeFailed, container_name
 
 FORMAT = "criu-archive/v1"
 ENGINE = "podman"

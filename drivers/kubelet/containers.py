@@ -1,7 +1,7 @@
 """A pod's status from its real containers, as a kubelet's PLEG would report it. Pure.
 
 :func:`pod_status` turns the runtime's view of a pod's containers
-(:class:`~drivers.runtime.podman.ContainerState` by container name; ``None``: not
+(:class:`~drivers.podman.podman.ContainerState` by container name; ``None``: not
 created yet) into the status fields the kubelet role patches:
 
 - a running container is ``running`` and ready;
@@ -14,14 +14,14 @@ created yet) into the status fields the kubelet role patches:
 
 ``Ready``/``ContainersReady`` hold when every container is ready. Container IDs are
 ``podman://<id>``. :func:`changed` says whether a pod's status differs from what it
-reports (so an unchanged pod is never written). Called by :mod:`drivers.kubelet.runtime`.
+reports (so an unchanged pod is never written). Called by :mod:`drivers.kubelet.podman_nodes`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from drivers.runtime.podman import ContainerState
+from drivers.podman.podman import ContainerState
 from drivers.sim.objects import Obj, clone, set_condition
 
 STATUS_FIELDS = ("phase", "conditions", "containerStatuses")

@@ -21,7 +21,7 @@ backoff when a watch breaks or the server restarts) and reacts to every change:
 
 Nothing here polls a pod: the loop sleeps until a watch event or the next timed step
 (a start or stop delay, a retry). With runtime-backed nodes
-(:class:`~drivers.kubelet.runtime.RuntimeNodes`) a start runs real containers (or waits
+(:class:`~drivers.kubelet.podman_nodes.RuntimeNodes`) a start runs real containers (or waits
 for their restore) and reports ``Running`` only once they run, a finish removes them,
 and a relist every ``relist_seconds`` (the kubelet's PLEG, the one poll: a runtime has
 no watch) restates a running pod's status from its containers. Called by ``cpctl sim nodes``
@@ -46,8 +46,8 @@ from drivers.kube.resources import MERGE, NODES, PODS, CoreV1, path
 from drivers.kubelet import nodes as node_rules
 from drivers.kubelet.decide import Action, Bind, Finish, Refuse, Start, decide, key, uid
 from drivers.kubelet.options import RoleOptions
-from drivers.kubelet.runtime import RuntimeNodes
-from drivers.runtime.podman import RuntimeFailed
+from drivers.kubelet.podman_nodes import RuntimeNodes
+from drivers.podman.podman import RuntimeFailed
 from drivers.sim import podstatus
 from drivers.sim.objects import clone, meta, set_condition, timestamp
 

@@ -20,8 +20,8 @@ from drivers.kube.config import load_configuration
 from drivers.kube.ratelimit import TokenBucket
 from drivers.kube.resources import CoreV1
 from drivers.kubelet.options import RoleOptions
+from drivers.kubelet.podman_nodes import RuntimeNodes
 from drivers.kubelet.role import KubeletRole
-from drivers.kubelet.runtime import RuntimeNodes
 
 log = get_logger("drivers.kubelet")
 

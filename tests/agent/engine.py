@@ -19,7 +19,7 @@ from controlplane.store import leases, migrate
 from controlplane.store.database import Database, open_database
 from controlplane.worker.actions import ActionRunner, RetryPolicy
 from controlplane.worker.composite import CompositeObserver
-from controlplane.worker.runtime import Worker, WorkerConfig
+from controlplane.worker.loop import Worker, WorkerConfig
 from drivers.kube import KubeDriver
 from drivers.registry import ManifestActions, RegistryObserver
 from drivers.registry.port import Registry

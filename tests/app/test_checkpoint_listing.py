@@ -19,8 +19,8 @@ from controlplane.clock import FakeClock
 from controlplane.engine.decider import Event
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.machines.contract.protocol import MANIFEST_NODE
-from controlplane.machines.steps.capture import ArtifactVerified
-from controlplane.machines.steps.collect import (
+from controlplane.machines.stages.capture import ArtifactVerified
+from controlplane.machines.stages.collect import (
     ArtifactDeleted,
     ArtifactDeletionFailed,
     ArtifactDeletionRequested,

@@ -223,7 +223,7 @@ def test_kube_api_counts_and_times_every_verb_per_migration_on_the_simulator(
 
 def test_criu_migration_times_every_step_of_a_real_process_that_went_on(
         tmp_path: Path) -> None:
-    from tests.runtime.world import require_runtime
+    from tests.criu.world import require_runtime
     require_runtime()
     results = bench(tmp_path, "criu_migration", "--sizes", "1")
     [row] = results["rows"]

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from controlplane.cli.demo import Demo
-from controlplane.cli.history import CRASH_ENV
+from controlplane.cli.retention import CRASH_ENV
 from controlplane.clock import SystemClock
 from controlplane.store.database import Database
 from controlplane.wiring.embedded import embedded

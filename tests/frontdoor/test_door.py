@@ -23,7 +23,7 @@ from controlplane.engine.decider import Action
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.frontdoor.door import FINALIZER, DoorSettings, FrontDoor
 from controlplane.frontdoor.ports import Resource, StaleResource
-from controlplane.machines.base.common import action_key
+from controlplane.machines.base.stepping import action_key
 from controlplane.machines.catalog import default_kinds
 from controlplane.store import queries
 from controlplane.store.database import Database

@@ -31,7 +31,7 @@ from controlplane.frontdoor.status import (
     status_patch,
 )
 from controlplane.machines.catalog import product_kinds
-from controlplane.machines.steps.restore import restore_pod_name
+from controlplane.machines.stages.restore import restore_pod_name
 from controlplane.store.records import MachineRecord
 from tests.golden.todays_rows import ROWS
 from tests.machines import test_checkpoint_machine as ckpt

@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 import pytest
 
 import controlplane.machines as machines_package
-from controlplane.machines.base.common import Condition
+from controlplane.machines.base.failures import Condition
 from controlplane.machines.base.frozen import check_copyable, replace
-from controlplane.machines.steps.capture import Capture
+from controlplane.machines.stages.capture import Capture
 
 
 def _machine_modules() -> dict[str, object]:

@@ -14,8 +14,8 @@ from controlplane.engine.decider import Event
 from controlplane.engine.kinds import KindRegistry
 from controlplane.engine.observation import Interests
 from controlplane.machines.base.codec import OMIT_DEFAULT, RawJson, decode, encode, encode_object
-from controlplane.machines.base.common import backoff, next_poll
 from controlplane.machines.base.events import ENGINE_EVENTS, EventSet, Started, UnknownEvent
+from controlplane.machines.base.timing import backoff, next_poll
 from controlplane.machines.catalog import product_kinds
 from controlplane.machines.contract import protocol
 from controlplane.machines.contract.actions import (
@@ -28,7 +28,7 @@ from controlplane.machines.contract.actions import (
     emit_event,
     remove_pod_annotations,
 )
-from controlplane.machines.steps.restore import restore_pod_name
+from controlplane.machines.stages.restore import restore_pod_name
 from tests.machines.machines_gwt import T0, at, digest_of, manifest, pod
 
 

@@ -15,7 +15,7 @@ from controlplane.engine.observation import Observation, PodView
 from controlplane.machines.contract import protocol
 from controlplane.machines.migration.machine import MigrationDecider
 from controlplane.machines.migration.phases import CHEAPEST, DELETION_COST
-from controlplane.machines.steps.restore import restore_pod_name
+from controlplane.machines.stages.restore import restore_pod_name
 from tests.machines.machines_gwt import (
     NS,
     POD,

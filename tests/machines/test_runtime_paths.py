@@ -13,7 +13,7 @@ from controlplane.machines.base.codec import decode, encode_object
 from controlplane.machines.config.classes import class_to_json, parse_class
 from controlplane.machines.config.runtimes import RestorePath, restore_path
 from controlplane.machines.contract import protocol
-from controlplane.machines.steps.restore import (
+from controlplane.machines.stages.restore import (
     ContainerImage,
     RestoreContext,
     RestorePlan,

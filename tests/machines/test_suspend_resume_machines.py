@@ -8,7 +8,7 @@ from controlplane.engine.decider import CommandRejected, InvalidSpec
 from controlplane.engine.observation import PodView
 from controlplane.machines.contract import protocol
 from controlplane.machines.resume.machine import ResumeDecider
-from controlplane.machines.steps.restore import restore_pod_name
+from controlplane.machines.stages.restore import restore_pod_name
 from controlplane.machines.suspend.machine import SuspendDecider
 from tests.machines.machines_gwt import (
     NS,

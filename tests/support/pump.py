@@ -1,5 +1,5 @@
 """A started process's stdout (its log) copied on to a file by a thread, so the pipe never
-fills and stalls it. Used by the real-CRIU world (``tests/runtime/world.py``) and the
+fills and stalls it. Used by the real-CRIU world (``tests/criu/world.py``) and the
 product on real nodes (``tests/realnode/product.py``)."""
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from controlplane.engine.observation import Interests, Observation, PodView
 from controlplane.machines.selftest.steps import WORK_ACTION
 from controlplane.store.database import open_database
 from controlplane.worker.actions import ActionRunner, RetryPolicy
-from controlplane.worker.runtime import Worker, WorkerConfig
+from controlplane.worker.loop import Worker, WorkerConfig
 from tests.support.machines import KINDS
 
 GATE_UID_PREFIX = "uid-"

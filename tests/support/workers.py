@@ -13,7 +13,7 @@ from controlplane.machines.selftest.steps import WORK_ACTION
 from controlplane.store import leases, queries
 from controlplane.store.database import Database
 from controlplane.worker.actions import ActionRunner, RetryPolicy
-from controlplane.worker.runtime import Worker, WorkerConfig
+from controlplane.worker.loop import Worker, WorkerConfig
 from tests.support.machines import KINDS
 from tests.support.waiting import eventually
 

@@ -14,7 +14,7 @@ from controlplane.machines.catalog import default_kinds
 from controlplane.store import queries
 from controlplane.store.database import Database
 from controlplane.worker.actions import ActionRunner
-from controlplane.worker.runtime import Worker, WorkerConfig
+from controlplane.worker.loop import Worker, WorkerConfig
 from tests.machines.machines_gwt import NS, POD, migration_body, pod
 from tests.support.workers import FAST_RETRIES, RecordingHandler, ScriptedObserver, run_until
 

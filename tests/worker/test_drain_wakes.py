@@ -22,8 +22,8 @@ from controlplane.store import queries
 from controlplane.store.database import Database
 from controlplane.store.errors import MachineExists
 from controlplane.worker.actions import ActionRunner
-from controlplane.worker.children import StoreMachineObserver
-from controlplane.worker.runtime import Worker, WorkerConfig
+from controlplane.worker.child_machines import StoreMachineObserver
+from controlplane.worker.loop import Worker, WorkerConfig
 from tests.machines.machines_gwt import REPO, TEMPLATE
 from tests.support.workers import FAST_RETRIES, all_terminal, run_until
 

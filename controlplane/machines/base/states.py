@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.machines.base.codec import encode_object
-from controlplane.machines.steps.source import SourcePod
+from controlplane.machines.stages.source import SourcePod
 
 
 class PhasedState:

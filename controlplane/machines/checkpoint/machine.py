@@ -29,16 +29,6 @@ from controlplane.engine.decider import Command, CommandRejected, Decision, Even
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
 from controlplane.machines.base.codec import decode
-from controlplane.machines.base.common import (
-    Condition,
-    Failure,
-    Step,
-    finish,
-    pod_facts,
-    set_condition,
-    started,
-    with_facts,
-)
 from controlplane.machines.base.events import (
     ENGINE_EVENTS,
     CancelRequested,
@@ -47,6 +37,8 @@ from controlplane.machines.base.events import (
     Finished,
     Started,
 )
+from controlplane.machines.base.facts import pod_facts, with_facts
+from controlplane.machines.base.failures import Condition, Failure, set_condition
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.refs import parse_tag_ref
 from controlplane.machines.base.specs import (
@@ -59,10 +51,11 @@ from controlplane.machines.base.specs import (
     require,
 )
 from controlplane.machines.base.states import CapturingState
+from controlplane.machines.base.stepping import Step, finish, started
 from controlplane.machines.config.classes import CheckpointClass, OnFailure, artifact_for
-from controlplane.machines.steps import capture as cap_
-from controlplane.machines.steps import source as src_
-from controlplane.machines.steps.capture import (
+from controlplane.machines.stages import capture as cap_
+from controlplane.machines.stages import source as src_
+from controlplane.machines.stages.capture import (
     CAPTURE_EVENTS,
     ArtifactVerified,
     Capture,
@@ -71,7 +64,7 @@ from controlplane.machines.steps.capture import (
     CaptureSpec,
     CaptureStatus,
 )
-from controlplane.machines.steps.source import (
+from controlplane.machines.stages.source import (
     SOURCE_EVENTS,
     SourceOp,
     SourceOpFailed,

@@ -22,7 +22,7 @@ reports nothing is taken as an agent node (the simulator's nodes without ``nodeI
 nodes some tests register by hand).
 
 Used by the submission checks (``controlplane.machines.submission``), the restore step
-(``controlplane.machines.steps.restore``) and the dry run.
+(``controlplane.machines.stages.restore``) and the dry run.
 """
 
 from __future__ import annotations

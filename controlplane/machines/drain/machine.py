@@ -65,15 +65,8 @@ from controlplane.engine.observation import (
     ProbeError,
 )
 from controlplane.machines.base.codec import decode
-from controlplane.machines.base.common import (
-    REISSUE_AFTER,
-    Step,
-    emit,
-    node_facts,
-    wait,
-    with_facts,
-)
 from controlplane.machines.base.events import DomainEvent, Started
+from controlplane.machines.base.facts import node_facts, with_facts
 from controlplane.machines.base.specs import (
     class_json,
     node_name,
@@ -82,6 +75,8 @@ from controlplane.machines.base.specs import (
     pod_template,
     require,
 )
+from controlplane.machines.base.stepping import Step, emit, wait
+from controlplane.machines.base.timing import REISSUE_AFTER
 from controlplane.machines.contract.actions import ActionType
 from controlplane.machines.drain.events import (
     ChildFinished,

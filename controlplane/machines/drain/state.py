@@ -83,7 +83,7 @@ def submit_key(drain_id: str, child: str) -> str:
 def machine_key(machine_id: str) -> str:
     """The wake key of machine ``machine_id`` ending: a parent indexes its in-flight
     children's, and the worker wakes it when one of them turns terminal
-    (:func:`controlplane.worker.children.wake_parents`)."""
+    (:func:`controlplane.worker.child_machines.wake_parents`)."""
     return f"machine:{machine_id}"
 
 

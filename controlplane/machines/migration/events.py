@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from controlplane.machines.base.events import ENGINE_EVENTS, DomainEvent, EventSet, Started
-from controlplane.machines.steps.capture import CAPTURE_EVENTS
-from controlplane.machines.steps.collect import COLLECT_EVENTS
-from controlplane.machines.steps.restore import RESTORE_EVENTS
-from controlplane.machines.steps.source import SOURCE_EVENTS
+from controlplane.machines.stages.capture import CAPTURE_EVENTS
+from controlplane.machines.stages.collect import COLLECT_EVENTS
+from controlplane.machines.stages.restore import RESTORE_EVENTS
+from controlplane.machines.stages.source import SOURCE_EVENTS
 
 
 @dataclass(frozen=True)

@@ -49,8 +49,8 @@ from controlplane.engine.decider import (
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
 from controlplane.machines.base.codec import decode
-from controlplane.machines.base.common import action_key, started, with_facts
 from controlplane.machines.base.events import DomainEvent, Started
+from controlplane.machines.base.facts import with_facts
 from controlplane.machines.base.specs import (
     checkpoint_class,
     node_name,
@@ -59,6 +59,7 @@ from controlplane.machines.base.specs import (
     pod_template,
     require,
 )
+from controlplane.machines.base.stepping import action_key, started
 from controlplane.machines.checkpoint.machine import capture_spec, validate_capture_fields
 from controlplane.machines.contract.actions import EventType, emit_event
 from controlplane.machines.migration.events import MigrationCancelRequested, Retargeted
@@ -71,7 +72,7 @@ from controlplane.machines.migration.state import (
     MigrationState,
     evolve_migration,
 )
-from controlplane.machines.steps import restore as rs_
+from controlplane.machines.stages import restore as rs_
 
 
 class MigrationDecider:

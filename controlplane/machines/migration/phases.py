@@ -1,8 +1,8 @@
 """The ``migration`` machine's ``decide``: one function per phase (see ``migration``).
 
-Each function returns a :class:`~controlplane.machines.base.common.Step`; the decider turns it
+Each function returns a :class:`~controlplane.machines.base.stepping.Step`; the decider turns it
 into the engine's ``Decision``. The source deletion guard is
-:func:`controlplane.machines.steps.source.decide_deletion`; the restore rule is here:
+:func:`controlplane.machines.stages.source.decide_deletion`; the restore rule is here:
 
 - ``_restore``: once the source is gone the restore finishes somewhere: a failed target
   attempt rolls back to the source node; the artifact is kept until a restore is verified.
@@ -19,17 +19,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from controlplane.engine.observation import Observation, PodView, ProbeError
-from controlplane.machines.base.common import (
-    REISSUE_AFTER,
-    Step,
-    action_key,
-    emit,
-    merge_facts,
-    next_poll,
-    pod_facts,
-    seconds,
-    wait,
-)
+from controlplane.machines.base.facts import merge_facts, pod_facts
+from controlplane.machines.base.stepping import Step, action_key, emit, wait
+from controlplane.machines.base.timing import REISSUE_AFTER, next_poll, seconds
 from controlplane.machines.config.classes import OnFailure
 from controlplane.machines.contract.actions import EventType, annotate_pod, emit_event
 from controlplane.machines.migration.events import (
@@ -44,13 +36,13 @@ from controlplane.machines.migration.state import (
     MigrationState,
     template_labels,
 )
-from controlplane.machines.steps import capture as cap_
-from controlplane.machines.steps import collect as gc_
-from controlplane.machines.steps import restore as rs_
-from controlplane.machines.steps import source as src_
-from controlplane.machines.steps.capture import CaptureStatus
-from controlplane.machines.steps.restore import RestorePlan, RestoreStatus
-from controlplane.machines.steps.source import SourceVanished
+from controlplane.machines.stages import capture as cap_
+from controlplane.machines.stages import collect as gc_
+from controlplane.machines.stages import restore as rs_
+from controlplane.machines.stages import source as src_
+from controlplane.machines.stages.capture import CaptureStatus
+from controlplane.machines.stages.restore import RestorePlan, RestoreStatus
+from controlplane.machines.stages.source import SourceVanished
 
 _NOT_OBSERVED = ProbeError("NotObserved", "not observed")
 

@@ -14,16 +14,11 @@ from typing import Any, ClassVar
 
 from controlplane.engine.decider import EventLike
 from controlplane.machines.base.codec import OMIT_DEFAULT, RawJson
-from controlplane.machines.base.common import (
-    Condition,
-    Failure,
-    clear_condition,
-    seconds,
-    set_condition,
-)
 from controlplane.machines.base.events import DomainEvent, Started
+from controlplane.machines.base.failures import Condition, Failure, clear_condition, set_condition
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.states import PhasedState
+from controlplane.machines.base.timing import seconds
 from controlplane.machines.config.classes import CheckpointClass
 from controlplane.machines.migration.events import (
     MIGRATION_EVENTS,
@@ -35,18 +30,18 @@ from controlplane.machines.migration.events import (
     Retargeted,
     RollbackStarted,
 )
-from controlplane.machines.steps import capture as cap_
-from controlplane.machines.steps import collect as gc_
-from controlplane.machines.steps import restore as rs_
-from controlplane.machines.steps import source as src_
-from controlplane.machines.steps.capture import (
+from controlplane.machines.stages import capture as cap_
+from controlplane.machines.stages import collect as gc_
+from controlplane.machines.stages import restore as rs_
+from controlplane.machines.stages import source as src_
+from controlplane.machines.stages.capture import (
     ArtifactVerified,
     Capture,
     CaptureFailed,
     CaptureSpec,
 )
-from controlplane.machines.steps.collect import ArtifactDeleted, ArtifactDeletionFailed, Collection
-from controlplane.machines.steps.restore import (
+from controlplane.machines.stages.collect import ArtifactDeleted, ArtifactDeletionFailed, Collection
+from controlplane.machines.stages.restore import (
     Restore,
     RestoreCleanedUp,
     RestoreContext,
@@ -55,7 +50,7 @@ from controlplane.machines.steps.restore import (
     RestorePodRequested,
     RestoreVerified,
 )
-from controlplane.machines.steps.source import (
+from controlplane.machines.stages.source import (
     SourceDeleted,
     SourceDeletionAborted,
     SourceDeletionFailed,

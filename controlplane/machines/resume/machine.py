@@ -42,18 +42,6 @@ from controlplane.engine.decider import (
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
 from controlplane.engine.observation import Interests, Observation, ProbeError, TagView
 from controlplane.machines.base.codec import RawJson, decode
-from controlplane.machines.base.common import (
-    Failure,
-    Step,
-    emit,
-    finish,
-    next_poll,
-    seconds,
-    started,
-    tag_facts,
-    wait,
-    with_facts,
-)
 from controlplane.machines.base.events import (
     ENGINE_EVENTS,
     CancelRequested,
@@ -62,6 +50,8 @@ from controlplane.machines.base.events import (
     Finished,
     Started,
 )
+from controlplane.machines.base.facts import tag_facts, with_facts
+from controlplane.machines.base.failures import Failure
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.refs import parse_digest_ref
 from controlplane.machines.base.specs import (
@@ -75,10 +65,12 @@ from controlplane.machines.base.specs import (
     require,
 )
 from controlplane.machines.base.states import PhasedState
+from controlplane.machines.base.stepping import Step, emit, finish, started, wait
+from controlplane.machines.base.timing import next_poll, seconds
 from controlplane.machines.config.classes import CheckpointClass
 from controlplane.machines.contract import protocol
-from controlplane.machines.steps import restore as rs_
-from controlplane.machines.steps.restore import (
+from controlplane.machines.stages import restore as rs_
+from controlplane.machines.stages.restore import (
     RESTORE_EVENTS,
     Restore,
     RestoreContext,

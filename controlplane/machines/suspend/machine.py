@@ -9,7 +9,7 @@ Phases::
         --SourceReleased--> Cancelled | Failed
 
 The source is deleted under the same guard as a migration's
-(:func:`controlplane.machines.steps.source.decide_deletion`). The terminal state is what a
+(:func:`controlplane.machines.stages.source.decide_deletion`). The terminal state is what a
 later ``resume`` needs: the submitter passes ``artifact`` (and ``checkpoint_id``,
 ``source_uid``) of the latest ``Suspended`` machine as the resume's first candidate, with
 ``template``. Resume lives in :mod:`controlplane.machines.resume.machine`.
@@ -31,7 +31,6 @@ from controlplane.engine.decider import Command, CommandRejected, Decision, Even
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
 from controlplane.machines.base.codec import RawJson, decode
-from controlplane.machines.base.common import Failure, Step, finish, started, with_facts
 from controlplane.machines.base.events import (
     ENGINE_EVENTS,
     CancelRequested,
@@ -40,14 +39,17 @@ from controlplane.machines.base.events import (
     Finished,
     Started,
 )
+from controlplane.machines.base.facts import with_facts
+from controlplane.machines.base.failures import Failure
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.specs import checkpoint_class, only_known, pod_template, require
 from controlplane.machines.base.states import CapturingState
+from controlplane.machines.base.stepping import Step, finish, started
 from controlplane.machines.checkpoint.machine import capture_spec, validate_capture_fields
 from controlplane.machines.config.classes import CheckpointClass, OnFailure
-from controlplane.machines.steps import capture as cap_
-from controlplane.machines.steps import source as src_
-from controlplane.machines.steps.capture import (
+from controlplane.machines.stages import capture as cap_
+from controlplane.machines.stages import source as src_
+from controlplane.machines.stages.capture import (
     CAPTURE_EVENTS,
     ArtifactVerified,
     Capture,
@@ -55,7 +57,7 @@ from controlplane.machines.steps.capture import (
     CaptureSpec,
     CaptureStatus,
 )
-from controlplane.machines.steps.source import (
+from controlplane.machines.stages.source import (
     SOURCE_EVENTS,
     SourceDeletionAborted,
     SourceDeletionFailed,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drivers.runtime.podman import PodmanNode, RuntimeFailed, container_name
+from drivers.podman.podman import PodmanNode, RuntimeFailed, container_name
 
 BUSYBOX = Path("/bin/busybox")
 IMAGE_NAME = "workloads/counter"

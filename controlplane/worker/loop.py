@@ -63,7 +63,7 @@ from controlplane.store.leases import ReleaseRequest
 from controlplane.store.records import Claimed, Lease, Projection
 from controlplane.worker.actions import ActionFailure, ActionRunner
 from controlplane.worker.admitter import admit_held
-from controlplane.worker.children import wake_parents
+from controlplane.worker.child_machines import wake_parents
 from controlplane.worker.committer import GroupCommitter
 from controlplane.worker.metrics import WorkerMetrics
 from controlplane.worker.ports import Observer

@@ -27,26 +27,18 @@ from enum import StrEnum
 from controlplane.engine.decider import Action
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Observation, PodFact, PodView, ProbeError, TagView
-from controlplane.machines.base.common import (
+from controlplane.machines.base.events import ActionFailed, DomainEvent
+from controlplane.machines.base.facts import merge_facts, pod_facts, tag_facts
+from controlplane.machines.base.failures import ActionError, Failure
+from controlplane.machines.base.frozen import replace
+from controlplane.machines.base.stepping import Step, action_key, emit, failing, need, wait
+from controlplane.machines.base.timing import (
     REISSUE_AFTER,
-    ActionError,
-    Failure,
-    Step,
-    action_key,
-    emit,
-    failing,
     may_reissue,
-    merge_facts,
-    need,
     next_poll,
-    pod_facts,
     reissue_backoff,
     seconds,
-    tag_facts,
-    wait,
 )
-from controlplane.machines.base.events import ActionFailed, DomainEvent
-from controlplane.machines.base.frozen import replace
 from controlplane.machines.contract import protocol
 from controlplane.machines.contract.actions import delete_pod, remove_pod_annotations
 

@@ -1,7 +1,7 @@
 """Runtime-backed nodes for the kubelet role: a pod bound to one runs real containers.
 
 With ``cpctl sim nodes --runtime podman --runtime-root DIR`` every node of the role is
-its own podman storage root (``DIR/<node>``, :class:`~drivers.runtime.podman.PodmanNode`):
+its own podman storage root (``DIR/<node>``, :class:`~drivers.podman.podman.PodmanNode`):
 
 - **start**: a pod that asks to be restored (``restore-artifact``) is not started cold —
   the node agent restores its containers from the checkpoint, and the pod is reported
@@ -14,7 +14,7 @@ its own podman storage root (``DIR/<node>``, :class:`~drivers.runtime.podman.Pod
 - **finish**: a terminating pod's containers are removed before the kubelet's final delete.
 
 Used by :class:`drivers.kubelet.role.KubeletRole`; runtime errors reach the role as
-:class:`~drivers.runtime.podman.RuntimeFailed` and are retried like a failed write.
+:class:`~drivers.podman.podman.RuntimeFailed` and are retried like a failed write.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pathlib import Path
 from controlplane.logs import get_logger
 from controlplane.machines.contract import protocol
 from drivers.kubelet import containers as rules
-from drivers.runtime.podman import ContainerState, PodmanNode, container_name
+from drivers.podman.podman import ContainerState, PodmanNode, container_name
 from drivers.sim.objects import Obj, meta
 
-log = get_logger("drivers.kubelet.runtime")
+log = get_logger("drivers.kubelet.podman_nodes")
 
 
 def _spec_containers(pod: Obj) -> list[Obj]:

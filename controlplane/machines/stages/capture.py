@@ -9,7 +9,7 @@ events are the owner's events). Status flow::
 
 - ``CaptureRequested`` annotates the source pod (UID precondition) with the request; it
   is issued again (``attempt`` + 1, a new key) when the pod does not show the request
-  :data:`~controlplane.machines.base.common.REISSUE_AFTER` later (a crash lost the action).
+  :data:`~controlplane.machines.base.timing.REISSUE_AFTER` later (a crash lost the action).
 - ``ArtifactVerified`` needs the tag resolved to a digest whose manifest provenance names
   this checkpoint id and the source pod UID (gate 1); any other manifest is recorded once
   as ``StaleArtifactSeen`` and never trusted. The agent's ``Pushed`` report is a hint.
@@ -18,7 +18,7 @@ events are the owner's events). Status flow::
   error is never a failure by itself (gate 3): the step waits, up to the deadline.
 
 What happens to the workload afterwards (release, kill, delete) is the owner's call, via
-:mod:`controlplane.machines.steps.source`. Pure.
+:mod:`controlplane.machines.stages.source`. Pure.
 """
 
 from __future__ import annotations
@@ -29,27 +29,19 @@ from enum import StrEnum
 
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Observation, PodFact, PodView, ProbeError, TagView
-from controlplane.machines.base.common import (
-    REISSUE_AFTER,
-    ActionError,
-    Failure,
-    Step,
-    action_key,
-    emit,
-    failing,
-    may_reissue,
-    merge_facts,
-    need,
-    next_poll,
-    pod_facts,
-    reissue_backoff,
-    seconds,
-    tag_facts,
-    wait,
-)
 from controlplane.machines.base.events import ActionFailed, DomainEvent
+from controlplane.machines.base.facts import merge_facts, pod_facts, tag_facts
+from controlplane.machines.base.failures import ActionError, Failure
 from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.refs import parse_tag_ref
+from controlplane.machines.base.stepping import Step, action_key, emit, failing, need, wait
+from controlplane.machines.base.timing import (
+    REISSUE_AFTER,
+    may_reissue,
+    next_poll,
+    reissue_backoff,
+    seconds,
+)
 from controlplane.machines.contract import protocol
 from controlplane.machines.contract.actions import EventType, annotate_pod, emit_event
 

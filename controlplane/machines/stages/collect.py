@@ -21,21 +21,12 @@ from datetime import datetime, timedelta
 
 from controlplane.engine.decider import Action
 from controlplane.engine.observation import Observation, ProbeError
-from controlplane.machines.base.common import (
-    REISSUE_AFTER,
-    ActionError,
-    Step,
-    action_key,
-    backoff,
-    emit,
-    merge_facts,
-    need,
-    next_poll,
-    tag_facts,
-    wait,
-)
 from controlplane.machines.base.events import ActionFailed, DomainEvent
+from controlplane.machines.base.facts import merge_facts, tag_facts
+from controlplane.machines.base.failures import ActionError
 from controlplane.machines.base.frozen import replace
+from controlplane.machines.base.stepping import Step, action_key, emit, need, wait
+from controlplane.machines.base.timing import REISSUE_AFTER, backoff, next_poll
 from controlplane.machines.contract.actions import EventType, delete_manifest, emit_event
 
 

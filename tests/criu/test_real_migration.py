@@ -1,6 +1,6 @@
 """A real process's memory survives migrate, suspend/resume and drain (real CRIU, runc).
 
-The counter (:mod:`drivers.runtime.workload`) holds its count and 8 MiB of patterned
+The counter (:mod:`drivers.podman.workload`) holds its count and 8 MiB of patterned
 pages only in memory. Each test proves the restored process is the checkpointed one: its
 log starts with the very ticks the source printed before the operation (the archive
 carries the log), then counts on with no repeat and no gap, every page intact — a cold
@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from controlplane.machines.contract import protocol
-from drivers.runtime import container_name
-from drivers.runtime.workload import Tick, ticked_since
-from tests.runtime.world import CriuWorld, open_criu_world, resumed, wait_running_on
+from drivers.podman import container_name
+from drivers.podman.workload import Tick, ticked_since
+from tests.criu.world import CriuWorld, open_criu_world, resumed, wait_running_on
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow

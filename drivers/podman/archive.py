@@ -10,7 +10,7 @@ chooses them under the restoring node's run root, as for any new container.
 :func:`make_portable` clears them in place: the rewritten JSON is padded with spaces to
 the member's exact size (whitespace is valid JSON), so the archive, possibly hundreds of
 MiB of memory pages, is not copied. Called by :meth:`PodmanNode.checkpoint
-<drivers.runtime.podman.PodmanNode.checkpoint>`.
+<drivers.podman.podman.PodmanNode.checkpoint>`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from drivers.runtime.archive import ArchiveUnusable, make_portable
+from drivers.podman.archive import ArchiveUnusable, make_portable
 
 CONFIG = {"conmonPidFile": "/run/node-1/overlay-containers/abc/userdata/conmon.pid",
           "pid_file": "/run/node-1/overlay-containers/abc/userdata/pidfile",

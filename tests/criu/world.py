@@ -9,7 +9,7 @@
 - one node agent per node with the ``criu`` dumper, one ``cpctl worker``, and ``cpctl``
   verbs as subprocesses (the registry over HTTP, as in a cluster).
 
-The workload is :mod:`drivers.runtime.workload`'s counter, built here and pushed to the
+The workload is :mod:`drivers.podman.workload`'s counter, built here and pushed to the
 registry. A test reads a container's log from its node's podman. Missing podman, CRIU or
 envtest FAIL the test and say which script installs them: these tests are never skipped.
 """
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from drivers.runtime import PodmanNode
-from drivers.runtime.workload import (
+from drivers.podman import PodmanNode
+from drivers.podman.workload import (
     Resumption,
     Tick,
     build_image,
@@ -248,7 +248,7 @@ def open_criu_world(tmp: Path) -> Iterator[CriuWorld]:
 def resumed(ticks: list[Tick], before: list[Tick], *, quiesced: bool) -> Resumption:
     """The restored log is the checkpointed process going on: it starts with the ticks
     the source printed before the operation, then resumes once, at a count after those,
-    with no gap and every page intact (:func:`~drivers.runtime.workload.resumption`).
+    with no gap and every page intact (:func:`~drivers.podman.workload.resumption`).
 
     ``quiesced``: the checkpoint stopped the source, so no count is printed twice — the
     first count on the target is exactly the checkpointed count + 1."""

@@ -5,7 +5,7 @@ simulated API server without its in-process kubelets, the kubelet role with
 runtime-backed nodes (each a podman root under ``root/nodes``), Debian's
 ``docker-registry`` on loopback (:func:`drivers.registry.local.local_registry`), a node
 agent per node with the ``criu`` dumper, and the product (``wiring.product``) speaking
-HTTP to that registry. The counter image (:mod:`drivers.runtime.workload`) is built and
+HTTP to that registry. The counter image (:mod:`drivers.podman.workload`) is built and
 pushed first. Needs ``scripts/ensure-criu`` and ``scripts/ensure-registry``.
 """
 
@@ -21,18 +21,16 @@ from typing import Any
 from controlplane.clock import Clock
 from controlplane.store.database import Database
 from controlplane.wiring.product import Product, RunsProduct, product
-from controlplane.worker.runtime import WorkerConfig
+from controlplane.worker.loop import WorkerConfig
 from drivers.agent import AgentSettings, node_agent
 from drivers.agent.criu import CriuDumper
 from drivers.agent.pods import PodPatcher
 from drivers.kube.resources import CoreV1
 from drivers.kubelet.options import RoleOptions
+from drivers.kubelet.podman_nodes import RuntimeNodes
 from drivers.kubelet.role import KubeletRole
-from drivers.kubelet.runtime import RuntimeNodes
-from drivers.registry.local import local_registry
-from drivers.registry.options import registry_from_options
-from drivers.runtime import PodmanNode
-from drivers.runtime.workload import (
+from drivers.podman import PodmanNode
+from drivers.podman.workload import (
     Resumption,
     Tick,
     build_image,
@@ -40,6 +38,8 @@ from drivers.runtime.workload import (
     pod_ticks,
     resumption,
 )
+from drivers.registry.local import local_registry
+from drivers.registry.options import registry_from_options
 from drivers.sim import SimCluster
 
 NODES = ("node-1", "node-2", "node-3")

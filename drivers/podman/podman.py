@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.errors import ControlPlaneError
-from drivers.runtime.archive import ArchiveUnusable, make_portable
+from drivers.podman.archive import ArchiveUnusable, make_portable
 
 PREFIX = "k8s"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from drivers.kubelet.containers import changed, pod_status
-from drivers.runtime.podman import ContainerState, container_name, parse_name
+from drivers.podman.podman import ContainerState, container_name, parse_name
 from drivers.sim.objects import Obj, condition
 
 POD: Obj = {"metadata": {"namespace": "default", "name": "app", "uid": "u-1"},

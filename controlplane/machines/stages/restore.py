@@ -35,25 +35,12 @@ from controlplane.engine.decider import Action
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Observation, PodFact, PodView, ProbeError
 from controlplane.machines.base.codec import OMIT_DEFAULT, RawJson
-from controlplane.machines.base.common import (
-    REISSUE_AFTER,
-    ActionError,
-    Failure,
-    Step,
-    action_key,
-    emit,
-    failing,
-    merge_facts,
-    need,
-    next_poll,
-    node_facts,
-    node_problem,
-    pod_facts,
-    seconds,
-    wait,
-)
 from controlplane.machines.base.events import ActionFailed, DomainEvent
+from controlplane.machines.base.facts import merge_facts, node_facts, node_problem, pod_facts
+from controlplane.machines.base.failures import ActionError, Failure
 from controlplane.machines.base.frozen import replace
+from controlplane.machines.base.stepping import Step, action_key, emit, failing, need, wait
+from controlplane.machines.base.timing import REISSUE_AFTER, next_poll, seconds
 from controlplane.machines.config.runtimes import RestorePath, restore_path
 from controlplane.machines.contract import protocol
 from controlplane.machines.contract.actions import (

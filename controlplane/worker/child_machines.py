@@ -4,7 +4,7 @@
 projection: each child's kind, phase, terminal flag and failure reason (``None`` when no
 such machine exists yet; a ``ProbeError`` when the database did not answer — never
 "absent", safety gate 3 again). The children themselves are created by the
-``SubmitOperation`` action, whose handler is a use case (``app.children``).
+``SubmitOperation`` action, whose handler is a use case (``app.child_submitter``).
 
 :func:`wake_parents`: the worker calls it once a machine turns terminal, so the parent
 that indexed the child's ``machine_key`` is due at once instead of at its next re-check.

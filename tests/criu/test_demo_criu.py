@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.world import require_runtime
+from tests.criu.world import require_runtime
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

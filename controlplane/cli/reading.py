@@ -1,0 +1,170 @@
+"""The verbs that read operations: ``cpctl get``, ``list``, ``history`` and ``wait``.
+
+Each opens the database, reads the store's projections or history, prints; only the
+store's queries are imported up front, so ``cpctl list`` starts as fast as a read can.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from controlplane.cli import render
+from controlplane.cli.context import clock, opened
+from controlplane.cli.progress import SUCCESS_PHASES, follow
+from controlplane.cli.retention import print_pruned
+from controlplane.cli.why import facts_text
+from controlplane.errors import UsageError
+from controlplane.store import queries
+from controlplane.store.errors import MachineNotFound
+
+if TYPE_CHECKING:
+    from controlplane.engine.jsonvalue import JsonObject
+    from controlplane.store.records import MachineRecord
+
+
+def _record_json(r: MachineRecord) -> dict[str, Any]:
+    from controlplane.app.operations import final_pod
+
+    return {
+        "id": r.id, "kind": r.kind, "phase": r.phase, "pod": final_pod(r),
+        "version": r.version, "terminal": r.terminal, "spec": r.spec, "state": r.state,
+        "next_wake_at": r.next_wake_at, "lease_owner": r.lease_owner,
+        "lease_expires_at": r.lease_expires_at, "created_at": r.created_at,
+        "updated_at": r.updated_at,
+    }
+
+
+async def get_cmd(args: argparse.Namespace) -> int:
+    from controlplane.app.drains import drain_children
+    from controlplane.machines.drain.state import KIND as DRAIN
+
+    structured = args.output in ("json", "yaml")
+    async with opened(args) as db:
+        record = await queries.get_machine(db, args.id)
+        children = ([(c.id, c.pod, c.target, c.outcome, c.reason or "",
+                      c.joined_at or "planned")
+                     for c in await drain_children(db, record)]
+                    if record.kind == DRAIN and not structured else [])
+    if structured:
+        render.structured(_record_json(record), args.output)
+    else:
+        render.table(["field", "value"], list(_record_json(record).items()), max_width=120,
+                     wide=args.wide)
+        if record.kind == DRAIN:
+            print()
+            render.table(["child", "pod", "target", "phase/outcome", "reason", "joined"],
+                         children, wide=args.wide)
+    return 0
+
+
+def parse_since(text: str | None) -> datetime | None:
+    """``--since``: an ISO time (UTC unless it says), or ``None``."""
+    if text is None:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"--since {text!r} is not an ISO time",
+                         hint="e.g. --since 2026-11-22T10:00:00Z") from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+async def list_cmd(args: argparse.Namespace) -> int:
+    if args.kind is not None:  # the machines' catalog only then: a plain list reads rows
+        from controlplane.machines.catalog import default_kinds
+
+        kinds = default_kinds()
+        if args.kind not in kinds:
+            raise UsageError(f"--kind {args.kind!r} is not a kind", hint="kinds: "
+                             + ", ".join(kinds))
+    if args.phase is not None and not queries.PHASE_NAME.fullmatch(args.phase):
+        raise UsageError(f"--phase {args.phase!r} is not a phase name",
+                         hint="e.g. Succeeded, Restoring, Failed")
+    if args.namespace is not None and not queries.NAMESPACE_NAME.fullmatch(args.namespace):
+        raise UsageError(f"--namespace {args.namespace!r} is not a namespace name",
+                         hint="a DNS label such as 'default'")
+    flt = queries.MachineFilter(kind=args.kind, phase=args.phase,
+                                settled=False if args.active else None,
+                                since=parse_since(args.since), node=args.node,
+                                namespace=args.namespace, limit=args.limit)
+    async with opened(args) as db:
+        records = await queries.list_machines(db, flt)
+        total = (len(records) if len(records) < args.limit
+                 else await queries.count_machines(db, flt))
+    if args.output in ("json", "yaml"):
+        render.structured({"items": [_record_json(r) for r in records], "total": total,
+                           "limit": args.limit}, args.output)
+    else:
+        now = clock.now()
+        headers = ["id", "kind", "workload", "node", "phase", "age"]
+        rows: list[tuple[object, ...]] = [
+            (r.id, r.kind, r.workload or "-", r.source_node or "-", r.phase,
+             render.age(r.created_at, now)) for r in records]
+        if args.wide:  # as kubectl's -o wide: more columns, every value whole
+            headers += ["version", "next wake", "lease owner", "created"]
+            rows = [(*row, r.version, r.next_wake_at, r.lease_owner, r.created_at)
+                    for row, r in zip(rows, records, strict=True)]
+        render.table(headers, rows, wide=args.wide, whole=[0])
+        if total > len(records):  # stderr: a pipe reading the table stays clean
+            sys.stderr.write(f"showing the newest {len(records)} of {total}; --limit N "
+                             "shows more\n")
+    return 0
+
+
+async def history_cmd(args: argparse.Namespace) -> int:
+    from controlplane.app.replay import phase_after_each
+    from controlplane.machines.catalog import default_kinds
+    from controlplane.store import retention
+
+    async with opened(args) as db:
+        try:
+            record = await queries.get_machine(db, args.id)
+        except MachineNotFound:
+            pruned = await retention.summary(db, args.id)
+            if pruned is None:
+                raise
+            print_pruned(pruned, args.output)  # its summary row, and that it was pruned
+            return 0
+        events = await queries.history(db, args.id)
+    phases = phase_after_each(default_kinds(), record, events)
+    if args.output in ("json", "yaml"):
+        render.structured([{**_jsonable(e), "phase": p} for e, p in zip(events, phases,
+                                                                         strict=True)],
+                          args.output)
+        return 0
+    rows, shown = [], ""
+    for e, phase in zip(events, phases, strict=True):
+        change = f"-> {phase}" if phase != shown else ""
+        shown = phase
+        rows.append((e.seq, e.recorded_at, change, e.type, _reason(e.data), e.worker_id,
+                     facts_text(e.facts)))
+    headers = ["seq", "time", "phase", "event", "reason", "by", "why (observed facts)"]
+    render.table(headers, rows, max_width=32, fill=len(headers) - 1, wide=args.wide)
+    return 0
+
+
+def _jsonable(event: Any) -> dict[str, Any]:
+    out: dict[str, Any] = asdict(event)
+    return out
+
+
+def _reason(data: JsonObject) -> str:
+    """The event's own words: its reason and message, else its data as ``key=value``
+    (its time and a submitted spec left out: the row and ``get`` show them)."""
+    reason, message = data.get("reason"), data.get("message")
+    if reason is not None or message is not None:
+        return ": ".join(str(p) for p in (reason, message) if p is not None)
+    return facts_text({k: v for k, v in data.items() if k not in ("at", "spec", "plan")})
+
+
+async def wait_cmd(args: argparse.Namespace) -> int:
+    async with opened(args) as db:
+        record = await queries.get_machine(db, args.id)
+        record = await follow(db, record.id, f"{record.kind} {args.id}",
+                              limit_seconds=args.wait_seconds)
+    print(f"{args.id}: {record.phase}")
+    return 0 if record.phase in SUCCESS_PHASES else 1
