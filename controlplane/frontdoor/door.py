@@ -1,8 +1,10 @@
 """The front door's loop: watch the resources, create their operations, mirror status.
 
-For every resource of the operation kinds (``requests.OPERATION_KINDS``) the door keeps
-the newest copy it saw (list, then watch; listed again every ``resync_seconds`` and after
-a 410) and reconciles it, one key at a time:
+For every resource of the operation kinds (``requests.RESOURCES``) the door keeps
+the newest copy it saw, fed by ``ResourceApi.informer`` (over the API server: the
+driver's watch cache, with its bookmarks, resume, backoff and relist after a 410), and
+reconciles it, taking keys from a rate-limited work queue (:mod:`.workqueue`: a key is
+never reconciled by two passes at once, a change during a pass queues it once after):
 
 1. **Deleted** (``deletionTimestamp``): cancel its live operations; once they are
    settled (or never existed) remove the finalizer. The history stays: deleting a
@@ -29,30 +31,36 @@ a 410) and reconciles it, one key at a time:
    moved, the last pass failed or was rate-limited, or it found an operation ended but
    not settled. A resource with a pass already due (``_later``) is left to that pass.
 
-Transient failures (API server, database) are logged and the key retried after
-``retry_seconds``; the loop itself never dies of one.
+A failed pass (API server, database, a bug) is logged and its key queued again after a
+backoff of its own (``retry_seconds``, doubling up to ``retry_max_seconds``, reset by a
+pass that succeeds); the loop itself never dies of one.
+
+Faults are injected, never read from the environment: the composition root passes
+``faults`` (``ports.NO_FAULTS`` in production); a test starts the worker through
+``tests/support/faulty_cpctl.py`` to SIGKILL it at ``frontdoor.submitted``, right after
+an operation is created and before the resource's status is written.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import os
-import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from controlplane.app.operations import send_command, submit_operation
+from controlplane.app.operations import send_command
 from controlplane.app.ports import ClusterAccess
+from controlplane.app.requests import submit
 from controlplane.app.waiting import settled
 from controlplane.clock import Clock
 from controlplane.engine.decider import Command
 from controlplane.engine.kinds import KindRegistry
 from controlplane.errors import ControlPlaneError, UsageError
-from controlplane.frontdoor.ports import Resource, ResourceApi, StaleResource, WatchExpired
+from controlplane.frontdoor.ports import NO_FAULTS, Faults, Resource, ResourceApi, StaleResource
 from controlplane.frontdoor.requests import (
     OPERATION_KINDS,
     ClassSource,
@@ -64,6 +72,7 @@ from controlplane.frontdoor.requests import (
     wants_resume,
 )
 from controlplane.frontdoor.status import Refusal, desired_status, rfc3339, status_patch
+from controlplane.frontdoor.workqueue import ShutDown, WorkQueue
 from controlplane.machines.submission import Limits
 from controlplane.store import queries
 from controlplane.store.database import Database
@@ -79,19 +88,25 @@ REQUESTER = "frontdoor"
 RETRIED = frozenset({"WorkloadBusy", "ClusterUnavailable", "CheckpointNotFound",
                      "WaitingForCheckpoint"})
 Key = tuple[str, str | None, str]  # kind, namespace, name
-#: Set, a worker SIGKILLs itself right after creating an operation and before writing the
-#: resource's status: the crash test's window (tests/frontdoor/test_front_door_real.py).
-CRASH_AFTER_SUBMIT = "CONTROLPLANE_FRONTDOOR_CRASH_AFTER_SUBMIT"
+#: The fault point right after the door created an operation, before it wrote the
+#: resource's status (``detail``: the operation id): the crash test's window.
+SUBMITTED = "frontdoor.submitted"
 
 
 @dataclass(frozen=True)
 class DoorSettings:
+    #: How often to look for the CRDs until they are served, and to try again a
+    #: submission refused for a reason the world may change (``RETRIED``).
     resync_seconds: float = 30.0
     mirror_seconds: float = 1.0
     status_interval: float = 1.0
+    #: A failed pass's key backs off from ``retry_seconds``, doubling up to the max.
     retry_seconds: float = 2.0
+    retry_max_seconds: float = 60.0
     #: How often a Restore waiting for its Checkpoint looks again.
     wait_seconds: float = 5.0
+    #: Passes run at once (over different keys: the queue never hands out one twice).
+    workers: int = 1
 
 
 def key_of(resource: Mapping[str, Any]) -> Key:
@@ -124,8 +139,8 @@ class FrontDoor:
 
     def __init__(self, db: Database, kinds: KindRegistry, access: ClusterAccess,
                  api: ResourceApi, classes: ClassSource, clock: Clock, *,
-                 limits: Limits | None = None,
-                 settings: DoorSettings | None = None) -> None:
+                 limits: Limits | None = None, settings: DoorSettings | None = None,
+                 faults: Faults = NO_FAULTS) -> None:
         self.db = db
         self.kinds = kinds
         self.access = access
@@ -134,13 +149,15 @@ class FrontDoor:
         self.clock = clock
         self.limits = limits
         self.settings = settings or DoorSettings()
+        self.faults = faults
         self.seen: dict[Key, Resource] = {}
         self.memo: dict[Key, _Memo] = {}
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
-        self._queued: set[Key] = set()
-        #: Keys with a pass due later (a retry, a rate-limited write, a wait): one each.
-        self._due: dict[Key, asyncio.TimerHandle] = {}
+        self.queue = self._new_queue()
         self._stopping = asyncio.Event()
+
+    def _new_queue(self) -> WorkQueue[Key]:
+        return WorkQueue(base_delay=self.settings.retry_seconds,
+                         max_delay=self.settings.retry_max_seconds)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -157,20 +174,24 @@ class FrontDoor:
             if await self._wait(self.settings.resync_seconds):
                 return
         log.info("front door open: watching %s", ", ".join(OPERATION_KINDS))
-        tasks = [asyncio.create_task(self._watch(kind)) for kind in OPERATION_KINDS]
-        tasks += [asyncio.create_task(self._reconciler()),
-                  asyncio.create_task(self._mirror())]
-        try:
-            await self._stopping.wait()
-        finally:
-            for due in self._due.values():
-                due.cancel()
-            self._due.clear()
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        if self.queue.shut:  # run again after a stop
+            self.queue = self._new_queue()
+        async with contextlib.AsyncExitStack() as informers:
+            for kind in OPERATION_KINDS:
+                await informers.enter_async_context(
+                    self.api.informer(kind, functools.partial(self._changed, kind)))
+            tasks = [asyncio.create_task(self._reconciler())
+                     for _ in range(max(1, self.settings.workers))]
+            tasks.append(asyncio.create_task(self._mirror()))
+            try:
+                await self._stopping.wait()
+            finally:
+                self.queue.shut_down()
+                for task in tasks:
+                    task.cancel()
+                for task in tasks:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
 
     async def _served(self) -> bool:
         try:
@@ -187,78 +208,37 @@ class FrontDoor:
 
     # -- watching -------------------------------------------------------------------------
 
-    async def _watch(self, kind: str) -> None:
-        """List ``kind``, reconcile all, watch; list again on resync, 410 or error."""
-        while True:
-            try:
-                items, version = await self.api.list(kind)
-                listed = set()
-                for item in items:
-                    item.setdefault("kind", kind)
-                    listed.add(self._saw(item, only_if_changed=True))
-                for gone in [k for k in self.seen if k[0] == kind and k not in listed]:
-                    self._forget(gone)
-                async with asyncio.timeout(self.settings.resync_seconds):
-                    async with self.api.watch(kind, version) as events:
-                        async for event in events:
-                            self._on_event(kind, event)
-            except (TimeoutError, WatchExpired):
-                continue  # the resync: list again
-            except ControlPlaneError as exc:
-                log.warning("front door: watching %s failed, listing again: %s", kind, exc)
-                await asyncio.sleep(self.settings.retry_seconds)
-            except Exception:  # a task that died here would stop watching for good
-                log.exception("front door: watching %s failed, listing again", kind)
-                await asyncio.sleep(self.settings.retry_seconds)
-
-    def _on_event(self, kind: str, event: Resource) -> None:
-        obj = event.get("object")
-        if not isinstance(obj, dict) or event.get("type") == "BOOKMARK":
+    def _changed(self, kind: str, old: Resource | None, new: Resource | None) -> None:
+        """The informer's news: keep the newest copy and reconcile it, or forget it."""
+        if new is None:
+            if old is not None:
+                key = key_of({**old, "kind": kind})
+                held = self.seen.get(key)
+                # The deletion of a resource already replaced by a namesake (a watch that
+                # saw both, in either order) must not forget the namesake.
+                if held is None or _uid(held) in ("", _uid(old)):
+                    self._forget(key)
             return
-        obj.setdefault("kind", kind)
-        if event.get("type") == "DELETED":
-            self._forget(key_of(obj))
-        else:
-            self._saw(obj)
+        self._saw(new if new.get("kind") else {**new, "kind": kind})
 
-    def _saw(self, obj: Resource, *, only_if_changed: bool = False) -> Key:
-        """Keep ``obj`` as the key's newest copy and reconcile it. A relist passes
-        ``only_if_changed``: a resource the door already holds at the same
-        resourceVersion is not reconciled again (its operation's moves reach it through
-        the mirror's poll), so a resync costs nothing per settled resource."""
+    def _saw(self, obj: Resource) -> None:
+        """Keep ``obj`` as the key's newest copy and reconcile it. The informer reports
+        only changes (a relist's unchanged resources are not news: their operations'
+        moves reach them through the mirror's poll), so a resync costs nothing per
+        settled resource."""
         key = key_of(obj)
-        held = self.seen.get(key)
         self.seen[key] = obj
-        if not (only_if_changed and held is not None and _version(held) == _version(obj)):
-            self._enqueue(key)
-        return key
+        self.queue.add(key)
 
     def _forget(self, key: Key) -> None:
         self.seen.pop(key, None)
         self.memo.pop(key, None)
-        due = self._due.pop(key, None)
-        if due is not None:
-            due.cancel()
-
-    def _enqueue(self, key: Key) -> None:
-        if key not in self._queued:
-            self._queued.add(key)
-            self._queue.put_nowait(key)
+        self.queue.drop(key)
 
     def _later(self, key: Key, seconds: float) -> None:
         """Reconcile ``key`` in ``seconds``, or sooner if a pass is due sooner: one timer
         a key (a timer per pass asking would multiply with every watch event)."""
-        loop = asyncio.get_running_loop()
-        due = self._due.get(key)
-        if due is not None:
-            if due.when() <= loop.time() + seconds:
-                return
-            due.cancel()
-        self._due[key] = loop.call_later(seconds, self._when_due, key)
-
-    def _when_due(self, key: Key) -> None:
-        self._due.pop(key, None)
-        self._enqueue(key)
+        self.queue.add_after(key, seconds)
 
     async def _patch(self, key: Key, patch: Resource, *, status: bool = False) -> Resource:
         """``api.patch``; its answer becomes the key's copy unless the watch brought one
@@ -295,30 +275,43 @@ class FrontDoor:
             for machine_id, version in versions.items():
                 key = owners[machine_id]
                 memo = self.memo.get(key)
-                if key not in self._due and (memo is None
-                                             or memo.mirrored.get(machine_id) != version):
-                    self._enqueue(key)
+                if not self.queue.scheduled(key) and (
+                        memo is None or memo.mirrored.get(machine_id) != version):
+                    self.queue.add(key)
 
     # -- reconciling ------------------------------------------------------------------------
 
     async def _reconciler(self) -> None:
         while True:
-            key = await self._queue.get()
-            self._queued.discard(key)
-            obj = self.seen.get(key)
-            if obj is None:
-                continue
             try:
-                await self.reconcile(obj)
-            except StaleResource:  # the watch brings the newer copy (or its deletion)
-                self._later(key, self.settings.retry_seconds)
-            except ControlPlaneError as exc:
-                log.warning("front door: %s %s/%s: %s; trying again in %ss", key[0],
-                            key[1] or "-", key[2], exc, self.settings.retry_seconds)
-                self._later(key, self.settings.retry_seconds)
-            except Exception:  # one resource's bug must not stop the others
-                log.exception("front door: reconciling %s %s/%s failed", *key)
-                self._later(key, self.settings.resync_seconds)
+                key = await self.queue.get()
+            except ShutDown:
+                return
+            try:
+                await self._pass(key)
+            finally:
+                self.queue.done(key)
+
+    async def _pass(self, key: Key) -> None:
+        """Reconcile the key's newest copy; a failure backs the key off, a success
+        forgets its failures."""
+        obj = self.seen.get(key)
+        if obj is None:
+            return
+        try:
+            await self.reconcile(obj)
+        except StaleResource:  # the watch brings the newer copy (or its deletion)
+            self.queue.add_rate_limited(key)
+        except ControlPlaneError as exc:
+            delay = self.queue.add_rate_limited(key)
+            log.warning("front door: %s %s/%s: %s; trying again in %ss", key[0],
+                        key[1] or "-", key[2], exc, delay)
+        except Exception:  # one resource's bug must not stop the others
+            delay = self.queue.add_rate_limited(key)
+            log.exception("front door: reconciling %s %s/%s failed; trying again in %ss",
+                          *key, delay)
+        else:
+            self.queue.forget(key)
 
     async def _machine(self, machine_id: str) -> MachineRecord | None:
         try:
@@ -365,10 +358,8 @@ class FrontDoor:
         try:
             ask = await ask_of(obj, db=self.db, access=self.access, classes=self.classes,
                                checkpoint_ids=checkpoint_ids)
-            await submit_operation(self.db, self.kinds, self.access.observer, kind=ask.kind,
-                                   spec=ask.spec, machine_id=ask.machine_id,
-                                   now=self.clock.now(), limits=self.limits,
-                                   requester=REQUESTER)
+            await submit(self.db, self.kinds, ask.prepared, machine_id=ask.machine_id,
+                         now=self.clock.now(), limits=self.limits, requester=REQUESTER)
         except MachineExists:
             return None  # another worker (or this one, before a restart) submitted it
         except WorkloadBusy as exc:
@@ -379,8 +370,7 @@ class FrontDoor:
         except ControlPlaneError as exc:
             self._later(key_of(obj), self.settings.resync_seconds)
             return Refusal("ClusterUnavailable", _one_line(exc))
-        if os.environ.get(CRASH_AFTER_SUBMIT):  # the crash test's hook: die right here
-            os.kill(os.getpid(), signal.SIGKILL)
+        self.faults.reached(SUBMITTED, ask.machine_id)
         return None
 
     async def _restore_source(self, obj: Resource) -> tuple[dict[str, str], Refusal | None]:
@@ -424,11 +414,9 @@ class FrontDoor:
                 return  # nothing to resume: the status says how the suspension ended
             key = key_of(obj)
             try:
-                ask = await resume_ask(obj, db=self.db)
-                await submit_operation(self.db, self.kinds, self.access.observer,
-                                       kind=ask.kind, spec=ask.spec, machine_id=ask.machine_id,
-                                       now=self.clock.now(), limits=self.limits,
-                                       requester=REQUESTER)
+                ask = await resume_ask(obj, db=self.db, access=self.access)
+                await submit(self.db, self.kinds, ask.prepared, machine_id=ask.machine_id,
+                             now=self.clock.now(), limits=self.limits, requester=REQUESTER)
             except MachineExists:
                 memo.command_refused = None
             except WorkloadBusy as exc:
@@ -514,8 +502,8 @@ def _mirrored(memo: _Memo, *records: MachineRecord | None) -> None:
             memo.mirrored[record.id] = record.version
 
 
-def _version(obj: Resource) -> object:
-    return (obj.get("metadata") or {}).get("resourceVersion")
+def _uid(obj: Resource) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
 
 
 def _refused_before(obj: Resource) -> Refusal | None:

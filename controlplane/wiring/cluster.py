@@ -8,13 +8,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from controlplane.clock import Clock
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.frontdoor.class_lookup import ResourceClasses
-from controlplane.frontdoor.door import FrontDoor
+from controlplane.frontdoor.door import DoorSettings, FrontDoor
+from controlplane.frontdoor.ports import NO_FAULTS, Faults
 from controlplane.store.database import Database
 from controlplane.wiring.access import KubeClusterAccess, cluster_access
 from controlplane.wiring.product import product
@@ -45,16 +47,22 @@ def access_from_args(db: Database, args: argparse.Namespace
 
 async def run_product_worker(db: Database, args: argparse.Namespace, config: WorkerConfig,
                              drive: Callable[[Worker], Awaitable[None]], clock: Clock, *,
-                             classes: Mapping[str, JsonObject] | None = None) -> None:
+                             classes: Mapping[str, JsonObject] | None = None,
+                             faults: Faults = NO_FAULTS) -> None:
     """``cpctl worker --kubeconfig ...``: drive every kind against the cluster, and (unless
     ``--no-front-door``) open the front door: the custom resources of docs/resources.md,
-    with ``classes`` (the classes file's) behind the ``CheckpointClass`` resources."""
+    with ``classes`` (the classes file's) behind the ``CheckpointClass`` resources, over
+    the driver's watch cache (relisting as often as the door's resync). ``faults``: only
+    a crash test passes any (:mod:`controlplane.wiring.faults`)."""
+    settings = DoorSettings()
     async with product(db, clock, registry=registry_from_args(args), config=config,
                        run_worker=False, **connect_options(args)) as running:
+        api = CustomResources(running.kube.api.client, settings=dataclasses.replace(
+            running.kube.settings, resync_seconds=settings.resync_seconds))
         door = None if args.no_front_door else FrontDoor(
             db, running.worker.kinds, KubeClusterAccess(running.kube, running.registry, db),
-            (api := CustomResources(running.kube.api.client)),
-            ResourceClasses(api, classes or {}), clock, limits=config.limits)
+            api, ResourceClasses(api, classes or {}), clock, limits=config.limits,
+            settings=settings, faults=faults)
         task = asyncio.create_task(door.run()) if door is not None else None
         try:
             await drive(running.worker)

@@ -4,7 +4,11 @@ the front door's :class:`~controlplane.frontdoor.ports.ResourceApi`.
 Paths are :mod:`drivers.kube.resources`' with the group's prefix; patches are JSON merge
 patches (``application/merge-patch+json``: the server takes no strategic merge patch for a
 custom resource), the status through its subresource. A 409 and a 404 on a patch become
-``StaleResource`` (read again), a 410 on a watch ``WatchExpired`` (list again).
+``StaleResource`` (read again). :meth:`CustomResources.informer` is the driver's
+:class:`~drivers.kube.cache.WatchCache` over a kind of the group: list, then watch with
+bookmarks, resume from the last resourceVersion, exponential backoff after errors, relist
+and diff after a 410 and every ``resync_seconds`` (``KubeSettings``). Built by
+:mod:`controlplane.wiring.cluster`.
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-from controlplane.frontdoor.ports import Resource, StaleResource, WatchExpired
-from drivers.kube.client import KubeClient
-from drivers.kube.errors import ApiConflict, ApiGone, ApiNotFound
+from controlplane.frontdoor.ports import ChangeHook, Resource, StaleResource
+from drivers.kube.cache import WatchCache
+from drivers.kube.client import KubeClient, KubeObject
+from drivers.kube.config import KubeSettings
+from drivers.kube.errors import ApiConflict, ApiNotFound
 from drivers.kube.resources import MERGE, CoreV1, Kind
 
 GROUP = "checkpoint.controlplane.dev"
@@ -35,9 +41,10 @@ KINDS = {
 class CustomResources:
     """The group's resources over one :class:`KubeClient` (see the module docstring)."""
 
-    def __init__(self, client: KubeClient) -> None:
+    def __init__(self, client: KubeClient, *, settings: KubeSettings | None = None) -> None:
         self.client = client
         self.api = CoreV1(client)
+        self.settings = settings or KubeSettings()
 
     async def served(self) -> bool:
         try:
@@ -46,17 +53,18 @@ class CustomResources:
             return False
         return True
 
-    async def list(self, kind: str) -> tuple[list[Resource], str]:
-        return await self.api.list_all(KINDS[kind])
-
     @contextlib.asynccontextmanager
-    async def watch(self, kind: str,
-                    resource_version: str) -> AsyncIterator[AsyncIterator[Resource]]:
+    async def informer(self, kind: str, on_change: ChangeHook) -> AsyncIterator[None]:
+        """A watch cache of ``kind`` while entered; each change to ``on_change``, every
+        object carrying its ``kind`` (a list's items may not)."""
+        def changed(old: KubeObject | None, new: KubeObject | None) -> None:
+            on_change(_kinded(old, kind), _kinded(new, kind))
+        cache = WatchCache(self.api, KINDS[kind], settings=self.settings, on_change=changed)
+        cache.start()
         try:
-            async with self.api.watch(KINDS[kind], resource_version=resource_version) as events:
-                yield _expiring(events)
-        except ApiGone as exc:
-            raise WatchExpired(f"watch {KINDS[kind].plural}: {exc}") from exc
+            yield
+        finally:
+            await cache.stop()
 
     async def get(self, kind: str, namespace: str | None, name: str) -> Resource | None:
         try:
@@ -74,12 +82,7 @@ class CustomResources:
             raise StaleResource(str(exc)) from exc
 
 
-async def _expiring(events: AsyncIterator[Resource]) -> AsyncIterator[Resource]:
-    """The watch's events; an ERROR event carrying 410 ends it as ``WatchExpired``."""
-    async for event in events:
-        if event.get("type") == "ERROR":
-            status = event.get("object") or {}
-            if status.get("code") == 410:
-                raise WatchExpired(str(status.get("message") or "watch expired"))
-            raise WatchExpired(f"watch error: {status.get('message') or status}")
-        yield event
+def _kinded(obj: KubeObject | None, kind: str) -> Resource | None:
+    if obj is None or obj.get("kind"):
+        return obj
+    return {**obj, "kind": kind}

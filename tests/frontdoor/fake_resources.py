@@ -1,7 +1,8 @@
 """An in-memory ``ResourceApi`` that keeps the API server's rules the front door relies on:
 UIDs, a resourceVersion per write (a merge patch carrying a stale one is a 409), a
 generation bumped by spec changes only, the status written only through the status
-subresource, finalizers holding a delete, and watch events for every change.
+subresource, finalizers holding a delete, and an informer reporting every change (from
+a task of its own, as a real watch's events arrive apart from the replies).
 
 The real server is the judge (tests/frontdoor/test_front_door_real.py); this fake makes
 the door's logic quick to test on both database backends.
@@ -16,7 +17,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from controlplane.frontdoor.ports import Resource, StaleResource
+from controlplane.frontdoor.ports import ChangeHook, Resource, StaleResource
 from drivers.sim.patch import merge_patch
 
 Key = tuple[str, str | None, str]
@@ -91,25 +92,39 @@ class FakeResources:
     async def served(self) -> bool:
         return True
 
-    async def list(self, kind: str) -> tuple[list[Resource], str]:
-        return ([copy.deepcopy(o) for k, o in self.objects.items() if k[0] == kind],
-                str(self.version))
-
     @contextlib.asynccontextmanager
-    async def watch(self, kind: str, resource_version: str
-                    ) -> AsyncIterator[AsyncIterator[Resource]]:
+    async def informer(self, kind: str, on_change: ChangeHook) -> AsyncIterator[None]:
         queue: asyncio.Queue[Resource] = asyncio.Queue()
+        known: dict[Key, Resource] = {}
+        for key, obj in list(self.objects.items()):
+            if key[0] == kind:
+                known[key] = copy.deepcopy(obj)
+                on_change(None, copy.deepcopy(obj))
         entry = (kind, queue)
         self.watchers.append(entry)
 
-        async def events() -> AsyncIterator[Resource]:
+        async def pump() -> None:
             while True:
-                yield await queue.get()
-                queue.task_done()  # the watcher asked for the next: it handled this one
+                event = await queue.get()
+                obj = event["object"]
+                meta = obj["metadata"]
+                key = (kind, meta.get("namespace"), meta["name"])
+                old = known.get(key)
+                if event["type"] == "DELETED":
+                    known.pop(key, None)
+                    on_change(old or obj, None)
+                else:
+                    known[key] = obj
+                    on_change(old, obj)
+                queue.task_done()
+        task = asyncio.create_task(pump())
         try:
-            yield events()
+            yield
         finally:
             self.watchers.remove(entry)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def get(self, kind: str, namespace: str | None, name: str) -> Resource | None:
         return self.read(kind, name, namespace)

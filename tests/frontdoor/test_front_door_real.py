@@ -11,7 +11,6 @@ The world is an envtest of its own with deploy/'s CRDs installed, the kubelet ro
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import yaml
 
 from tests.deploy.manifests import KUBECTL
 from tests.e2e.world import REPO, ROOT, ApiError, Obj, World, open_world
+from tests.support import faulty_cpctl
 from tests.support.envtest import (
     NODES,
     RealCluster,
@@ -258,11 +258,12 @@ def test_a_worker_killed_after_creating_the_operation_leaves_it_to_the_next(
         first.stdout.close()
     pod = w.name("crash")
     w.make_pod(pod, "node-1")
-    env = {**os.environ, "CONTROLPLANE_FRONTDOOR_CRASH_AFTER_SUBMIT": "1"}
+    # SIGKILLed by an injected fault right after creating an operation (test-only entry).
+    argv = faulty_cpctl.command(["--db", w.db, "worker", "--poll-seconds", "0.05",
+                                 *w.cluster_args()], "frontdoor.submitted")
     with (w.tmp / "crashing.stderr").open("w") as err:
         crashing = subprocess.Popen(
-            [sys.executable, "-m", "controlplane.cli.main", "--db", w.db, "worker",
-             "--poll-seconds", "0.05", *w.cluster_args()], cwd=ROOT, env=env, text=True,
+            [sys.executable, *argv], cwd=ROOT, text=True,
             stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
     made = resource(w, "Checkpoint", pod, podName=pod)
     assert crashing.wait(120) == -signal.SIGKILL
