@@ -11,8 +11,6 @@ verbs that use them.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,14 +22,16 @@ from controlplane.cli.options import positive_int
 from controlplane.errors import UsageError
 
 if TYPE_CHECKING:
+    from controlplane.frontdoor.ports import Faults
     from controlplane.store.retention import Policy
 
 VERBS = ("prune", "import")
 #: Global options of ``cpctl`` that take a value (``route`` skips them to find the verb).
 _VALUED = ("--db", "--log-format", "--log-level")
-#: Test hook: SIGKILL this process right after printing a progress line starting with
-#: this text (e.g. ``phase 1 (summaries): batch 1``), to prove a crash there loses nothing.
-CRASH_ENV = "CONTROLPLANE_PRUNE_CRASH_AFTER"
+#: The fault point after each progress line (a crash test SIGKILLs the prune there,
+#: e.g. after ``phase 1 (summaries): batch 1``, to prove a crash loses nothing; see
+#: :mod:`controlplane.wiring.faults` for how a test injects it).
+PROGRESS = "prune.progress"
 
 PRUNE_HELP = """examples:
   cpctl history prune --keep-days 90                  # every kind: settled > 90 days ago
@@ -130,16 +130,15 @@ def parse_policy(values: Sequence[str], *, flag: str = "--keep-days") -> Policy:
     return retention.Policy(default_days=default, by_kind=by_kind)
 
 
-def _progress(line: str) -> None:
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
-    crash_at = os.environ.get(CRASH_ENV)
-    if crash_at and line.startswith(crash_at):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-async def prune_cmd(args: argparse.Namespace) -> int:
+async def prune_cmd(args: argparse.Namespace, *, faults: Faults | None = None) -> int:
+    """``faults``: only a crash test passes any (:mod:`controlplane.wiring.faults`)."""
     from controlplane.store import migrate, retention
+
+    def progress(line: str) -> None:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        if faults is not None:
+            faults.reached(PROGRESS, line)
 
     policy = parse_policy(args.keep_days)
     if args.archive is not None and args.archive.exists() and not args.archive.is_dir():
@@ -149,7 +148,7 @@ async def prune_cmd(args: argparse.Namespace) -> int:
         await migrate.require_current(db)
         report = await retention.prune(db, policy=policy, now=clock.now(), batch=args.batch,
                                        archive=args.archive, dry_run=args.dry_run,
-                                       progress=_progress)
+                                       progress=progress)
     if args.dry_run:
         print(f"dry run: {report.summarized} operation(s) would be pruned "
               f"({'--keep-days ' + ' '.join(args.keep_days) if args.keep_days else 'class '}"

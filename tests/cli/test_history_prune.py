@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from controlplane.cli.demo import Demo
-from controlplane.cli.retention import CRASH_ENV
 from controlplane.clock import SystemClock
 from controlplane.store.database import Database
 from controlplane.wiring.embedded import embedded
+from tests.support import faulty_cpctl
 from tests.support.cpctl import in_process
 
 pytestmark = pytest.mark.slow  # real subprocesses (or a browser): its file starts first
@@ -33,11 +33,15 @@ REPORTS = (("operations", "kind"), ("operations", "requester"), ("migrations", "
            ("checkpoints", "class"), ("operations", "day"), ("drains", "kind"))
 
 
-def cpctl(db: str, *args: str, env: dict[str, str] | None = None
+def cpctl(db: str, *args: str, crash_after: str | None = None
           ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "controlplane.cli.main", "--db", db, *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    """``cpctl --db db args``; ``crash_after``: SIGKILLed right after printing a progress
+    line that starts with it (the test-only entry ``tests/support/faulty_cpctl.py``)."""
+    argv = ["-m", "controlplane.cli.main", "--db", db, *args]
+    if crash_after is not None:
+        argv = faulty_cpctl.command(argv[2:], f"prune.progress={crash_after}")
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL, env=dict(os.environ))
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
@@ -104,7 +108,7 @@ def test_a_prune_killed_in_the_middle_loses_nothing_and_the_next_run_finishes(
     in-between state, and a plain rerun finishes the prune."""
     before, machines = all_reports(finished), ids(finished)
     killed = cpctl(finished, "history", "prune", "--keep-days", "0", "--batch", "2",
-                   env={CRASH_ENV: crash_after})
+                   crash_after=crash_after)
     assert killed.returncode == -9, killed.stdout + killed.stderr
     assert crash_after in killed.stderr
     assert ids(finished) == machines  # no machines row deleted before phase 3
