@@ -62,6 +62,10 @@ class WorkQueue(Generic[K]):
     def __len__(self) -> int:
         return len(self._queue)
 
+    @property
+    def shut(self) -> bool:
+        return self._shut
+
     # -- adding -----------------------------------------------------------------------
 
     def add(self, key: K) -> None:
