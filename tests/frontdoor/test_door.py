@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -314,3 +314,20 @@ async def test_a_resume_the_operation_refuses_shows_beside_the_suspension(
     assert condition(obj, "Succeeded")["status"] == "True"
     assert "node-9" in condition(obj, "CommandRefused")["message"]
     assert "resumeOperationID" not in obj["status"]
+
+
+async def test_the_deletion_of_a_replaced_resource_keeps_its_namesake() -> None:
+    """A watch may report a resource's deletion after its namesake (a new UID) arrived:
+    the door forgets the key only for the deletion of the copy it holds."""
+    door = FrontDoor(cast(Database, None), default_kinds(), cast(Any, None), FakeResources(),
+                     cast(Any, None), SystemClock())
+    old = {"kind": "Checkpoint", "metadata": {"name": "web", "namespace": "default",
+                                              "uid": "old"}}
+    new = {"kind": "Checkpoint", "metadata": {"name": "web", "namespace": "default",
+                                              "uid": "new"}}
+    door._changed("Checkpoint", None, new)
+    door._changed("Checkpoint", old, None)
+    assert door.seen[("Checkpoint", "default", "web")] is new
+    door._changed("Checkpoint", new, None)
+    assert door.seen == {}
+    door.queue.shut_down()
