@@ -5,12 +5,17 @@ headers they are served with, the token hand-off, and the links between them.
 The token arrives once as ``?token=``; :data:`TOKEN_JS` drops it from the address bar
 and keeps it in this tab's ``sessionStorage`` (never the URL, never a log line), so a link
 from one page to the other keeps working without it in the URL.
+
+The pages' CSS and JavaScript are package files, ``controlplane/api/static/*.css|js`` (so
+editors, linters and diffs see them as CSS and JavaScript), read once at import by
+:func:`asset` and still inlined: the CSP hashes the exact text the page carries.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+from importlib.resources import files
 
 
 def csp_hash(source: str) -> str:
@@ -18,18 +23,15 @@ def csp_hash(source: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(source.encode()).digest()).decode() + "'"
 
 
+def asset(name: str) -> str:
+    """The text of ``static/<name>`` (package data, in the wheel), after a newline: an
+    inline ``<style>``/``<script>`` body starts on a line of its own."""
+    return "\n" + (files(__package__) / "static" / name).read_text(encoding="utf-8")
+
+
 #: ``takeToken(url)``: the token from ``url``'s ``?token=`` (remembered for this tab and
 #: removed from ``url``), else the one this tab remembered; "" when there is none.
-TOKEN_JS = r"""
-  function takeToken(url) {
-    const given = url.searchParams.get("token");
-    url.searchParams.delete("token");
-    try {
-      if (given) window.sessionStorage.setItem("controlplane.token", given);
-      return given || window.sessionStorage.getItem("controlplane.token") || "";
-    } catch (err) { return given || ""; }  // storage off: this page only
-  }
-"""
+TOKEN_JS = asset("token.js")
 
 #: The header's links between the pages (the token follows in ``sessionStorage``).
 NAV_HTML = ('<nav aria-label="pages"><a href="/">operations</a> · '

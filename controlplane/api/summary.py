@@ -6,7 +6,8 @@ is a page that holds no data, like the dashboard: its script reads the token fro
 ``GET /api/v1/charts/{name}.svg`` (Bearer token; ``?drain=<id>`` picks the drain of the
 drain chart), server-rendered by :mod:`controlplane.api.summary_charts`. The SVG is
 parsed as XML and placed inline (so its ``<title>``/``<desc>`` reach a screen reader);
-scripts and styles run only if the CSP's hashes name them.
+scripts and styles run only if the CSP's hashes name them. The page's own style and script
+are ``static/summary.css`` and ``static/summary.js``, inlined.
 """
 
 from __future__ import annotations
@@ -16,52 +17,13 @@ from aiohttp import web
 from controlplane.api import summary_charts
 from controlplane.api.charts import render
 from controlplane.api.keys import CLOCK_KEY, DB_KEY
-from controlplane.api.pages import NAV_CSS, TOKEN_JS, page_csp, page_headers, page_html
+from controlplane.api.pages import NAV_CSS, TOKEN_JS, asset, page_csp, page_headers, page_html
 
-STYLE = """
-body{font:14px system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
-header{background:#1d2330;color:#fff;padding:10px 16px;font-weight:600;display:flex;
- justify-content:space-between}
-main{display:grid;grid-template-columns:repeat(auto-fit,minmax(740px,1fr));gap:16px;
- padding:16px;align-items:start}
-figure{margin:0;background:#fff;border:1px solid #d8dce3;border-radius:6px;padding:8px;
- min-height:90px;overflow-x:auto}
-figure svg{display:block;max-width:100%;height:auto}
-.error{color:#b3261e;min-height:1em}
-""" + NAV_CSS
+#: ``static/summary.css`` and the header links' style.
+STYLE = asset("summary.css") + NAV_CSS
 
-SCRIPT = r"""
-(function () {
-  const url = new URL(window.location.href);
-__TOKEN_JS__
-  const token = takeToken(url);
-  const drain = url.searchParams.get("drain");
-  window.history.replaceState(null, "", url.pathname + url.search);
-  async function draw(figure) {
-    const name = figure.dataset.chart;
-    const query = drain && name === "drain-load" ? "?drain=" + encodeURIComponent(drain) : "";
-    const error = figure.querySelector(".error");
-    try {
-      const response = await fetch("/api/v1/charts/" + name + ".svg" + query,
-                                   {headers: {"Authorization": "Bearer " + token}});
-      const body = await response.text();
-      if (!response.ok) {
-        let message = response.statusText;
-        try { message = JSON.parse(body).error || message; } catch (e) { /* not JSON */ }
-        throw new Error(message);
-      }
-      const doc = new DOMParser().parseFromString(body, "image/svg+xml");
-      if (doc.querySelector("parsererror")) throw new Error("the chart is not valid SVG");
-      figure.querySelector(".chart-box").replaceChildren(
-        document.importNode(doc.documentElement, true));
-      error.textContent = "";
-    } catch (err) {
-      error.textContent = name + ": " + String(err.message || err);
-    }
-  }
-  document.querySelectorAll("figure[data-chart]").forEach(draw);
-})();
-""".replace("__TOKEN_JS__", TOKEN_JS)
+#: ``static/summary.js`` with the token hand-off in place of ``__TOKEN_JS__``.
+SCRIPT = asset("summary.js").replace("__TOKEN_JS__", TOKEN_JS)
 
 
 #: Only this page's own script and style run; it talks only to its own origin.
