@@ -34,26 +34,19 @@ from controlplane.api.keys import (
 )
 from controlplane.api.openapi import document
 from controlplane.api.pages import page_headers
-from controlplane.app.drains import (
-    drain_children,
-    drain_spec,
-    drain_summary,
-    plan_document,
-    plan_of,
-)
-from controlplane.app.operations import send_command, submit_operation
-from controlplane.app.plan import plan_operation
+from controlplane.app.drains import drain_children, drain_summary
+from controlplane.app.operations import send_command
+from controlplane.app.plan import plan_request
 from controlplane.app.ports import ClusterAccess
 from controlplane.app.replay import phase_after_each
 from controlplane.app.requester import token_requester
-from controlplane.app.specs import restore_spec, workload_of, workload_spec
+from controlplane.app.requests import RequestRefused, prepare, submit
 from controlplane.app.waiting import settled, waiting_for
 from controlplane.clock import Clock, SystemClock, new_id
 from controlplane.engine.decider import Command
 from controlplane.engine.kinds import KindRegistry
 from controlplane.errors import ControlPlaneError, UsageError
-from controlplane.machines.catalog import default_kinds
-from controlplane.machines.drain.machine import MAX_PARALLEL
+from controlplane.machines.catalog import default_kinds, requested_kinds
 from controlplane.machines.drain.state import KIND as DRAIN
 from controlplane.machines.drain.state import child_id
 from controlplane.machines.submission import Limits
@@ -308,87 +301,44 @@ class _HasObserver(ClusterAccess, Protocol):
     when no cluster was given)."""
 
 
-#: A drain's children in flight when the request does not say (as ``cpctl drain``).
-DEFAULT_MAX_PARALLEL = 4
-#: ``POST /api/v1/operations``: the fields of a submission, by kind.
-SUBMIT_FIELDS: dict[str, type] = {
-    "kind": str, "workload": str, "targetNode": str, "node": str, "checkpoint": str,
-    "name": str, "quiesce": bool, "class": dict, "dryRun": bool, "maxParallel": int,
-    "targets": list, "selector": str}
-_NEEDS = {"checkpoint": ("workload", "class"), "migration": ("workload", "class", "targetNode"),
-          "suspend": ("workload", "class"), "resume": ("workload",),
-          "restore": ("checkpoint", "node"), "drain": ("node", "class")}
-
-
 async def _submit(request: web.Request) -> web.Response:
-    """Submit an operation as the CLI's verbs do: 201 with its id (``queued`` says why it
+    """Submit an operation as the CLI's verbs do (``kind`` and ``dryRun`` are the
+    endpoint's; every other field is the request's, under the names the kinds' requests
+    take: ``workload``, ``targetNode``...): 201 with its id (``queued`` says why it
     waits), 200 with the plan for ``dryRun``, 400 for bad input naming the field, 409 when
     the workload has a live operation, 503 when the cluster could not be read."""
-    body = params.json_object(await request.read(), allowed=SUBMIT_FIELDS,
-                              required=frozenset({"kind"}))
-    kind = body["kind"]
-    if kind not in _NEEDS:
-        raise params.BadRequest("kind", f"kind must be one of {', '.join(_NEEDS)}")
-    for name in _NEEDS[kind]:
-        if name not in body:
-            raise params.BadRequest(name, f"a {kind} needs {name!r}")
+    body = params.json_fields(await request.read())
+    kind = body.pop("kind", None)
+    if not isinstance(kind, str):
+        raise params.BadRequest("kind", "kind (a string) is required: one of "
+                                        + ", ".join(requested_kinds()))
+    dry_run = body.pop("dryRun", False)
+    if not isinstance(dry_run, bool):
+        raise params.BadRequest("dryRun", "dryRun must be true or false")
     app = request.app
     access = app[CLUSTER_KEY]
     if not isinstance(access, _HasObserver):
         return _error(503, "this API server has no cluster to submit to: start cpctl serve "
                            "with --kubeconfig or --in-cluster")
-    db = app[DB_KEY]
-    if kind == "drain":
-        return await _submit_drain(request, access, body)
-    if kind == "restore":
-        spec = await restore_spec(db, access, checkpoint=body["checkpoint"],
-                                  node=params.node_name(body["node"]), name=body.get("name"))
-    else:
-        namespace, name = workload_of(body["workload"])
-        spec = await workload_spec(
-            db, access, kind=kind, namespace=namespace, name=name, klass=body.get("class"),
-            quiesce=body.get("quiesce", False), target_node=body.get("targetNode"),
-            node=body.get("node"),
-            restore_name=body.get("name") if kind == "migration" else None)
-    if body.get("dryRun"):
-        return _json(await plan_operation(db, access.observer, kind=kind, spec=spec,
-                                          limits=app[LIMITS_KEY]))
-    outcome = await submit_operation(db, app[KINDS_KEY], access.observer, kind=kind,
-                                     spec=spec, machine_id=new_id(),
-                                     now=app[CLOCK_KEY].now(), limits=app[LIMITS_KEY],
-                                     requester=request[REQUESTER])
+    db, now = app[DB_KEY], app[CLOCK_KEY].now()
+    if kind not in requested_kinds():
+        raise params.BadRequest("kind", f"kind must be one of {', '.join(requested_kinds())}")
+    if dry_run:
+        return _json(await plan_request(db, access, kind=kind, fields=body, spelled=None,
+                                        limits=app[LIMITS_KEY], now=now))
+    try:
+        prepared = await prepare(db, access, kind=kind, fields=body)
+    except RequestRefused as exc:
+        raise params.BadRequest(exc.field or "body", str(exc)) from None
+    outcome = await submit(db, app[KINDS_KEY], prepared, machine_id=new_id(), now=now,
+                           limits=app[LIMITS_KEY], requester=request[REQUESTER])
     location = f"/api/v1/operations/{outcome.machine_id}"
-    response = _json({"id": outcome.machine_id, "kind": kind, "queued": outcome.queued,
-                      "location": location}, status=201)
-    response.headers["Location"] = location
-    return response
-
-
-async def _submit_drain(request: web.Request, access: ClusterAccess,
-                        body: dict[str, Any]) -> web.Response:
-    """A drain of ``node``: planned from the cluster as listed now, as ``cpctl drain``."""
-    app = request.app
-    targets = body.get("targets", [])
-    if not all(isinstance(x, str) for x in targets):
-        raise params.BadRequest("targets", "targets must be a list of node names")
-    max_parallel = body.get("maxParallel", DEFAULT_MAX_PARALLEL)
-    if not 1 <= max_parallel <= MAX_PARALLEL:
-        raise params.BadRequest("maxParallel",
-                                f"maxParallel must be between 1 and {MAX_PARALLEL}")
-    nodes = [dict(n) for n in await access.list_nodes()]
-    pods = [dict(p) for p in await access.list_pods()]
-    plan = plan_of(params.node_name(body["node"]), nodes, pods, targets=targets,
-                   selector=body.get("selector"), klass=body["class"])
-    if body.get("dryRun"):
-        return _json(plan_document(plan, body["class"], max_parallel, app[LIMITS_KEY]))
-    outcome = await submit_operation(
-        app[DB_KEY], app[KINDS_KEY], access.observer, kind="drain",
-        spec=drain_spec(plan, pods, body["class"], max_parallel), machine_id=new_id(),
-        now=app[CLOCK_KEY].now(), limits=app[LIMITS_KEY], requester=request[REQUESTER])
-    location = f"/api/v1/operations/{outcome.machine_id}"
-    response = _json({"id": outcome.machine_id, "kind": "drain", "queued": outcome.queued,
-                      "location": location, "moves": len(plan.moves),
-                      "left": len(plan.left)}, status=201)
+    answer: dict[str, Any] = {"id": outcome.machine_id, "kind": kind,
+                              "queued": outcome.queued, "location": location}
+    moves, left = prepared.shown.get("moves"), prepared.shown.get("left")
+    if isinstance(moves, list) and isinstance(left, list):  # a drain: its plan's size
+        answer.update(moves=len(moves), left=len(left))
+    response = _json(answer, status=201)
     response.headers["Location"] = location
     return response
 

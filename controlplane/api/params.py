@@ -121,18 +121,23 @@ def report_by(query: Mapping[str, str]) -> str:
     return by
 
 
+def json_fields(body: bytes) -> dict[str, Any]:
+    """A JSON object body, any fields (the reader checks them)."""
+    if not body.strip():
+        return {}
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest("body", "the body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise BadRequest("body", "the body must be a JSON object")
+    return data
+
+
 def json_object(body: bytes, *, allowed: Mapping[str, type], required: frozenset[str]
                 ) -> dict[str, Any]:
     """A JSON object body with only ``allowed`` fields of the given types."""
-    if not body.strip():
-        data: Any = {}
-    else:
-        try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            raise BadRequest("body", "the body is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise BadRequest("body", "the body must be a JSON object")
+    data = json_fields(body)
     for key, value in data.items():
         if key not in allowed:
             raise BadRequest(key, f"unknown field {key!r} "

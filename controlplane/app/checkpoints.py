@@ -16,6 +16,7 @@ from datetime import datetime
 
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
+from controlplane.machines.base.requests import Checkpoint
 from controlplane.machines.contract.protocol import MANIFEST_NODE
 from controlplane.machines.stages.collect import (
     ArtifactDeleted,
@@ -31,31 +32,6 @@ RESTORABLE = ("checkpoint", "suspend")
 #: The garbage-collection events after which an artifact is gone, or going.
 GONE = (ArtifactDeleted.NAME, ArtifactDeletionRequested.NAME, ArtifactDeletionFailed.NAME)
 RESTORABILITY = checkpoint_index.Restorability(kinds=RESTORABLE, gone=GONE)
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A verified capture, as a restore or a resume needs it."""
-
-    operation_id: str
-    kind: str
-    phase: str
-    namespace: str
-    name: str
-    source_uid: str
-    artifact: str  # pinned by digest: registry/repo@sha256:...
-    verified_at: datetime
-    template: JsonObject | None  # a suspend keeps the pod's spec; a checkpoint does not
-    klass: JsonObject | None
-
-    @property
-    def checkpoint_id(self) -> str:
-        return self.operation_id
-
-    def candidate(self) -> JsonObject:
-        """This checkpoint as a resume candidate."""
-        return {"artifact": self.artifact, "checkpoint_id": self.checkpoint_id,
-                "source_uid": self.source_uid}
 
 
 def _checkpoint(found: queries.VerifiedCapture) -> Checkpoint:

@@ -1,11 +1,10 @@
-"""Drains as use cases: the plan and the spec of a drain from the cluster as listed (what
-``cpctl drain`` and ``POST /api/v1/operations`` submit, and what their dry runs show),
-a drain's children as an operator reads them: the drain's own record of each child,
-with the live phase of the ones in flight (``cpctl get``, ``cpctl drain --wait``, the
-HTTP API's drain view), and :class:`NodeRecheck`, the handler of a drain's
-``CheckNodePods`` action: the pods on its node the plan does not have, planned with the
-planner's rules and sent back as the ``NodePodsListed`` command (built by the
-composition root next to ``ChildSubmitter``)."""
+"""Drains as use cases (a drain is asked for as any operation is: ``app.requests``, with
+its plan in ``machines.drain.request``): a drain's children as an operator reads them:
+the drain's own record of each child, with the live phase of the ones in flight
+(``cpctl get``, ``cpctl drain --wait``, the HTTP API's drain view), and
+:class:`NodeRecheck`, the handler of a drain's ``CheckNodePods`` action: the pods on its
+node the plan does not have, planned with the planner's rules and sent back as the
+``NodePodsListed`` command (built by the composition root next to ``ChildSubmitter``)."""
 
 from __future__ import annotations
 
@@ -16,17 +15,15 @@ from typing import Any
 from controlplane.app.operations import send_command
 from controlplane.app.ports import ClusterAccess
 from controlplane.app.requester import drain_requester
-from controlplane.app.specs import template_of
 from controlplane.clock import Clock
 from controlplane.engine.decider import Action, Command
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
 from controlplane.engine.kinds import KindRegistry
 from controlplane.errors import UsageError
-from controlplane.machines.config.classes import artifact_for, parse_class
+from controlplane.machines.config.classes import parse_class
 from controlplane.machines.drain.machine import NODE_PODS_LISTED
 from controlplane.machines.drain.planning import (
     MIRROR,
-    DrainPlan,
     PlanRejected,
     PodInfo,
     node_info,
@@ -35,8 +32,8 @@ from controlplane.machines.drain.planning import (
     pod_info,
     selector_matches,
 )
+from controlplane.machines.drain.request import children_of, left_of
 from controlplane.machines.drain.state import ChildStatus, DrainState
-from controlplane.machines.owners import ADOPT, BARE, GATED
 from controlplane.machines.submission import Limits
 from controlplane.store import leases, queries
 from controlplane.store.database import Database
@@ -112,48 +109,6 @@ def _text(value: object) -> str | None:
     return None if value is None else str(value)
 
 
-ID_PLACEHOLDER = "<child-id>"
-
-
-def plan_of(node: str, nodes: list[dict[str, Any]], pods: list[dict[str, Any]], *,
-            targets: Sequence[str] = (), selector: str | None = None,
-            klass: JsonObject | None = None) -> DrainPlan:
-    """Which pods leave ``node`` and where each goes, from the cluster as listed (owner
-    kinds ``klass`` declares movable move as bare pods)."""
-    movable = parse_class(klass, field="class").movable_owners if klass else ()
-    try:
-        return plan_drain(node, [node_info(n) for n in nodes],
-                          [pod_info(p, movable) for p in pods],
-                          targets=tuple(targets), selector=selector)
-    except PlanRejected as exc:
-        raise UsageError(f"drain {node} refused: {exc}") from None
-
-
-def drain_spec(plan: DrainPlan, pods: list[dict[str, Any]], klass: JsonObject,
-               max_parallel: int) -> JsonObject:
-    """The drain machine's spec: the plan, with each pod's template to restore from; pods
-    found on the node later are planned with the same targets and selector."""
-    late: JsonObject = {"targets": list(plan.targets)}
-    if plan.selector:
-        late["selector"] = plan.selector
-    return {"node": plan.node, "max_parallel": max_parallel, "class": klass,
-            "children": _children(plan, pods), "left": _left(plan), "keep_names": True,
-            "late_pods": late}
-
-
-def _children(plan: DrainPlan, pods: Sequence[dict[str, Any]]) -> list[JsonValue]:
-    raw = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
-    return [{
-        "pod": {"namespace": m.pod.namespace, "name": m.pod.name, "uid": m.pod.uid},
-        "target": m.target, "template": template_of(raw[m.pod.key]),
-        **({"successor": m.pod.moved_by} if m.pod.moved_by != BARE else {})}
-        for m in plan.moves]
-
-
-def _left(plan: DrainPlan) -> list[JsonValue]:
-    return [{"pod": x.pod.key, "reason": x.reason} for x in plan.left]
-
-
 def late_pods(state: DrainState, nodes: list[dict[str, Any]],
               pods: list[dict[str, Any]]) -> JsonObject:
     """The pods on ``state``'s node its plan does not have, as the ``NodePodsListed``
@@ -186,7 +141,7 @@ def late_pods(state: DrainState, nodes: list[dict[str, Any]],
                           targets=spec.targets, selector=spec.selector or None)
     except PlanRejected:  # the selector matches none of them, or the node is gone
         return {"children": [], "left": [], "starting": _chosen(starting, spec.selector)}
-    return {"children": _children(plan, pods), "left": _left(plan),
+    return {"children": children_of(plan, pods), "left": left_of(plan),
             "starting": _chosen(starting, spec.selector)}
 
 
@@ -231,16 +186,6 @@ class NodeRecheck:
             raise RetryableActionError(f"{type(exc).__name__}: {exc}") from exc
 
 
-#: What ``--dry-run`` says for each way a pod moves.
-HOW = {
-    BARE: "bare: restored under its own name",
-    ADOPT: "adopted: restored beside its stopped source, then handed to its ReplicaSet, "
-           "which scales the source away (no cold copy, the replica count kept)",
-    GATED: "gated: its StatefulSet recreates it under the same name and claims, held by "
-           "a scheduling gate until the restore request is on it",
-}
-
-
 @dataclass(frozen=True)
 class Parallelism:
     """How many of a drain's children can be in flight at once: ``--max-parallel``,
@@ -268,30 +213,3 @@ def parallelism(max_parallel: int, limits: Limits) -> Parallelism:
         if value < effective:
             effective, capped_by = value, f"{flag} {value}"
     return Parallelism(max_parallel, effective, capped_by)
-
-
-def plan_document(plan: DrainPlan, klass: JsonObject, max_parallel: int,
-                  limits: Limits | None = None) -> JsonObject:
-    """What ``--dry-run`` prints (``-o json``): the plan, the writes it would make, and
-    the parallelism the admission ``limits`` leave (with a warning when they cap it)."""
-    cls = parse_class(klass, field="--repository")
-    run = parallelism(max_parallel, limits if limits is not None else Limits())
-    doc = plan.to_json()
-    doc.update({
-        "dry_run": True, "max_parallel": max_parallel,
-        "effective_parallel": run.effective, "capped_by": run.capped_by,
-        "warnings": [run.warning] if run.warning else [],
-        "would": [f"cordon node {plan.node} (spec.unschedulable=true)",
-                  f"migrate {len(plan.moves)} pods, at most {run.effective} at a time"
-                  + (f" ({run.capped_by} caps --max-parallel {max_parallel})"
-                     if run.capped_by else "")],
-        "artifacts_written": [artifact_for(cls, checkpoint_id=ID_PLACEHOLDER,
-                                           namespace=m.pod.namespace, pod=m.pod.name)
-                              for m in plan.moves],
-        "artifacts_deleted": "each one, after its pod is verified running on the target",
-        "refused": [{"pod": x.pod.key, "reason": x.reason} for x in plan.left],
-        # How each pod moves (machines.owners); the refused ones are above, each with
-        # its owner named.
-        "how": [{"pod": m.pod.key, "how": HOW[m.pod.moved_by]} for m in plan.moves],
-    })
-    return doc

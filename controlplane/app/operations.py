@@ -1,48 +1,43 @@
 """Submitting machines and sending them commands: the write path for operators.
 
-Validation is the decider's (``validate_spec``, ``accept``), so a bad spec or a refused
-command is a one-line :class:`UsageError` naming the field, and nothing is written. A
-command is appended with the same optimistic check as a worker's decision and wakes the
-machine; if a worker commits first, the command is re-evaluated on the fresh state.
+:func:`submit` creates a machine of any kind from its spec (``cpctl submit``);
+:func:`submit_operation` a product operation from a spec built elsewhere (a drain's
+child), through the checks and admission of :mod:`controlplane.app.requests`, which
+the doors use from their fields. Validation is the decider's (``validate_spec``,
+``accept``), so a bad spec or a refused command is a one-line :class:`UsageError` naming
+the field, and nothing is written. A command is appended with the same optimistic check
+as a worker's decision and wakes the machine; if a worker commits first, the command is
+re-evaluated on the fresh state.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
+from controlplane.app.requests import (
+    OPERATOR,
+    Submission,
+    check_machine_id,
+    prepare_spec,
+    refuse_nul,
+)
+from controlplane.app.requests import submit as submit_prepared
 from controlplane.engine.decider import Command, CommandRejected, InvalidSpec, fold
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.kinds import KindRegistry, UnknownKind
-from controlplane.engine.observation import Observation, PodView, pod_key
-from controlplane.errors import ControlPlaneError, UsageError
+from controlplane.errors import UsageError
 from controlplane.machines.base.events import WakeRequested
-from controlplane.machines.submission import (
-    ActiveOperation,
-    Limits,
-    OperationRequest,
-    Queue,
-    Reject,
-    SubmissionUnverifiable,
-    admission_from_counts,
-    submission_interests,
-    validate_submission,
-)
+from controlplane.machines.submission import Limits
 from controlplane.store import event_store, leases, queries
-from controlplane.store.admission import AdmissionFacts
 from controlplane.store.database import Database
-from controlplane.store.errors import ConcurrencyConflict, WorkloadBusy
-from controlplane.store.records import MachineRecord, Projection
+from controlplane.store.errors import ConcurrencyConflict
+from controlplane.store.records import Projection
 from controlplane.worker.ports import Observer
 
-OPERATOR = "operator"
-
-
-#: The longest machine id (the ``machines.id`` column's size).
-MAX_MACHINE_ID = 64
+__all__ = ["OPERATOR", "Submission", "refuse_nul"]
 
 
 async def submit(
@@ -64,10 +59,7 @@ async def submit(
     if not isinstance(spec, dict):
         raise UsageError("the spec must be a JSON object", hint='e.g. --spec \'{"steps": 6}\'')
     refuse_nul(spec, "spec")
-    if not 0 < len(machine_id) <= MAX_MACHINE_ID:
-        raise UsageError(f"machine id {machine_id[:80]!r} has {len(machine_id)} characters, "
-                         f"not 1 to {MAX_MACHINE_ID}",
-                         hint="pick a shorter --id, or leave it out for a UUID")
+    check_machine_id(machine_id)
     try:
         normalised = decider.validate_spec(spec)
     except InvalidSpec as exc:
@@ -79,24 +71,6 @@ async def submit(
         now=now, worker_id=requester,
     )
     return machine_id
-
-
-def refuse_nul(value: object, field: str) -> None:
-    """Refuse a NUL character anywhere in ``value`` (keys too), naming the field.
-
-    PostgreSQL cannot store U+0000 in text or JSONB: letting one through made the insert
-    fail as an internal error on PostgreSQL, while SQLite stored it — one input, two
-    behaviours. It is never meaningful in a name, a UID, a node or a reference."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise UsageError(f"{field} contains a NUL character")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            refuse_nul(key, f"{field} (a key)")
-            refuse_nul(item, f"{field}.{key}")
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            refuse_nul(item, f"{field}[{i}]")
 
 
 async def send_command(
@@ -160,26 +134,6 @@ async def wake(db: Database, kinds: KindRegistry, *, machine_id: str, now: datet
     return await leases.wake_machine(db, machine_id=machine_id, now=now)
 
 
-@dataclass(frozen=True)
-class Submission:
-    """The outcome of :func:`submit_operation`: the machine, and why it waits, if it does."""
-
-    machine_id: str
-    queued: str | None = None
-
-
-def _workload_of(kind: str, spec: JsonObject, observation: Observation) -> tuple[str, str | None]:
-    """The workload (``namespace/name``) an operation acts on, and its source node."""
-    if kind == "drain":  # one live drain per node; "node:" cannot be a namespace name
-        return f"node:{spec['node']}", None
-    pod = spec.get("pod")
-    if isinstance(pod, dict):  # checkpoint, migration, suspend: an existing, observed pod
-        key = pod_key(str(pod["namespace"]), str(pod["name"]))
-        seen = observation.pods.get(key)
-        return key, seen.node if isinstance(seen, PodView) else None
-    return pod_key(str(spec["namespace"]), str(spec["name"])), None  # restore, resume
-
-
 async def submit_operation(
     db: Database,
     kinds: KindRegistry,
@@ -192,63 +146,14 @@ async def submit_operation(
     limits: Limits | None = None,
     requester: str = OPERATOR,
 ) -> Submission:
-    """Submit a product operation: observe, validate, then admit, queue or refuse.
+    """Submit a product operation from its spec (a drain's child; tests): observe what it
+    names, check it, then admit, queue or refuse it (:mod:`controlplane.app.requests`).
 
     Bad input (unknown pod, pod not running, target = current node, unknown or cordoned
     node, bad artifact ref...) and a workload that already has a live operation are
     refused with a :class:`UsageError` naming the field, and nothing is written. A
     cluster or per-node limit holds the machine in the admission queue instead.
     """
-    refuse_nul(spec, "spec")
-    try:
-        interests = submission_interests(kind, spec)
-        observation = await observer.observe(interests)
-        normalised = validate_submission(kind, spec, observation)
-    except SubmissionUnverifiable as exc:
-        raise ControlPlaneError(f"cannot check the {kind} request now: {exc}",
-                                hint="the cluster or registry did not answer; retry") from None
-    except InvalidSpec as exc:  # SubmissionRejected included
-        raise UsageError(f"invalid {kind} request: {exc}") from None
-    workload, source_node = _workload_of(kind, normalised, observation)
-    request = OperationRequest(kind, workload, source_node)
-    decider = kinds.get(kind)
-    state = decider.initial_state(machine_id, normalised)
-    held: list[str] = []
-
-    def admit(facts: AdmissionFacts) -> str | None:
-        op = facts.same_workload
-        same = None if op is None else ActiveOperation(op.machine_id, op.kind, op.workload,
-                                                       op.source_node, queued=op.held)
-        verdict = admission_from_counts(request, same, facts.running_by_kind,
-                                        facts.on_node_by_kind, limits or Limits())
-        if isinstance(verdict, Reject):
-            # Today's only refusal is a live operation on the same workload.
-            raise WorkloadBusy(f"{kind} of {workload} refused: {verdict.reason}")
-        if isinstance(verdict, Queue):
-            held.append(verdict.reason)
-            return verdict.reason
-        return None
-
-    await event_store.create_machine(
-        db, machine_id=machine_id, kind=kind, spec=normalised,
-        initial=Projection(state.phase, state.to_json(), state.terminal, state.wake_keys),
-        now=now, worker_id=requester, workload=workload, source_node=source_node,
-        admission=admit,
-    )
-    return Submission(machine_id, held[0] if held else None)
-
-
-#: Terminal phases after which a restored pod runs (its name is the operation's answer).
-RESTORED_PHASES = frozenset({"Succeeded", "RolledBack", "Resumed", "GarbageCollectionFailed"})
-
-
-def final_pod(record: MachineRecord) -> str | None:
-    """``namespace/name`` of the pod a migration, resume or restore left running (the
-    last restore attempt's pod), or ``None`` before it is verified or when none runs."""
-    if record.phase not in RESTORED_PHASES or not isinstance(record.state, dict):
-        return None
-    restore = record.state.get("restore")
-    plan = restore.get("plan") if isinstance(restore, dict) else None
-    if not isinstance(plan, dict) or not plan.get("pod_name"):
-        return None
-    return f"{plan.get('namespace')}/{plan['pod_name']}"
+    prepared = await prepare_spec(observer, kind=kind, spec=spec)
+    return await submit_prepared(db, kinds, prepared, machine_id=machine_id, now=now,
+                                 limits=limits, requester=requester)

@@ -1,52 +1,46 @@
 """The plan of an operation, and nothing else: ``--dry-run`` and the API's ``dryRun``.
 
-The same checks as a real submission — the spec through the kind's ``validate_spec``,
-the pod and node through :func:`~controlplane.machines.submission.validate_submission`
-on a fresh observation, the admission rules over the live operations — but only reads:
-API GETs, a registry probe of the artifact a restore needs, one SELECT. It prints which
-pod, which target and why, which artifacts would be written and deleted, what the
-operation would do to the cluster, and what would be refused. Called by the CLI's verbs
-(which print it: ``cli.dryrun``) and the HTTP API (which returns it).
+The request is prepared exactly as a submission prepares it (``app.requests.prepare``:
+the same checks on the same one look at the cluster); then, instead of creating the
+machine, its decider makes its first decision on that observation (plus the registry
+tags it asks for), and the plan shows what that decision would do: the actions the
+machine itself would take first, said from the actions (never restated in prose that
+could drift from them), the events it would record, the checkpoint it would write, and
+whether admission would start it now, queue it or refuse it. Only reads: API GETs,
+registry probes, one SELECT. Called by the CLI's verbs (which print it: ``cli.dryrun``)
+and the HTTP API (which returns it).
 """
 
 from __future__ import annotations
 
-from controlplane.engine.decider import InvalidSpec
+from collections.abc import Mapping
+from datetime import datetime
+
+from controlplane.app.drains import parallelism
+from controlplane.app.ports import ClusterAccess
+from controlplane.app.requests import Prepared, RequestRefused, prepare
+from controlplane.engine.decider import Action, Decision
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
-from controlplane.engine.observation import (
-    Interests,
-    NodeView,
-    Observation,
-    ProbeError,
-    TagView,
-)
+from controlplane.engine.observation import Interests, NodeView, Observation, TagView
 from controlplane.errors import ControlPlaneError
-from controlplane.machines.config.classes import parse_class
+from controlplane.machines.catalog import kind as kind_named
 from controlplane.machines.config.runtimes import RestorePath, restore_path
+from controlplane.machines.contract.actions import ActionType
 from controlplane.machines.submission import (
     ActiveOperation,
     Limits,
     OperationRequest,
     Queue,
     Reject,
-    SubmissionUnverifiable,
     admission,
-    submission_interests,
-    validate_submission,
 )
 from controlplane.store.admission import live_operations_txn
 from controlplane.store.database import Database
 from controlplane.store.session import read_txn
 from controlplane.worker.ports import Observer
 
-ID = "<operation-id>"
-
-
-def planned_artifact(klass: JsonValue, namespace: str, pod: str) -> str:
-    """``repository:tag`` a new checkpoint would push (the id is only known at submit)."""
-    cls = parse_class(klass)
-    tag = cls.tag_scheme.format_map({"checkpoint_id": ID, "namespace": namespace, "pod": pod})
-    return f"{cls.repository}:{tag}"
+#: The machine id a plan decides under (the real one is only made at submit).
+ID = "OPERATION-ID"
 
 
 def restore_path_text(observation: Observation, node: JsonValue) -> str | None:
@@ -64,74 +58,106 @@ def restore_path_text(observation: Observation, node: JsonValue) -> str | None:
     return f"none: {path}"
 
 
-def _steps(kind: str, spec: JsonObject, observation: Observation) -> JsonObject:
-    """Which pod, which target and why, the artifacts, the cluster writes."""
-    if kind == "restore":
-        node = str(spec["node"])
-        artifact = str(spec["artifact"])
-        return {"pod": f"{spec['namespace']}/{spec['name']}", "target_node": node,
-                "why": f"node {node} exists, is Ready and not cordoned",
-                "artifacts_read": [artifact], "artifacts_written": [], "artifacts_deleted": [],
-                "would": [f"create pod {spec['namespace']}/{spec['name']} with required "
-                          f"affinity to {node}, restored from {artifact}"]}
-    pod = spec["pod"]
-    assert isinstance(pod, dict)
-    key = f"{pod['namespace']}/{pod['name']}"
-    seen = observation.pods.get(key)
-    source = seen.node if not isinstance(seen, ProbeError) and seen is not None else None
-    artifact = planned_artifact(spec.get("class"), str(pod["namespace"]), str(pod["name"]))
-    if kind == "migration":
-        target = str(spec["target_node"])
-        return {"pod": key, "uid": pod["uid"], "source_node": source, "target_node": target,
-                "why": f"node {target} exists, is Ready, not cordoned, and is not the "
-                       f"source {source}",
-                "artifacts_written": [artifact],
-                "artifacts_deleted": [f"{artifact} (after the restored pod is verified)"],
-                "would": [f"annotate {key} to request a capture", f"delete {key} (uid "
-                          f"{pod['uid']}) once the artifact is verified",
-                          f"create {key} on {target} from the artifact",
-                          "delete the artifact after the restore is verified"]}
-    return {"pod": key, "uid": pod["uid"], "source_node": source,
-            "artifacts_written": [artifact], "artifacts_deleted": [],
-            "would": [f"annotate {key} to request a capture",
-                      f"delete {key} (uid {pod['uid']}) once the artifact is verified; "
-                      "its spec and checkpoint are kept for resume"]}
+def describe(action: Action) -> str:
+    """One line saying what ``action`` does, from its type and parameters."""
+    p = action.params
+    pod = f"{p.get('namespace')}/{p.get('name')}"
+    match action.type:
+        case ActionType.ANNOTATE_POD:
+            keys = ", ".join(sorted(p.get("annotations") or {}))  # type: ignore[arg-type]
+            return f"annotate pod {pod} (uid {p.get('uid')}): {keys}"
+        case ActionType.REMOVE_POD_ANNOTATIONS:
+            return f"remove annotations from pod {pod} (uid {p.get('uid')})"
+        case ActionType.DELETE_POD:
+            return f"delete pod {pod} (uid {p.get('uid')}): {p.get('reason')}"
+        case ActionType.CREATE_POD:
+            where = f" on {p['node']}" if p.get("node") else ""
+            return f"create pod {pod}{where}"
+        case ActionType.CLAIM_POD:
+            return f"claim pod {pod} (uid {p.get('uid')}) for {p.get('node')}"
+        case ActionType.DELETE_MANIFEST:
+            return f"delete {p.get('repository')}@{p.get('digest')} from the registry"
+        case ActionType.EMIT_EVENT:
+            return f"record a {p.get('type')} event {p.get('reason')}: {p.get('message')}"
+        case ActionType.SET_NODE_UNSCHEDULABLE:
+            verb = "cordon" if p.get("unschedulable", True) else "uncordon"
+            return f"{verb} node {p.get('node')}"
+        case ActionType.SUBMIT_OPERATION:
+            return f"submit {p.get('kind')} {p.get('machine_id')}"
+    return f"{action.type} {action.key}"
 
 
-async def plan_operation(db: Database, observer: Observer, *, kind: str, spec: JsonObject,
-                         limits: Limits) -> JsonObject:
-    """Validate and plan; ``refused`` says why it would not be accepted (``None``: it
-    would). Raises ``ControlPlaneError`` when the cluster or registry did not answer."""
-    interests = submission_interests(kind, spec)
-    artifact = spec.get("artifact") if kind == "restore" else None
-    if isinstance(artifact, str):
-        interests = Interests(pods=interests.pods, nodes=interests.nodes,
-                              tags=frozenset({artifact}))
-    observation = await observer.observe(interests)
-    doc: JsonObject = {"dry_run": True, "operation": kind}
-    try:
-        normal = validate_submission(kind, spec, observation)
-        tag = observation.tags.get(artifact) if isinstance(artifact, str) else None
-        if isinstance(artifact, str) and not isinstance(tag, TagView):
-            if isinstance(tag, ProbeError):
-                raise SubmissionUnverifiable(f"could not read {artifact}: {tag.message}")
-            raise InvalidSpec(f"artifact {artifact} is not in the registry")
-    except SubmissionUnverifiable as exc:
-        raise ControlPlaneError(f"cannot check the {kind} request now: {exc}",
-                                hint="the cluster or registry did not answer; retry") from None
-    except InvalidSpec as exc:
-        doc["refused"] = str(exc)
-        return doc
-    doc.update(_steps(kind, normal, observation))
+async def _first_decision(observer: Observer, prepared: Prepared, now: datetime
+                          ) -> tuple[Decision, JsonObject, Observation]:
+    """The decider's first decision on the prepared observation (plus what it asks for)."""
+    decider = kind_named(prepared.kind).decider
+    state = decider.initial_state(ID, prepared.spec)
+    observation = await _more(observer, prepared.observation, decider.interests(state))
+    decision = decider.decide(state, observation, now)
+    if decision.needs_tags:  # as the worker does: read the tags, decide again
+        observation = await _more(observer, observation, Interests(tags=decision.needs_tags))
+        decision = decider.decide(state, observation, now)
+    return decision, state.to_json(), observation
+
+
+async def _more(observer: Observer, seen: Observation, interests: Interests) -> Observation:
+    """``seen`` plus what ``interests`` name that it has not read."""
+    rest = Interests(pods=frozenset(k for k in interests.pods if k not in seen.pods),
+                     tags=frozenset(k for k in interests.tags if k not in seen.tags),
+                     nodes=frozenset(k for k in interests.nodes if k not in seen.nodes),
+                     machines=frozenset(k for k in interests.machines
+                                        if k not in seen.machines))
+    if not (rest.pods or rest.tags or rest.nodes or rest.machines):
+        return seen
+    more = await observer.observe(rest)
+    return Observation(pods={**seen.pods, **more.pods}, tags={**seen.tags, **more.tags},
+                       nodes={**seen.nodes, **more.nodes},
+                       machines={**seen.machines, **more.machines})
+
+
+async def plan(db: Database, observer: Observer, prepared: Prepared, *, limits: Limits,
+               now: datetime) -> JsonObject:
+    """What ``prepared`` would do; ``refused`` says why it would not be accepted
+    (``None``: it would). Raises ``ControlPlaneError`` when the registry did not answer."""
+    spec = prepared.spec
+    doc: JsonObject = {"dry_run": True, "operation": prepared.kind, "pod": prepared.workload}
+    pod = spec.get("pod")
+    if isinstance(pod, dict):
+        doc["uid"] = pod.get("uid")
+    doc["source_node"] = prepared.source_node
+    target = spec.get("target_node") or spec.get("node")
+    if isinstance(target, str):
+        doc["target_node"] = target
+    doc.update(prepared.shown)
+    asked = spec.get("max_parallel")
+    if isinstance(asked, int):  # an operation that runs others: how many at once
+        run = parallelism(asked, limits)
+        doc.update(max_parallel=asked, effective_parallel=run.effective,
+                   capped_by=run.capped_by, warnings=[run.warning] if run.warning else [])
+    for ref in _strings(prepared.shown.get("artifacts_read")):
+        tag = (await _more(observer, Observation(), Interests(tags=frozenset({ref})))
+               ).tags.get(ref)
+        if not isinstance(tag, TagView):
+            if tag is not None:
+                raise ControlPlaneError(f"cannot check the {prepared.kind} request now: "
+                                        f"could not read {ref}",
+                                        hint="the cluster or registry did not answer; retry")
+            doc["refused"] = f"artifact {ref} is not in the registry"
+            return doc
+    decision, state, observation = await _first_decision(observer, prepared, now)
+    made = kind_named(prepared.kind).view.checkpoint(state)
+    if made is not None:
+        doc["artifacts_written"] = [made["artifact"]]
+    doc["would"] = [describe(a) for a in decision.actions]
+    doc["records"] = [e.type for e in decision.events]
     path = restore_path_text(observation, doc.get("target_node") or doc.get("source_node"))
     if path:
         doc["restore_path"] = path
-    workload = str(doc["pod"])
-    source = doc.get("source_node")
+    source = prepared.source_node
     async with read_txn(db) as conn:
         live = await live_operations_txn(conn)
     verdict = admission(
-        OperationRequest(kind, workload, source if isinstance(source, str) else None),
+        OperationRequest(prepared.kind, prepared.workload, source),
         [ActiveOperation(o.machine_id, o.kind, o.workload, o.source_node, queued=o.held)
          for o in live], limits)
     if isinstance(verdict, Reject):
@@ -141,3 +167,22 @@ async def plan_operation(db: Database, observer: Observer, *, kind: str, spec: J
         "would start now"
     doc["refused"] = None
     return doc
+
+
+def _strings(value: JsonValue) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+async def plan_request(db: Database, access: ClusterAccess, *, kind: str,
+                       fields: Mapping[str, object], spelled: Mapping[str, str] | None,
+                       limits: Limits, now: datetime) -> JsonObject:
+    """Prepare the request as a submission would and plan it; a refused request is a plan
+    whose ``refused`` says why (and ``field`` names the field)."""
+    try:
+        prepared = await prepare(db, access, kind=kind, fields=fields, spelled=spelled)
+    except RequestRefused as exc:
+        doc: JsonObject = {"dry_run": True, "operation": kind, "refused": str(exc)}
+        if exc.field:
+            doc["field"] = exc.field
+        return doc
+    return await plan(db, access.observer, prepared, limits=limits, now=now)

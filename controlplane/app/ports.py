@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from controlplane.engine.jsonvalue import JsonObject
+from controlplane.engine.observation import PodFact
 from controlplane.worker.ports import Observer
 
 
@@ -25,6 +26,11 @@ class ClusterAccess(Protocol):
 
     async def get_pod(self, namespace: str, name: str) -> JsonObject | None:
         """The pod as the API server has it now (``None``: it does not exist)."""
+        ...
+
+    async def read_pod(self, namespace: str, name: str) -> tuple[JsonObject | None, PodFact]:
+        """One GET of the pod: as the API server has it (``None``: it does not exist, or
+        the read failed), and as machines see it (a ``ProbeError`` when the read failed)."""
         ...
 
     async def list_nodes(self) -> list[JsonObject]:

@@ -60,12 +60,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 async def checkpoints_cmd(args: argparse.Namespace) -> int:
     from controlplane.app.checkpoints import list_checkpoints
-    from controlplane.app.specs import workload_of
+    from controlplane.app.requests import RequestRefused
+    from controlplane.machines.base.requests import Fields, SubmissionRejected
     from controlplane.store import migrate
 
     workload = None
     if args.workload is not None:
-        workload = "/".join(workload_of(args.workload))
+        try:
+            workload = "/".join(Fields({"workload": args.workload}).workload())
+        except SubmissionRejected as exc:
+            raise RequestRefused(str(exc), field=exc.field, hint=exc.hint or "") from None
     async with opened(args) as db:
         await migrate.require_current(db)
         found, total = await list_checkpoints(db, workload=workload,

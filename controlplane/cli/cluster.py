@@ -1,102 +1,105 @@
-"""Operator verbs against a cluster: ``checkpoint``, ``migrate``, ``suspend``, ``resume``
-and ``restore``.
+"""Operator verbs against a cluster: ``checkpoint``, ``migrate``, ``suspend``, ``resume``,
+``restore`` and ``drain``.
 
-Each verb builds its spec with ``app.specs`` (the pod read from the API server by GET:
-its UID, and its spec saved as the template to restore from; a resume's checkpoint from
-the newest suspension; a restore's from the checkpoint it names), submits through
-``operations.submit_operation`` (validated against the cluster, admitted, queued or
-refused), prints the operation id and, with ``--wait``, follows it until it settles: exit
-0 when it did what was asked, 1 otherwise. With ``--dry-run`` (migrate, suspend, restore)
-it prints the plan instead (``cli.dryrun``), writing nothing. The cluster is reached
-through ``wiring.cluster`` (no watch, no worker); the worker
-(``cpctl worker --kubeconfig ...``) performs the operations.
+Each verb only turns its flags into the request's fields (:func:`fields_of`; errors name
+the flag the operator typed, :data:`SPELLED`) and hands them to the one use case every
+door shares (``app.requests``): the request is prepared on one look at the cluster (the
+pod read by GET: its UID pins the operation to it, its spec becomes the template to
+restore from; a resume's checkpoint from the newest suspension; a restore's from the
+checkpoint it names; a drain's plan from the cluster as listed), then submitted
+(admitted, queued or refused) or, with ``--dry-run``, planned (``cli.dryrun``), writing
+nothing. It prints the operation id and, with ``--wait``, follows it until it settles:
+exit 0 when it did what was asked, 1 otherwise. The cluster is reached through
+``wiring.cluster`` (no watch, no worker); the worker (``cpctl worker --kubeconfig ...``)
+performs the operations.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import sys
 
-from controlplane.app.operations import final_pod, submit_operation
-from controlplane.app.ports import ClusterAccess
-from controlplane.app.specs import KIND_OF_VERB, restore_spec, workload_of, workload_spec
+from controlplane.app.drains import parallelism
+from controlplane.app.plan import plan_request
+from controlplane.app.requests import prepare, submit
 from controlplane.cli import dryrun
 from controlplane.cli.classes import class_for, given_class
 from controlplane.cli.context import clock, opened, requester
+from controlplane.cli.drain import print_children
 from controlplane.cli.options import limits_from
-from controlplane.cli.progress import SUCCESS_PHASES, follow
+from controlplane.cli.progress import follow, succeeded
 from controlplane.clock import new_id
-from controlplane.engine.jsonvalue import JsonObject
-from controlplane.machines.catalog import default_kinds
+from controlplane.machines.catalog import default_kinds, view_of
+from controlplane.machines.drain.request import DEFAULT_MAX_PARALLEL
 from controlplane.store import migrate
 from controlplane.wiring.cluster import access_from_args
 
+#: How the CLI spells each request field: a refusal names the flag the operator typed.
+SPELLED = {"targetNode": "--to", "targets": "--to",
+           "class": "--repository/--class", "name": "--name", "node": "--node",
+           "checkpoint": "CHECKPOINT", "quiesce": "--quiesce", "selector": "--selector",
+           "maxParallel": "--max-parallel"}
+
+
+def fields_of(args: argparse.Namespace) -> dict[str, object]:
+    """The request's fields from the verb's flags (a flag the verb lacks is absent)."""
+    to = getattr(args, "to", None)
+    # A resume's checkpoint is where its suspension put it: its class, unless given.
+    klass = given_class(args) if args.kind == "resume" else (
+        class_for(args) if args.kind != "restore" else None)
+    return {"workload": getattr(args, "workload", None), "class": klass,
+            "quiesce": getattr(args, "quiesce", None) or None,
+            "targetNode": to if args.kind == "migration" else None,
+            "targets": to if args.kind == "drain" else None,
+            "name": getattr(args, "name", None), "node": getattr(args, "node", None),
+            "checkpoint": getattr(args, "checkpoint", None),
+            "selector": getattr(args, "selector", None),
+            "maxParallel": getattr(args, "max_parallel", None)}
+
 
 async def operation_cmd(args: argparse.Namespace) -> int:
-    ns, name = workload_of(args.workload)
-    kind = KIND_OF_VERB[args.verb]
-    # A resume's checkpoint is where its suspension put it: its class, unless given.
-    klass = given_class(args) if kind == "resume" else class_for(args)
-    async def spec_of(access: ClusterAccess | None) -> JsonObject:
-        return await workload_spec(db, access, kind=kind, namespace=ns, name=name,
-                                   klass=klass, quiesce=getattr(args, "quiesce", False),
-                                   target_node=getattr(args, "to", None),
-                                   node=getattr(args, "node", None),
-                                   restore_name=getattr(args, "name", None))
-
+    """Every operation verb: prepare, then plan (``--dry-run``) or submit."""
+    fields = fields_of(args)
     async with opened(args) as db:
         await migrate.require_current(db)
-        # A resume's spec reads only the store: a missing suspension is said first.
-        spec = await spec_of(None) if kind == "resume" else {}
         async with access_from_args(db, args) as access:
-            if kind != "resume":
-                spec = await spec_of(access)
+            if args.kind == "drain":
+                run = parallelism(args.max_parallel or DEFAULT_MAX_PARALLEL,
+                                  limits_from(args))
+                if run.warning and not (args.dry_run and args.output == "table"):
+                    # stderr: -o json on stdout stays one document (a table plan says it)
+                    sys.stderr.write(f"cpctl: warning: {run.warning}\n")
             if getattr(args, "dry_run", False):
-                return await dryrun.dry_run(db, access.observer, kind=kind, spec=spec,
-                                            limits=limits_from(args), output=args.output)
-            outcome = await submit_operation(db, default_kinds(), access.observer, kind=kind,
-                                             spec=spec, machine_id=new_id(), now=clock.now(),
-                                             limits=limits_from(args),
-                                             requester=requester(args))
+                doc = await plan_request(db, access, kind=args.kind, fields=fields,
+                                         spelled=SPELLED, limits=limits_from(args),
+                                         now=clock.now())
+                return dryrun.print_plan(doc, args.output)
+            prepared = await prepare(db, access, kind=args.kind, fields=fields,
+                                     spelled=SPELLED)
+            outcome = await submit(db, default_kinds(), prepared, machine_id=new_id(),
+                                   now=clock.now(), limits=limits_from(args),
+                                   requester=requester(args))
         print(outcome.machine_id)
         if outcome.queued:
             print(f"queued: {outcome.queued}")
-        if not args.wait:
-            return 0
-        record = await follow(db, outcome.machine_id, f"{args.verb} {ns}/{name}",
-                              limit_seconds=args.wait_seconds)
-    pod = final_pod(record)
-    print(f"{args.verb} {ns}/{name}: {record.phase}" + (f" (pod {pod})" if pod else ""))
-    return 0 if record.phase in SUCCESS_PHASES else 1
-
-
-async def cluster_objects(access: ClusterAccess
-                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every node and every pod, as the API server lists them now (LISTs only)."""
-    return ([dict(n) for n in await access.list_nodes()],
-            [dict(p) for p in await access.list_pods()])
-
-
-async def restore_cmd(args: argparse.Namespace) -> int:
-    """``cpctl restore CHECKPOINT --node N``."""
-    async with opened(args) as db:
-        await migrate.require_current(db)
-        async with access_from_args(db, args) as access:
-            spec = await restore_spec(db, access, checkpoint=args.checkpoint, node=args.node,
-                                      name=args.name)
-            if args.dry_run:
-                return await dryrun.dry_run(db, access.observer, kind="restore", spec=spec,
-                                            limits=limits_from(args), output=args.output)
-            outcome = await submit_operation(db, default_kinds(), access.observer,
-                                             kind="restore", spec=spec, machine_id=new_id(),
-                                             now=clock.now(), limits=limits_from(args),
-                                             requester=requester(args))
-        print(outcome.machine_id)
-        if outcome.queued:
-            print(f"queued: {outcome.queued}")
-        label = f"restore {spec['namespace']}/{spec['name']} on {args.node}"
+        label = f"{args.verb} {prepared.workload.removeprefix('node:')}"
+        if args.kind == "restore":
+            label += f" on {args.node}"
+        if args.kind == "drain":
+            shown = prepared.shown
+            moves, left = shown.get("moves"), shown.get("left")
+            run = parallelism(int(str(prepared.spec["max_parallel"])), limits_from(args))
+            print(f"{label}: {len(moves) if isinstance(moves, list) else 0} pods to move, "
+                  f"{len(left) if isinstance(left, list) else 0} left alone, at most "
+                  f"{run.effective} at a time"
+                  + (f" ({run.capped_by} caps --max-parallel {run.asked})" if run.capped_by
+                     else ""))
         if not args.wait:
             return 0
         record = await follow(db, outcome.machine_id, label, limit_seconds=args.wait_seconds)
-    print(f"{label}: {record.phase}")
-    return 0 if record.phase in SUCCESS_PHASES else 1
+        if args.kind == "drain":
+            await print_children(db, outcome.machine_id)
+    view = view_of(record.kind)
+    pod = view.final_pod(record.state, record.phase) if view else None
+    print(f"{label}: {record.phase}" + (f" (pod {pod})" if pod else ""))
+    return 0 if succeeded(record) else 1

@@ -10,7 +10,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from controlplane.cli.context import clock, opened, requester
-from controlplane.cli.progress import SUCCESS_PHASES, follow
+from controlplane.cli.progress import follow, succeeded
 from controlplane.engine.decider import Command
 from controlplane.store import queries
 
@@ -46,7 +46,7 @@ async def retarget_cmd(args: argparse.Namespace) -> int:
     record = await _command_then_wait(args, Command("Retarget", {"node": args.to}),
                                       f"retarget to {args.to}",
                                       f"retarget {args.id} to {args.to}")
-    return 0 if record is None or record.phase in SUCCESS_PHASES else 1
+    return 0 if record is None or succeeded(record) else 1
 
 
 async def wake_cmd(args: argparse.Namespace) -> int:

@@ -55,11 +55,9 @@ HANDLERS = {
     "replay": "controlplane.cli.replay:replay_cmd",
     "worker": "controlplane.cli.worker:worker_cmd",
     "serve": "controlplane.cli.serve:serve_cmd",  # aiohttp
-    **dict.fromkeys(("checkpoint", "migrate", "suspend", "resume"),  # the drivers
-                    f"{_CLUSTER_VERBS}:operation_cmd"),
-    "restore": f"{_CLUSTER_VERBS}:restore_cmd",
+    **dict.fromkeys(("checkpoint", "migrate", "suspend", "resume", "restore", "drain"),
+                    f"{_CLUSTER_VERBS}:operation_cmd"),  # the drivers
     "checkpoints": "controlplane.cli.checkpoints:checkpoints_cmd",
-    "drain": "controlplane.cli.drain:drain_cmd",
 }
 
 
@@ -333,18 +331,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "CheckpointClass of that name exists ($CONTROLPLANE_CLASSES_FILE)")
     add_cluster_options(wk)
 
-    for name, text in [
-        ("checkpoint", "checkpoint a pod into an OCI artifact (the workload keeps running "
-         "unless --quiesce)"),
-        ("migrate", "move a pod to another node: checkpoint, delete the source, restore on "
-         "the target, verify, collect the artifact (a ReplicaSet's pod is restored beside "
-         "its source and adopted by the ReplicaSet; a StatefulSet's is restored into the "
-         "successor its controller recreates, held by the webhook's scheduling gate: "
-         "docs/owners.md)"),
-        ("suspend", "checkpoint a pod and delete it, keeping its spec and checkpoint"),
-        ("resume", "restore a suspended pod from its latest checkpoint"),
+    for name, kind, text in [
+        ("checkpoint", "checkpoint", "checkpoint a pod into an OCI artifact (the workload "
+         "keeps running unless --quiesce)"),
+        ("migrate", "migration", "move a pod to another node: checkpoint, delete the "
+         "source, restore on the target, verify, collect the artifact (a ReplicaSet's pod "
+         "is restored beside its source and adopted by the ReplicaSet; a StatefulSet's is "
+         "restored into the successor its controller recreates, held by the webhook's "
+         "scheduling gate: docs/owners.md)"),
+        ("suspend", "suspend", "checkpoint a pod and delete it, keeping its spec and checkpoint"),
+        ("resume", "resume", "restore a suspended pod from its latest checkpoint"),
     ]:
         op = verb(name, text + "; prints the operation id")
+        op.set_defaults(kind=kind)  # the operation kind the verb asks for
         op.add_argument("workload", metavar="NAMESPACE/POD")
         add_class_options(op)
         if name == "migrate":
@@ -371,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs = verb("restore", "restore a checkpoint's artifact onto a node as a new "
               "pod (CHECKPOINT: a checkpoint or suspend operation id); prints the operation "
               "id")
+    rs.set_defaults(kind="restore")
     rs.add_argument("checkpoint", metavar="CHECKPOINT")
     rs.add_argument("--node", required=True, metavar="NODE", help="node to restore on")
     rs.add_argument("--name", help="name of the new pod (default: POD-restored-ID)")
@@ -382,12 +382,13 @@ def build_parser() -> argparse.ArgumentParser:
     dr = verb("drain", "empty a node: cordon it, plan a target for each pod it can "
               "move, and migrate them, at most --max-parallel at a time, as one durable "
               "operation; prints its id")
+    dr.set_defaults(kind="drain")
     dr.add_argument("node", metavar="NODE")
     dr.add_argument("--to", action="append", metavar="NODE",
                     help="target node (repeat for several; default: every node that fits)")
     dr.add_argument("--selector", metavar="LABELS",
                     help="only pods with these labels (k=v,k!=v,k)")
-    dr.add_argument("--max-parallel", type=positive_int, default=4,
+    dr.add_argument("--max-parallel", type=positive_int, default=None,
                     help="child migrations in flight at once (default 4), but never more "
                     "than --max-per-node (default 2) or --max-operations allow: the plan "
                     "says which caps it, and warns")

@@ -11,14 +11,13 @@ import asyncio
 import sys
 import time
 
-from controlplane.app.waiting import settled, waiting_for
+from controlplane.app.waiting import settled, succeeded, waiting_for
 from controlplane.errors import ControlPlaneError
 from controlplane.store import queries
 from controlplane.store.database import Database
 from controlplane.store.records import MachineRecord
 
-#: Phases that mean the operation did what was asked.
-SUCCESS_PHASES = frozenset({"Succeeded", "Suspended", "Resumed"})
+__all__ = ["WaitTimedOut", "follow", "succeeded"]
 
 
 class WaitTimedOut(ControlPlaneError):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from controlplane.cli import render
 from controlplane.cli.context import clock, opened
-from controlplane.cli.progress import SUCCESS_PHASES, follow
+from controlplane.cli.progress import follow, succeeded
 from controlplane.cli.retention import print_pruned
 from controlplane.cli.why import facts_text
 from controlplane.errors import UsageError
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 def _record_json(r: MachineRecord) -> dict[str, Any]:
-    from controlplane.app.operations import final_pod
+    from controlplane.app.waiting import final_pod
 
     return {
         "id": r.id, "kind": r.kind, "phase": r.phase, "pod": final_pod(r),
@@ -167,4 +167,4 @@ async def wait_cmd(args: argparse.Namespace) -> int:
         record = await follow(db, record.id, f"{record.kind} {args.id}",
                               limit_seconds=args.wait_seconds)
     print(f"{args.id}: {record.phase}")
-    return 0 if record.phase in SUCCESS_PHASES else 1
+    return 0 if succeeded(record) else 1

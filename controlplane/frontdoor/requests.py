@@ -1,13 +1,15 @@
-"""What a resource asks for: the operation (machine kind and spec) of a custom resource.
+"""What a resource asks for: the operation (machine kind and request) of a custom resource.
 
-Each kind maps onto the submission the CLI's verbs and the HTTP API make
-(``app.specs``, ``app.drains``): a ``Checkpoint``, ``Migration`` or ``Suspension`` of the
-pod ``spec.podName`` in the resource's namespace, a ``Restore`` of a checkpoint (named by
-its resource, or by the operation's id), a ``Drain`` of ``spec.nodeName``. The class
-``spec.className`` (default ``default``) is the ``CheckpointClass`` of that name, else
-the classes file's. The operation's id is the resource's UID (:func:`operation_id`), and
-a suspension's resume has an id derived from it (:func:`resume_id`), so a second worker,
-a restart or a replayed watch finds the operation instead of creating another.
+Each resource kind is an operation kind with its own spelling of the request's fields
+(:data:`RESOURCES`): a ``Checkpoint``, ``Migration`` or ``Suspension`` of the pod
+``spec.podName`` in the resource's namespace, a ``Restore`` of a checkpoint (named by its
+resource, or by the operation's id), a ``Drain`` of ``spec.nodeName``. The door only turns
+the resource's spec into fields; the request is prepared as every door prepares one
+(``app.requests``). The class ``spec.className`` (default ``default``) is the
+``CheckpointClass`` of that name, else the classes file's. The operation's id is the
+resource's UID (:func:`operation_id`), and a suspension's resume has an id derived from
+it (:func:`resume_id`), so a second worker, a restart or a replayed watch finds the
+operation instead of creating another.
 
 Bad input raises ``UsageError`` naming the resource's field (``spec.podName``), which the
 front door writes to the resource as ``Accepted=False``.
@@ -20,22 +22,45 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from controlplane.app.drains import drain_spec, plan_of
 from controlplane.app.ports import ClusterAccess
-from controlplane.app.specs import restore_spec, workload_spec
+from controlplane.app.requests import Prepared, prepare
 from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
 from controlplane.frontdoor.ports import Resource
 from controlplane.store.database import Database
 
-#: The operation kinds (machine kinds) each resource kind submits first.
-MACHINE_KIND = {"Checkpoint": "checkpoint", "Restore": "restore", "Migration": "migration",
-                "Suspension": "suspend", "Drain": "drain"}
-#: Resource kinds that ask for operations (``CheckpointClass`` is configuration).
-OPERATION_KINDS = tuple(MACHINE_KIND)
+
+@dataclass(frozen=True)
+class ResourceKind:
+    """A resource kind: the operation it asks for, and how its spec spells each field of
+    the request (a field it does not spell, it does not take)."""
+
+    operation: str
+    spelled: Mapping[str, str]
+
+
+#: Every resource kind that asks for an operation (``CheckpointClass`` is configuration).
+RESOURCES = {
+    "Checkpoint": ResourceKind("checkpoint", {"workload": "spec.podName",
+                                              "class": "spec.className",
+                                              "quiesce": "spec.quiesce"}),
+    "Migration": ResourceKind("migration", {"workload": "spec.podName",
+                                            "class": "spec.className",
+                                            "targetNode": "spec.targetNodeName",
+                                            "name": "spec.restoredPodName"}),
+    "Suspension": ResourceKind("suspend", {"workload": "spec.podName",
+                                           "class": "spec.className"}),
+    "Restore": ResourceKind("restore", {"checkpoint": "spec.checkpointName",
+                                        "node": "spec.nodeName", "name": "spec.podName"}),
+    "Drain": ResourceKind("drain", {"node": "spec.nodeName", "class": "spec.className",
+                                    "targets": "spec.targets", "selector": "spec.selector",
+                                    "maxParallel": "spec.maxParallel"}),
+}
+#: A suspension's resume, asked for by ``operatingMode: Running``.
+RESUME = ResourceKind("resume", {"workload": "spec.podName", "node": "spec.resumeNodeName"})
+OPERATION_KINDS = tuple(RESOURCES)
 DEFAULT_CLASS = "default"
-DEFAULT_MAX_PARALLEL = 4
 _RESUME = uuid.UUID("5a1e6d0c-3f7e-4c2b-9b1d-0c6e2f4a8b11")  # the namespace of resume ids
 
 
@@ -49,11 +74,18 @@ class ClassSource(Protocol):
 
 @dataclass(frozen=True)
 class Ask:
-    """One operation a resource asks for: its id, machine kind and spec."""
+    """One operation a resource asks for: its id, and the request prepared."""
 
     machine_id: str
-    kind: str
-    spec: JsonObject
+    prepared: Prepared
+
+    @property
+    def kind(self) -> str:
+        return self.prepared.kind
+
+    @property
+    def spec(self) -> JsonObject:
+        return self.prepared.spec
 
 
 def operation_id(resource: Mapping[str, Any]) -> str:
@@ -116,73 +148,62 @@ async def klass_of(resource: Mapping[str, Any], classes: ClassSource) -> JsonObj
     return found
 
 
+def fields_of(resource: Mapping[str, Any], spelled: Mapping[str, str]
+              ) -> dict[str, object]:
+    """The request's fields from the resource's spec, under the names the request takes
+    (``spec.podName`` is the workload in the resource's namespace)."""
+    spec = _spec(resource)
+    fields: dict[str, object] = {}
+    for name, spelling in spelled.items():
+        value = spec.get(spelling.removeprefix("spec."))
+        if value is None or value == "":
+            continue
+        if name == "workload":
+            namespace = (resource.get("metadata") or {}).get("namespace")
+            value = f"{namespace}/{value}" if isinstance(value, str) else value
+        fields[name] = value
+    return fields
+
+
 async def ask_of(resource: Resource, *, db: Database, access: ClusterAccess,
                  classes: ClassSource, checkpoint_ids: Mapping[str, str]) -> Ask:
     """The first operation ``resource`` asks for. ``checkpoint_ids``: a Restore's
     ``spec.checkpointName`` resolved to the operation id (the front door reads the named
     ``Checkpoint`` or ``Suspension``)."""
-    kind = str(resource.get("kind"))
-    meta = resource.get("metadata") or {}
-    namespace = meta.get("namespace")
-    machine_kind = MACHINE_KIND[kind]
-    if kind == "Drain":
-        return Ask(operation_id(resource), machine_kind,
-                   await _drain(resource, access, classes))
-    if kind == "Restore":
-        checkpoint = _text(resource, "operationID")
-        if checkpoint is None:
-            name = _text(resource, "checkpointName")
-            if name is None:
-                raise UsageError("a Restore needs spec.checkpointName or spec.operationID",
-                                 hint="name the Checkpoint (or Suspension) to restore from")
-            checkpoint = checkpoint_ids.get(name)
-            if checkpoint is None:
-                raise UsageError(f"spec.checkpointName {name!r}: no Checkpoint or Suspension "
-                                 f"of that name in namespace {namespace}",
-                                 hint="kubectl get checkpoints,suspensions lists them")
-        spec = await restore_spec(db, access, checkpoint=checkpoint,
-                                  node=_required(resource, "nodeName"),
-                                  name=_text(resource, "podName"))
-        return Ask(operation_id(resource), machine_kind, spec)
-    pod = _required(resource, "podName")
-    namespace = str(namespace)
-    klass = await klass_of(resource, classes)
-    if kind == "Checkpoint":
-        spec = await workload_spec(db, access, kind="checkpoint", namespace=namespace,
-                                   name=pod, klass=klass,
-                                   quiesce=bool(_spec(resource).get("quiesce", False)))
-    elif kind == "Migration":
-        spec = await workload_spec(db, access, kind="migration", namespace=namespace, name=pod,
-                                   klass=klass, target_node=_required(resource, "targetNodeName"),
-                                   restore_name=_text(resource, "restoredPodName"))
-    else:  # Suspension
-        spec = await workload_spec(db, access, kind="suspend", namespace=namespace, name=pod,
-                                   klass=klass)
-    return Ask(operation_id(resource), machine_kind, spec)
+    kind = RESOURCES[str(resource.get("kind"))]
+    fields = fields_of(resource, kind.spelled)
+    if "class" in kind.spelled:
+        fields["class"] = await klass_of(resource, classes)
+    if kind.operation == "restore":
+        fields["checkpoint"] = _checkpoint_named(resource, checkpoint_ids)
+    prepared = await prepare(db, access, kind=kind.operation, fields=fields,
+                             spelled=kind.spelled)
+    return Ask(operation_id(resource), prepared)
 
 
-async def resume_ask(resource: Resource, *, db: Database) -> Ask:
+def _checkpoint_named(resource: Resource, checkpoint_ids: Mapping[str, str]) -> str:
+    """A Restore's checkpoint: ``spec.operationID``, else the operation of the Checkpoint
+    (or Suspension) ``spec.checkpointName`` names."""
+    checkpoint = _text(resource, "operationID")
+    if checkpoint is not None:
+        return checkpoint
+    name = _text(resource, "checkpointName")
+    if name is None:
+        raise UsageError("a Restore needs spec.checkpointName or spec.operationID",
+                         hint="name the Checkpoint (or Suspension) to restore from")
+    found = checkpoint_ids.get(name)
+    if found is None:
+        namespace = (resource.get("metadata") or {}).get("namespace")
+        raise UsageError(f"spec.checkpointName {name!r}: no Checkpoint or Suspension "
+                         f"of that name in namespace {namespace}",
+                         hint="kubectl get checkpoints,suspensions lists them")
+    return found
+
+
+async def resume_ask(resource: Resource, *, db: Database, access: ClusterAccess) -> Ask:
     """A suspension's resume: its pod back from the newest suspension of the workload, on
     ``spec.resumeNodeName`` (or where the scheduler puts it)."""
-    meta = resource["metadata"]
-    spec = await workload_spec(db, None, kind="resume", namespace=str(meta["namespace"]),
-                               name=_required(resource, "podName"), klass=None,
-                               node=_text(resource, "resumeNodeName"))
-    return Ask(resume_id(resource), "resume", spec)
-
-
-async def _drain(resource: Resource, access: ClusterAccess, classes: ClassSource) -> JsonObject:
-    node = _required(resource, "nodeName")
-    klass = await klass_of(resource, classes)
-    spec = _spec(resource)
-    targets = spec.get("targets") or []
-    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-        raise UsageError("spec.targets must be a list of node names")
-    max_parallel = spec.get("maxParallel", DEFAULT_MAX_PARALLEL)
-    if not isinstance(max_parallel, int) or not 1 <= max_parallel <= 100:
-        raise UsageError(f"spec.maxParallel must be 1 to 100, got {max_parallel!r}")
-    selector = _text(resource, "selector")
-    nodes = [dict(n) for n in await access.list_nodes()]
-    pods = [dict(p) for p in await access.list_pods()]
-    plan = plan_of(node, nodes, pods, targets=targets, selector=selector, klass=klass)
-    return drain_spec(plan, pods, klass, max_parallel)
+    prepared = await prepare(db, access, kind=RESUME.operation,
+                             fields=fields_of(resource, RESUME.spelled),
+                             spelled=RESUME.spelled)
+    return Ask(resume_id(resource), prepared)

@@ -25,7 +25,8 @@ be needed (:func:`how_moved`):
 
 :func:`controller_of` reads the controller reference; :func:`why_not_movable` answers
 the reason or ``None``. A checkpoint (which deletes nothing) is never refused for its
-owner. Used by the verbs' specs (``app.specs``) and the drain planner.
+owner. Used by the requests (``migration/request.py``, ``suspend/request.py``) and
+the drain planner.
 """
 
 from __future__ import annotations

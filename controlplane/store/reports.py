@@ -17,10 +17,12 @@ from typing import Any
 
 from sqlalchemy import bindparam, text
 
+from controlplane.machines.catalog import success_phases
 from controlplane.store.database import Database
 from controlplane.store.session import read_txn
 
-SUCCESS = frozenset({"Succeeded", "Suspended", "Resumed"})
+#: Phases that count as success, every kind's own (its ``view.py``).
+SUCCESS = success_phases()
 VIEWS = ("report_operations", "report_checkpoints", "report_daily", "report_migrations",
          "report_drains", "report_drain_children", "report_drain_failures")
 #: ``cpctl report`` names: (view, the time column ``--since`` and ``--by day`` use,

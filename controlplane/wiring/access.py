@@ -12,13 +12,16 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from controlplane.engine.jsonvalue import JsonObject
+from controlplane.engine.observation import PodFact
 from controlplane.store.database import Database
 from controlplane.worker.child_machines import StoreMachineObserver
 from controlplane.worker.composite import CompositeObserver
 from controlplane.worker.ports import Observer
 from drivers.kube import KubeDriver, KubeSettings
-from drivers.kube.errors import ApiNotFound
+from drivers.kube.errors import ApiNotFound, KubeApiError
+from drivers.kube.observer import probe_error
 from drivers.kube.resources import NODES, PODS
+from drivers.kube.views import pod_view
 from drivers.registry import RegistryObserver
 from drivers.registry.port import Registry
 
@@ -41,6 +44,15 @@ class KubeClusterAccess:
             return dict(await self.driver.api.get(PODS, name, namespace=namespace))
         except ApiNotFound:
             return None
+
+    async def read_pod(self, namespace: str, name: str) -> tuple[JsonObject | None, PodFact]:
+        try:
+            pod = dict(await self.driver.api.get(PODS, name, namespace=namespace))
+        except ApiNotFound:
+            return None, None
+        except KubeApiError as exc:
+            return None, probe_error(exc)
+        return pod, pod_view(pod)
 
     async def list_nodes(self) -> list[JsonObject]:
         nodes, _ = await self.driver.api.list_all(NODES)

@@ -3,7 +3,7 @@ same validation, and answers with statuses that match the CLI's exit codes.
 
 The API runs over the embedded product (simulated cluster, node agents, on-disk
 registry, a worker): its ``ClusterAccess`` reads the simulator's pods and the product's
-read-through observer, so each POST goes through ``app.specs`` and submission exactly
+read-through observer, so each POST goes through ``app.requests`` exactly
 as ``cpctl checkpoint``/``migrate`` do.
 """
 

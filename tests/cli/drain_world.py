@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controlplane.app.drains import drain_spec
 from controlplane.app.operations import submit_operation
 from controlplane.clock import SystemClock, new_id
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.drain.planning import DrainPlan, node_info, plan_drain, pod_info, usage
+from controlplane.machines.drain.request import drain_spec
 from controlplane.machines.submission import Limits
 from controlplane.store import migrate, queries
 from controlplane.store.database import Database, open_database

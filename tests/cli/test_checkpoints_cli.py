@@ -100,7 +100,7 @@ def test_checkpoints_lists_what_can_be_restored_and_why_not(deployment: Deployme
 
     bad = d.cpctl("checkpoints", "app")
     assert bad.returncode == 2
-    assert bad.stderr.strip() == ("cpctl: error: workload 'app' is not NAMESPACE/POD "
+    assert bad.stderr.strip() == ("cpctl: error: workload: 'app' is not NAMESPACE/POD "
                                   "(e.g. default/web)")
     unknown = d.cpctl("checkpoints", "default/ghost")
     assert unknown.returncode == 0, unknown.stderr

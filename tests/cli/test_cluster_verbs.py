@@ -271,5 +271,5 @@ def test_migrate_refuses_a_name_for_a_pod_its_controller_names(deployment: Deplo
     result = d.cpctl("migrate", "default/db-1", "--to", "node-2", "--name", "db-9",
                      "--repository", REPO, *d.cluster_args())
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "--name db-9: pod default/db-1 belongs to StatefulSet db" in result.stderr
+    assert "--name: 'db-9': pod default/db-1 belongs to StatefulSet db" in result.stderr
     assert "Traceback" not in result.stderr

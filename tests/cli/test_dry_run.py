@@ -94,16 +94,21 @@ async def test_dry_runs_print_the_plan_and_write_nothing(tmp_path: Path,
         assert code == 0, err
         plan = document(out)
         assert (plan["source_node"], plan["target_node"]) == ("node-1", "node-2")
-        assert plan["artifacts_written"] == [f"{repo}:default.app-01.<operation-id>"]
+        assert plan["artifacts_written"] == [f"{repo}:default.app-01.OPERATION-ID"]
         assert plan["refused"] is None
         assert plan["admission"] == "would start now"
+        # What the migration itself would do first: ask the node agent for the capture.
+        assert plan["would"][0].startswith("record a Normal event MigrationStarted: moving "
+                                           "from node-1 to node-2")
+        assert plan["would"][1].startswith("annotate pod default/app-01 (uid ")
+        assert plan["records"] == ["Started", "CaptureRequested"]
         assert plan["restore_path"] == ("agent on node-2 (sim://1): the node agent captures "
                                         "and restores")
 
         code, out, err = await cpctl(capfd, tmp_path, "suspend", "default/app-02", "--repository",
                                      repo, "--dry-run", "-o", "json")
         assert code == 0, err
-        assert document(out)["artifacts_written"] == [f"{repo}:default.app-02.<operation-id>"]
+        assert document(out)["artifacts_written"] == [f"{repo}:default.app-02.OPERATION-ID"]
 
         code, out, err = await cpctl(capfd, tmp_path, "restore", checkpoint_id, "--node", "node-3",
                                      "--dry-run", "-o", "json")
@@ -121,7 +126,8 @@ async def test_dry_runs_print_the_plan_and_write_nothing(tmp_path: Path,
                                                            for i in range(4)]
         assert {m["target"] for m in plan["moves"]} <= {"node-2", "node-3", "node-4"}
         assert len(plan["artifacts_written"]) == 4
-        assert plan["refused"] == []
+        assert (plan["refused"], plan["left"]) == (None, [])
+        assert plan["would"] == ["cordon node node-1"]  # the drain's own first action
         assert (plan["effective_parallel"], plan["capped_by"], plan["warnings"]) == (2, None, [])
 
         # The defaults: --max-parallel 4 under --max-per-node 2. Said in the plan, with the
@@ -131,8 +137,7 @@ async def test_dry_runs_print_the_plan_and_write_nothing(tmp_path: Path,
         assert code == 0, err
         assert "DRY RUN: nothing is changed" in out
         assert "default/app-03" in out
-        assert ("migrate 4 pods, at most 2 at a time (--max-per-node 2 caps --max-parallel 4)"
-                in out)
+        assert "at most 2 at a time (--max-per-node 2 caps --max-parallel 4)" in out
         assert "  warning: --max-parallel 4 is capped by --max-per-node 2: at most 2" in out
         assert "warning" not in err  # said once, in the plan
 

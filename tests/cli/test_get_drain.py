@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from controlplane.app.drains import drain_spec
 from controlplane.app.operations import submit_operation
 from controlplane.clock import new_id
 from controlplane.machines.catalog import default_kinds
+from controlplane.machines.drain.request import drain_spec
 from controlplane.store import queries
 from tests.cli.drain_world import NS, clock, drain_world
 from tests.support.cpctl import cpctl

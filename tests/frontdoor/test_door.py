@@ -136,7 +136,7 @@ async def test_a_refusal_is_final_for_its_generation_even_for_a_new_worker(
         await eventually(status_is(api, "Migration", "ghost", "Accepted", "False"))
     refused = condition(api.read("Migration", "ghost"), "Accepted")
     assert refused["reason"] == "InvalidSpec"
-    assert refused["message"].startswith("pod default/ghost not found (")
+    assert "spec.podName: pod default/ghost not found (" in refused["message"]
     assert refused["message"].count("kubectl get pod") == 1  # the hint, once
     world.cluster.create_pod("default", "ghost", node="node-1", marker="n=1")
     await world.cluster.wait_for(

@@ -21,13 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from controlplane.app.drains import drain_spec
 from controlplane.app.operations import send_command
 from controlplane.cli.demo import NS, Demo
 from controlplane.clock import SystemClock
 from controlplane.engine.decider import Command
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.drain.planning import node_info, plan_drain, pod_info
+from controlplane.machines.drain.request import drain_spec
 from controlplane.store import migrate, queries
 from controlplane.store.database import open_database
 from controlplane.wiring.embedded import embedded

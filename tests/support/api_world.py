@@ -22,13 +22,13 @@ from aiohttp import web
 
 from controlplane.api.app import make_app
 from controlplane.api.serving import make_runner
-from controlplane.app.drains import drain_spec
 from controlplane.app.operations import submit_operation
 from controlplane.cli.demo import Demo
 from controlplane.clock import SystemClock, new_id
 from controlplane.engine.decider import Event
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.drain.planning import node_info, plan_drain, pod_info
+from controlplane.machines.drain.request import drain_spec
 from controlplane.machines.submission import Limits
 from controlplane.store import event_store, queries
 from controlplane.store.database import Database

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.app.drains import drain_spec
 from controlplane.app.operations import submit_operation
 from controlplane.cli.drain import print_children
 from controlplane.clock import new_id
 from controlplane.machines.catalog import default_kinds
+from controlplane.machines.drain.request import drain_spec
 from controlplane.store import queries
 from drivers.sim import MARKER
 from tests.cli.drain_world import NS, clock, drain_world

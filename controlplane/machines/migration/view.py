@@ -1,0 +1,67 @@
+"""A migration read from its state: it succeeded when the workload runs on the target and
+its artifact is collected; rolled back (it runs on its source again) and cancelled count
+as failed. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from controlplane.engine.jsonvalue import JsonObject
+from controlplane.machines.base import views
+from controlplane.machines.base.codec import decode
+from controlplane.machines.base.views import Outcome
+from controlplane.machines.migration.state import MigrationPhase, MigrationState
+
+#: Phases after which a restored pod runs (for a cancel: when the source had gone).
+_RESTORED = frozenset({MigrationPhase.SUCCEEDED, MigrationPhase.ROLLED_BACK,
+                       MigrationPhase.GC_FAILED})
+
+
+class MigrationView:
+    success: frozenset[str] = frozenset({MigrationPhase.SUCCEEDED})
+    waiting: Mapping[str, str] = {
+        MigrationPhase.CHECKPOINTING: views.CHECKPOINTING,
+        MigrationPhase.UNSTICKING: views.UNSTICKING,
+        MigrationPhase.WAKING_IN_PLACE: views.WAKING_IN_PLACE,
+        MigrationPhase.DELETING_SOURCE: views.DELETING_SOURCE,
+        MigrationPhase.RESTORING: views.RESTORING,
+        MigrationPhase.ADOPTING: "the ReplicaSet to adopt the restored pod, and the source "
+                                 "to be gone",
+        MigrationPhase.ROLLING_BACK: "the workload to be restored on its source node",
+        MigrationPhase.COLLECTING_GARBAGE: views.COLLECTING_GARBAGE,
+    }
+
+    def outcome(self, state: JsonObject, phase: str) -> Outcome:
+        s = decode(MigrationState, state)
+        collected = s.collection.outcome if s.collection else ""
+        running = f"workload running on {s.final_node}" + (
+            f"; artifact {collected}" if collected else "")
+        if s.status is MigrationPhase.SUCCEEDED:
+            said = "Migrated", running
+        elif s.status is MigrationPhase.ROLLED_BACK:
+            said = "RolledBack", running
+        elif s.status is MigrationPhase.CANCELLED:
+            # Retargeted back to its own node is the one way to end Cancelled uncancelled.
+            reason = views.CANCELLED if s.cancelled else "RetargetedToSource"
+            if s.collection is not None:  # the source had gone: restored where it was
+                said = reason, running
+            else:
+                said = reason, f"workload resumed in place on {s.spec.source_node}"
+        else:
+            said = views.failed(s.failure, s.phase)
+        return views.outcome_of(self, state, phase, said)
+
+    def final_pod(self, state: JsonObject, phase: str) -> str | None:
+        """The last restore attempt's pod once verified; for a cancel, the pod it restored
+        where the workload was when the source had already gone."""
+        s = decode(MigrationState, state)
+        if s.restore is None:
+            return None
+        if phase in _RESTORED or (phase == MigrationPhase.CANCELLED
+                                  and s.collection is not None):
+            return s.restore.plan.key
+        return None
+
+    def checkpoint(self, state: JsonObject) -> dict[str, str] | None:
+        s = decode(MigrationState, state)
+        return views.checkpoint_made(s.spec.capture.artifact, s.capture.digest)
