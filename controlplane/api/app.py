@@ -40,7 +40,7 @@ from controlplane.app.plan import plan_request
 from controlplane.app.ports import ClusterAccess
 from controlplane.app.replay import phase_after_each
 from controlplane.app.requester import token_requester
-from controlplane.app.requests import RequestRefused, prepare, submit
+from controlplane.app.requests import RequestRefused, parse, prepare_asked, submit
 from controlplane.app.waiting import settled, waiting_for
 from controlplane.clock import Clock, SystemClock, new_id
 from controlplane.engine.decider import Command
@@ -323,11 +323,12 @@ async def _submit(request: web.Request) -> web.Response:
     db, now = app[DB_KEY], app[CLOCK_KEY].now()
     if kind not in requested_kinds():
         raise params.BadRequest("kind", f"kind must be one of {', '.join(requested_kinds())}")
-    if dry_run:
-        return _json(await plan_request(db, access, kind=kind, fields=body, spelled=None,
-                                        limits=app[LIMITS_KEY], now=now))
     try:
-        prepared = await prepare(db, access, kind=kind, fields=body)
+        asked = parse(kind, body)
+        if dry_run:
+            return _json(await plan_request(db, access, asked, limits=app[LIMITS_KEY],
+                                            now=now))
+        prepared = await prepare_asked(db, access, asked)
     except RequestRefused as exc:
         raise params.BadRequest(exc.field or "body", str(exc)) from None
     outcome = await submit(db, app[KINDS_KEY], prepared, machine_id=new_id(), now=now,

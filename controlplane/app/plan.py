@@ -13,16 +13,16 @@ and the HTTP API (which returns it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime
 
 from controlplane.app.drains import parallelism
 from controlplane.app.ports import ClusterAccess
-from controlplane.app.requests import Prepared, RequestRefused, prepare
+from controlplane.app.requests import Asked, Prepared, RequestRefused, prepare_asked
 from controlplane.engine.decider import Action, Decision
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
 from controlplane.engine.observation import Interests, NodeView, Observation, TagView
 from controlplane.errors import ControlPlaneError
+from controlplane.machines.base.requests import Found
 from controlplane.machines.catalog import kind as kind_named
 from controlplane.machines.config.runtimes import RestorePath, restore_path
 from controlplane.machines.contract.actions import ActionType
@@ -173,13 +173,14 @@ def _strings(value: JsonValue) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
-async def plan_request(db: Database, access: ClusterAccess, *, kind: str,
-                       fields: Mapping[str, object], spelled: Mapping[str, str] | None,
-                       limits: Limits, now: datetime) -> JsonObject:
+async def plan_request(db: Database, access: ClusterAccess, asked: Asked, *,
+                       limits: Limits, now: datetime, found: Found | None = None
+                       ) -> JsonObject:
     """Prepare the request as a submission would and plan it; a refused request is a plan
     whose ``refused`` says why (and ``field`` names the field)."""
+    kind = asked.kind
     try:
-        prepared = await prepare(db, access, kind=kind, fields=fields, spelled=spelled)
+        prepared = await prepare_asked(db, access, asked, found)
     except RequestRefused as exc:
         doc: JsonObject = {"dry_run": True, "operation": kind, "refused": str(exc)}
         if exc.field:

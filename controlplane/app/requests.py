@@ -36,6 +36,7 @@ from controlplane.errors import ControlPlaneError, UsageError
 from controlplane.machines.base.requests import (
     Fields,
     Found,
+    Request,
     Seen,
     SubmissionRejected,
     SubmissionUnverifiable,
@@ -101,22 +102,54 @@ def unverifiable(exc: Exception, kind: str) -> ControlPlaneError:
                              hint="the cluster or registry did not answer; retry")
 
 
+@dataclass(frozen=True)
+class Asked:
+    """A request parsed from a door's fields (nothing read yet)."""
+
+    kind: str
+    request: Request
+
+
+def parse(kind: str, fields: Mapping[str, object],
+          spelled: Mapping[str, str] | None = None) -> Asked:
+    """The typed request of ``kind`` from a door's ``fields``, before anything is read: a
+    bad or unknown field is refused here, naming it as the door spells it."""
+    _, requests = requested(kind)
+    refuse_nul(dict(fields), "request")
+    try:
+        return Asked(kind, requests.of(Fields(fields, spelled)))
+    except SubmissionRejected as exc:
+        raise refused(exc, kind) from None
+
+
 async def prepare(db: Database, access: ClusterAccess, *, kind: str,
                   fields: Mapping[str, object], spelled: Mapping[str, str] | None = None
                   ) -> Prepared:
     """The request of ``kind`` from a door's ``fields``, checked on one look at the
     cluster (see the module docstring). ``spelled``: how the door spells each field."""
+    return await prepare_asked(db, access, parse(kind, fields, spelled))
+
+
+async def find(db: Database, asked: Asked) -> Found:
+    """What the request names in the store (a ``UsageError`` when it is not there): read
+    before the cluster is, so a request for nothing is refused without a connection."""
+    lookups = asked.request.lookups()
+    if lookups.checkpoint is not None:
+        return Found(checkpoint=await checkpoint_of(db, lookups.checkpoint))
+    if lookups.suspension_of is not None:
+        return Found(checkpoint=await latest_suspension(db, *lookups.suspension_of))
+    return Found()
+
+
+async def prepare_asked(db: Database, access: ClusterAccess, asked: Asked,
+                        found: Found | None = None) -> Prepared:
+    """A parsed request, checked on one look at the cluster (see the module docstring);
+    ``found``: its store lookups when the caller made them first (:func:`find`)."""
+    kind, request = asked.kind, asked.request
     found_kind, requests = requested(kind)
-    refuse_nul(dict(fields), "request")
-    given = Fields(fields, spelled)
+    if found is None:
+        found = await find(db, asked)
     try:
-        request = requests.of(given)
-        lookups = request.lookups()
-        found = Found()
-        if lookups.checkpoint is not None:
-            found = Found(checkpoint=await checkpoint_of(db, lookups.checkpoint))
-        elif lookups.suspension_of is not None:
-            found = Found(checkpoint=await latest_suspension(db, *lookups.suspension_of))
         reads = request.reads(found)
         keys = sorted(reads.pods)
         answers = await asyncio.gather(*(access.read_pod(*key.split("/", 1)) for key in keys))

@@ -21,7 +21,7 @@ import sys
 
 from controlplane.app.drains import parallelism
 from controlplane.app.plan import plan_request
-from controlplane.app.requests import prepare, submit
+from controlplane.app.requests import find, parse, prepare_asked, submit
 from controlplane.cli import dryrun
 from controlplane.cli.classes import class_for, given_class
 from controlplane.cli.context import clock, opened, requester
@@ -59,9 +59,10 @@ def fields_of(args: argparse.Namespace) -> dict[str, object]:
 
 async def operation_cmd(args: argparse.Namespace) -> int:
     """Every operation verb: prepare, then plan (``--dry-run``) or submit."""
-    fields = fields_of(args)
+    asked = parse(args.kind, fields_of(args), SPELLED)  # bad flags: before any connection
     async with opened(args) as db:
         await migrate.require_current(db)
+        found = await find(db, asked)  # what it names in the store: said before connecting
         async with access_from_args(db, args) as access:
             if args.kind == "drain":
                 run = parallelism(args.max_parallel or DEFAULT_MAX_PARALLEL,
@@ -70,12 +71,10 @@ async def operation_cmd(args: argparse.Namespace) -> int:
                     # stderr: -o json on stdout stays one document (a table plan says it)
                     sys.stderr.write(f"cpctl: warning: {run.warning}\n")
             if getattr(args, "dry_run", False):
-                doc = await plan_request(db, access, kind=args.kind, fields=fields,
-                                         spelled=SPELLED, limits=limits_from(args),
-                                         now=clock.now())
+                doc = await plan_request(db, access, asked, limits=limits_from(args),
+                                         now=clock.now(), found=found)
                 return dryrun.print_plan(doc, args.output)
-            prepared = await prepare(db, access, kind=args.kind, fields=fields,
-                                     spelled=SPELLED)
+            prepared = await prepare_asked(db, access, asked, found)
             outcome = await submit(db, default_kinds(), prepared, machine_id=new_id(),
                                    now=clock.now(), limits=limits_from(args),
                                    requester=requester(args))
