@@ -177,6 +177,7 @@ def document() -> dict[str, Any]:
                                    "checkpoint": {"type": "string"},
                                    "name": {"type": "string"},
                                    "quiesce": {"type": "boolean"},
+                                   "keepCheckpoint": {"type": "boolean"},
                                    "dryRun": {"type": "boolean"},
                                    "maxParallel": {"type": "integer", "minimum": 1},
                                    "targets": {"type": "array", "items": {"type": "string"}},

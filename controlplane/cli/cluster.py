@@ -38,7 +38,7 @@ from controlplane.wiring.cluster import access_from_args
 SPELLED = {"targetNode": "--to", "targets": "--to",
            "class": "--repository/--class", "name": "--name", "node": "--node",
            "checkpoint": "CHECKPOINT", "quiesce": "--quiesce", "selector": "--selector",
-           "maxParallel": "--max-parallel"}
+           "maxParallel": "--max-parallel", "keepCheckpoint": "--keep-checkpoint"}
 
 
 def fields_of(args: argparse.Namespace) -> dict[str, object]:
@@ -54,7 +54,8 @@ def fields_of(args: argparse.Namespace) -> dict[str, object]:
             "name": getattr(args, "name", None), "node": getattr(args, "node", None),
             "checkpoint": getattr(args, "checkpoint", None),
             "selector": getattr(args, "selector", None),
-            "maxParallel": getattr(args, "max_parallel", None)}
+            "maxParallel": getattr(args, "max_parallel", None),
+            "keepCheckpoint": getattr(args, "keep_checkpoint", None) or None}
 
 
 async def operation_cmd(args: argparse.Namespace) -> int:

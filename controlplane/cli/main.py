@@ -352,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help="name of the restored bare pod (default: the source's own "
                                  "name, taken once the source is gone; a controller's pod "
                                  "is named by its controller)")
+            op.add_argument("--keep-checkpoint", action="store_true",
+                            help="keep the checkpoint in the registry after the verified "
+                                 "restore (default: the class's retention decides)")
         if name == "checkpoint":
             op.add_argument("--quiesce", action="store_true",
                             help="leave the workload stopped after the capture")

@@ -211,6 +211,27 @@ def test_retention_that_keeps_artifacts_skips_deletion() -> None:
         .then_no_action("DeleteManifest")
 
 
+def test_a_migration_asked_to_keep_its_checkpoint_keeps_it_whatever_the_class_says() -> None:
+    """keep_checkpoint: the class deletes after a migration, this one keeps its artifact."""
+    d = MigrationDecider()
+    g = Given(d, MID, d.validate_spec(migration_body({}, keep_checkpoint=True)))
+    g = g.decided(observe({SRC: pod()}, {ART: None}), T0)
+    g = g.decided(observe({SRC: src()}, {ART: GOOD}), at(5))
+    g = g.decided(observe({SRC: src()}, {PINNED: GOOD}), at(6))
+    g = g.decided(observe({SRC: None}, {PINNED: GOOD}), at(7))
+    g = g.decided(at_restore(1, restored(phase="Pending", node_name=None)), at(8))
+    g = g.decided(at_restore(1, restored(**FRESH)), at(9), until_idle=False)
+    then = g.when(observe(tags={PINNED: GOOD}), at(10))
+    then.then_events("ArtifactKept").then_no_action("DeleteManifest")
+    done = then.and_then().decided(observe(tags={PINNED: GOOD}), at(11))
+    assert done.state.phase == "Succeeded"
+
+
+def test_keep_checkpoint_is_a_boolean_named_in_the_refusal() -> None:
+    with pytest.raises(InvalidSpec, match=r"spec.keep_checkpoint 'yes' is not true or false"):
+        MigrationDecider().validate_spec(migration_body({}, keep_checkpoint="yes"))
+
+
 def test_forbidden_gc_is_visible_retried_and_never_a_clean_success() -> None:
     """Gate 7: a 403 sets a condition and a Warning, stays non-terminal, retries later."""
     g = verified().decided(observe(tags={PINNED: GOOD}), at(10))

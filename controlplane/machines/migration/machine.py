@@ -82,7 +82,8 @@ class MigrationDecider:
 
     def validate_spec(self, spec: JsonObject) -> JsonObject:
         only_known(spec, ("pod", "source_node", "target_node", "template", "artifact",
-                          "containers", "restore_name", "keep_name", "successor", "class"))
+                          "containers", "restore_name", "keep_name", "successor", "class",
+                          "keep_checkpoint"))
         out = validate_capture_fields(spec)
         source = node_name(require(spec, "source_node"), field="spec.source_node")
         target = node_name(require(spec, "target_node"), field="spec.target_node")
@@ -96,6 +97,14 @@ class MigrationDecider:
             "restore_name": None if name is None else object_name(name,
                                                                   field="spec.restore_name"),
         })
+        keep_checkpoint = spec.get("keep_checkpoint")
+        if keep_checkpoint is not None:
+            if not isinstance(keep_checkpoint, bool):
+                raise InvalidSpec(f"spec.keep_checkpoint {keep_checkpoint!r} is not true or "
+                                  "false: true keeps the checkpoint in the registry after "
+                                  "the verified restore")
+            if keep_checkpoint:
+                out["keep_checkpoint"] = True
         keep = spec.get("keep_name")
         if keep is not None:
             if not isinstance(keep, bool):
@@ -125,6 +134,7 @@ class MigrationDecider:
         mspec = MigrationSpec(cspec, str(spec["source_node"]), template,
                               name if isinstance(name, str) else cspec.name,
                               keep_name=spec.get("keep_name") is True,
+                              keep_checkpoint=spec.get("keep_checkpoint") is True,
                               successor=str(spec.get("successor") or ""))
         return MigrationState(machine_id, mspec, klass, target=str(spec["target_node"]))
 

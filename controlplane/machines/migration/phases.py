@@ -249,7 +249,8 @@ def _collect(state: MigrationState, obs: Observation, now: datetime) -> Step:
                        final_node=state.final_node)
     notify = gc_.Notify(r.plan.namespace, r.plan.pod_name, r.uid)
     return gc_.decide_collection(c, obs, now, machine_id=state.machine_id,
-                                 keep=not state.klass.retention.delete_after_migration,
+                                 keep=state.spec.keep_checkpoint
+                                 or not state.klass.retention.delete_after_migration,
                                  notify=notify)
 
 

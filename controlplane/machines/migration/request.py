@@ -1,7 +1,9 @@
 """A migration as asked for: the running pod ``workload`` (``namespace/name``) moved to
 ``targetNode`` with the class ``class``; the restored pod named ``name`` (by default the
-source's own, once the source is gone). A pod whose controller (ReplicaSet, StatefulSet)
-names the restored pod moves as its successor and takes no ``name``. Pure."""
+source's own, once the source is gone); ``keepCheckpoint`` keeps its checkpoint in the
+registry after the verified restore, whatever the class's retention. A pod whose
+controller (ReplicaSet, StatefulSet) names the restored pod moves as its successor and
+takes no ``name``. Pure."""
 
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ class MigrationRequest:
     target_node: str
     klass: JsonObject
     restore_name: str | None
+    keep_checkpoint: bool
     fields: Fields
 
     def lookups(self) -> Lookups:
@@ -60,6 +63,8 @@ class MigrationRequest:
             "class": self.klass, "restore_name": self.restore_name or self.name}
         movable = parse_class(self.klass, field="class").movable_owners
         how = how_moved(pod, verb="migration", movable=movable)
+        if self.keep_checkpoint:
+            spec["keep_checkpoint"] = True
         if how == BARE:
             spec["keep_name"] = True
         else:
@@ -80,7 +85,8 @@ class MigrationRequests:
         target = fields.required("targetNode", "name the node to move the pod to")
         klass = fields.object("class", required=CLASS_HINT)
         assert klass is not None
-        request = MigrationRequest(ns, name, target, klass, fields.text("name"), fields)
+        request = MigrationRequest(ns, name, target, klass, fields.text("name"),
+                                   fields.flag("keepCheckpoint"), fields)
         fields.done()
         return request
 

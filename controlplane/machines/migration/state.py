@@ -103,6 +103,9 @@ class MigrationSpec:
     #: recreates under the same name, held by the webhook's scheduling gate; see
     #: ``steps.restore``, claim mode).
     successor: str = field(default="", metadata=OMIT_DEFAULT)
+    #: Keep the checkpoint in the registry after the verified restore, whatever the
+    #: class's retention says (false for every history recorded before it existed).
+    keep_checkpoint: bool = field(default=False, metadata=OMIT_DEFAULT)
 
     @property
     def adopts(self) -> bool:
