@@ -24,8 +24,6 @@ from collections.abc import Mapping
 from drivers.podman.podman import ContainerState
 from drivers.sim.objects import Obj, clone, set_condition
 
-STATUS_FIELDS = ("phase", "conditions", "containerStatuses")
-
 
 def _container_status(name: str, image: str, state: ContainerState | None) -> Obj:
     entry: Obj = {"name": name, "image": image, "restartCount": 0,
@@ -47,7 +45,8 @@ def _container_status(name: str, image: str, state: ContainerState | None) -> Ob
 
 
 def pod_status(pod: Obj, states: Mapping[str, ContainerState | None]) -> Obj:
-    """The status fields (:data:`STATUS_FIELDS`) of a started pod from its containers."""
+    """The status fields (``phase``, ``conditions``, ``containerStatuses``) of a started
+    pod from its containers."""
     status = clone(pod.get("status") or {})
     spec = pod.get("spec") or {}
     entries = [_container_status(str(c["name"]), str(c.get("image") or ""),

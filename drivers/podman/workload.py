@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import shutil
 import subprocess
 import tarfile
 from collections.abc import Mapping
@@ -173,7 +172,3 @@ async def build_image(builder: PodmanNode, registry_host: str, folder: Path) -> 
 def command(mib: int = 0, interval_ms: int = 100) -> list[str]:
     """The container command of a counter touching ``mib`` MiB."""
     return ["/bin/counter", str(mib), str(interval_ms)]
-
-
-def have_runtime() -> bool:
-    return shutil.which("podman") is not None and BUSYBOX.exists()

@@ -93,8 +93,3 @@ def is_ready(node: dict[str, Any] | None) -> bool:
         return False
     return any(c.get("type") == "Ready" and c.get("status") == "True"
                for c in node.get("status", {}).get("conditions", []))
-
-
-def runtime_version(node: dict[str, Any] | None) -> str:
-    return str(((node or {}).get("status", {}).get("nodeInfo", {}))
-               .get("containerRuntimeVersion", ""))

@@ -36,7 +36,6 @@ from drivers.registry.errors import RegistryBadResponse
 from drivers.registry.manifests import parse_manifest
 from drivers.registry.port import OCI_MANIFEST, Descriptor
 
-FORMAT_VERSION = "v1"
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 

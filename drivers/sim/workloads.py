@@ -21,7 +21,6 @@ from drivers.sim import validation
 from drivers.sim.objects import Obj, Resource, meta
 from drivers.sim.selectors import label_selector_matches
 
-WORKLOADS = ("deployments", "replicasets", "statefulsets")
 DEFAULT_GRACE_SECONDS = 30
 # What apps/v1 ValidateStatefulSetUpdate lets change; anything else is Forbidden.
 _STATEFULSET_MUTABLE = ("replicas", "ordinals", "template", "updateStrategy",

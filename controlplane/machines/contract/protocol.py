@@ -109,10 +109,6 @@ def has_capture_request(pod: PodView, checkpoint_id: str) -> bool:
     return pod.annotations.get(CAPTURE_CHECKPOINT_ID) == checkpoint_id
 
 
-def has_any_capture_request(pod: PodView) -> bool:
-    return any(key in pod.annotations for key in CAPTURE_REQUEST_KEYS[:-1])
-
-
 @dataclass(frozen=True)
 class CaptureReport:
     """The agent's report for one checkpoint, read from the source pod's annotations."""
