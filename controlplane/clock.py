@@ -49,3 +49,9 @@ def new_id() -> str:
 def jitter(low: float, high: float) -> float:
     """A random float in [low, high): for backoff jitter in the worker shell."""
     return random.uniform(low, high)
+
+
+def instant(text: str) -> datetime:
+    """An ISO 8601 time, UTC unless it says otherwise; ``ValueError`` when it is not one."""
+    value = datetime.fromisoformat(text)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
+from controlplane.clock import instant
 from controlplane.engine.kinds import KindRegistry
 from controlplane.store import reports
 from controlplane.store.queries import NAMESPACE_NAME, ORDERS, PHASE_NAME, MachineFilter
@@ -93,11 +94,10 @@ def since(raw: str | None) -> datetime | None:
     if raw is None:
         return None
     try:
-        stamp = datetime.fromisoformat(raw)
+        return instant(raw)
     except ValueError:
         raise BadRequest("since", "since must be an ISO 8601 timestamp, "
                                   "e.g. 2026-01-01T00:00:00Z") from None
-    return stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=UTC)
 
 
 def limit(raw: str | None) -> int:

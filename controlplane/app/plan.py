@@ -13,6 +13,7 @@ and the HTTP API (which returns it).
 
 from __future__ import annotations
 
+import collections
 from datetime import datetime
 
 from controlplane.app.drains import parallelism
@@ -58,33 +59,32 @@ def restore_path_text(observation: Observation, node: JsonValue) -> str | None:
     return f"none: {path}"
 
 
+#: What each action does, said from its parameters (``pod``, ``keys`` and ``verb`` are
+#: derived: see :func:`describe`).
+SAID = {
+    ActionType.ANNOTATE_POD: "annotate pod {pod} (uid {uid}): {keys}",
+    ActionType.REMOVE_POD_ANNOTATIONS: "remove annotations from pod {pod} (uid {uid})",
+    ActionType.DELETE_POD: "delete pod {pod} (uid {uid}): {reason}",
+    ActionType.CREATE_POD: "create pod {pod} on {node}",
+    ActionType.CLAIM_POD: "claim pod {pod} (uid {uid}) for {node}",
+    ActionType.DELETE_MANIFEST: "delete {repository}@{digest} from the registry",
+    ActionType.EMIT_EVENT: "record a {type} event {reason}: {message}",
+    ActionType.SET_NODE_UNSCHEDULABLE: "{verb} node {node}",
+    ActionType.SUBMIT_OPERATION: "submit {kind} {machine_id}",
+}
+
+
 def describe(action: Action) -> str:
     """One line saying what ``action`` does, from its type and parameters."""
     p = action.params
-    pod = f"{p.get('namespace')}/{p.get('name')}"
-    match action.type:
-        case ActionType.ANNOTATE_POD:
-            keys = ", ".join(sorted(p.get("annotations") or {}))  # type: ignore[arg-type]
-            return f"annotate pod {pod} (uid {p.get('uid')}): {keys}"
-        case ActionType.REMOVE_POD_ANNOTATIONS:
-            return f"remove annotations from pod {pod} (uid {p.get('uid')})"
-        case ActionType.DELETE_POD:
-            return f"delete pod {pod} (uid {p.get('uid')}): {p.get('reason')}"
-        case ActionType.CREATE_POD:
-            where = f" on {p['node']}" if p.get("node") else ""
-            return f"create pod {pod}{where}"
-        case ActionType.CLAIM_POD:
-            return f"claim pod {pod} (uid {p.get('uid')}) for {p.get('node')}"
-        case ActionType.DELETE_MANIFEST:
-            return f"delete {p.get('repository')}@{p.get('digest')} from the registry"
-        case ActionType.EMIT_EVENT:
-            return f"record a {p.get('type')} event {p.get('reason')}: {p.get('message')}"
-        case ActionType.SET_NODE_UNSCHEDULABLE:
-            verb = "cordon" if p.get("unschedulable", True) else "uncordon"
-            return f"{verb} node {p.get('node')}"
-        case ActionType.SUBMIT_OPERATION:
-            return f"submit {p.get('kind')} {p.get('machine_id')}"
-    return f"{action.type} {action.key}"
+    annotations = p.get("annotations")
+    words = collections.defaultdict(lambda: "?", {
+        **p, "pod": f"{p.get('namespace')}/{p.get('name')}",
+        "keys": ", ".join(sorted(annotations)) if isinstance(annotations, dict) else "",
+        "verb": "uncordon" if p.get("unschedulable") is False else "cordon",
+        "node": p.get("node") or "the node the scheduler picks"})
+    said = SAID.get(ActionType(action.type)) if action.type in set(ActionType) else None
+    return said.format_map(words) if said else f"{action.type} {action.key}"
 
 
 async def _first_decision(observer: Observer, prepared: Prepared, now: datetime

@@ -22,7 +22,8 @@ cluster that did not answer, a ``ControlPlaneError`` saying to retry.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -92,6 +93,17 @@ class Submission:
     queued: str | None = None
 
 
+@contextlib.contextmanager
+def _refusals(kind: str) -> Iterator[None]:
+    """A rejection as the door's refusal, an unverifiable check as "retry"."""
+    try:
+        yield
+    except SubmissionUnverifiable as exc:
+        raise unverifiable(exc, kind) from None
+    except SubmissionRejected as exc:
+        raise refused(exc, kind) from None
+
+
 def refused(exc: SubmissionRejected, kind: str) -> RequestRefused:
     return RequestRefused(f"invalid {kind} request: {exc}", field=exc.field,
                           hint=exc.hint or "")
@@ -149,7 +161,7 @@ async def prepare_asked(db: Database, access: ClusterAccess, asked: Asked,
     found_kind, requests = requested(kind)
     if found is None:
         found = await find(db, asked)
-    try:
+    with _refusals(kind):
         reads = request.reads(found)
         keys = sorted(reads.pods)
         answers = await asyncio.gather(*(access.read_pod(*key.split("/", 1)) for key in keys))
@@ -167,10 +179,6 @@ async def prepare_asked(db: Database, access: ClusterAccess, asked: Asked,
         normal = _normalised(found_kind.decider.validate_spec, built.spec)
         observation = await _observe(access.observer, requests.interests(normal), pods)
         requests.check(normal, observation)
-    except SubmissionUnverifiable as exc:
-        raise unverifiable(exc, kind) from None
-    except SubmissionRejected as exc:
-        raise refused(exc, kind) from None
     workload, source = requests.workload(normal, observation)
     return Prepared(kind, normal, observation, workload, source, built.shown)
 
@@ -180,14 +188,10 @@ async def prepare_spec(observer: Observer, *, kind: str, spec: JsonObject) -> Pr
     observation of what it names."""
     refuse_nul(spec, "spec")
     found_kind, requests = requested(kind)
-    try:
+    with _refusals(kind):
         normal = _normalised(found_kind.decider.validate_spec, spec)
         observation = await observer.observe(requests.interests(normal))
         requests.check(normal, observation)
-    except SubmissionUnverifiable as exc:
-        raise unverifiable(exc, kind) from None
-    except SubmissionRejected as exc:
-        raise refused(exc, kind) from None
     workload, source = requests.workload(normal, observation)
     return Prepared(kind, normal, observation, workload, source)
 

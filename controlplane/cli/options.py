@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from controlplane.errors import UsageError
 
@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from controlplane.machines.submission import Limits
 
 DEFAULT_SQLITE_PATH = "var/controlplane.db"
+
+
+T = TypeVar("T", int, float)
 
 
 def default_url() -> str:
@@ -85,23 +88,22 @@ def limits_from(args: argparse.Namespace) -> Limits:
                          .replace("limits.max_per_source_node", "--max-per-node")) from None
 
 
+def _bounded(text: str, kind: type[T], what: str, low: str, high: T) -> T:
+    """``text`` as a ``kind`` above 0 and at most ``high`` (an argparse type's check)."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if not 0 < value <= high:
+        raise argparse.ArgumentTypeError(f"{value} is not between {low} and {high}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """A flag's whole number from 1 to 1,000,000 (an argparse type)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 0 < value <= 1_000_000:
-        raise argparse.ArgumentTypeError(f"{value} is not between 1 and 1000000")
-    return value
+    return _bounded(text, int, "an integer", "1", 1_000_000)
 
 
 def positive_float(text: str) -> float:
     """A flag's number of seconds, above 0 and at most a day (an argparse type)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value <= 86400:
-        raise argparse.ArgumentTypeError(f"{value} is not between 0 and 86400")
-    return value
+    return _bounded(text, float, "a number", "0", 86400)

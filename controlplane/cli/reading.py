@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from controlplane.cli import render
@@ -17,6 +17,7 @@ from controlplane.cli.context import clock, opened
 from controlplane.cli.progress import follow, succeeded
 from controlplane.cli.retention import print_pruned
 from controlplane.cli.why import facts_text
+from controlplane.clock import instant
 from controlplane.errors import UsageError
 from controlplane.store import queries
 from controlplane.store.errors import MachineNotFound
@@ -66,11 +67,10 @@ def parse_since(text: str | None) -> datetime | None:
     if text is None:
         return None
     try:
-        value = datetime.fromisoformat(text)
+        return instant(text)
     except ValueError:
         raise UsageError(f"--since {text!r} is not an ISO time",
                          hint="e.g. --since 2026-11-22T10:00:00Z") from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 async def list_cmd(args: argparse.Namespace) -> int:

@@ -80,14 +80,6 @@ class Ask:
     machine_id: str
     prepared: Prepared
 
-    @property
-    def kind(self) -> str:
-        return self.prepared.kind
-
-    @property
-    def spec(self) -> JsonObject:
-        return self.prepared.spec
-
 
 def operation_id(resource: Mapping[str, Any]) -> str:
     """The id of the operation a resource asks for first: its UID."""

@@ -11,12 +11,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.jsonvalue import JsonValue
 from controlplane.engine.observation import NodeView, Observation, PodView, ProbeError
-from controlplane.machines.base.requests import SubmissionRejected, SubmissionUnverifiable
 from controlplane.machines.base.specs import PodRef
 from controlplane.machines.config.classes import parse_class
 from controlplane.machines.config.runtimes import RestorePath, paths_agree, restore_path
+
+
+class SubmissionRejected(InvalidSpec):
+    """The request is wrong; the message names the field and the fix."""
+
+    def __init__(self, message: str, *, field: str | None = None, hint: str | None = None
+                 ) -> None:
+        super().__init__(message)
+        self.field = field
+        self.hint = hint
+
+
+class SubmissionUnverifiable(Exception):
+    """A probe needed to validate the request failed; retry (it is not a rejection)."""
 
 
 def check_restore_path(node: NodeView, *, field: str,

@@ -26,27 +26,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from controlplane.engine.decider import InvalidSpec
-from controlplane.engine.jsonvalue import JsonObject, JsonValue
+from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation, PodView, pod_key
+from controlplane.machines.base.checks import SubmissionRejected, SubmissionUnverifiable, check_pod
+from controlplane.machines.base.specs import PodRef
 from controlplane.machines.config.classes import parse_class
 from controlplane.machines.owners import why_not_movable
 
+T = TypeVar("T")
 
-class SubmissionRejected(InvalidSpec):
-    """The request is wrong; the message names the field and the fix."""
-
-    def __init__(self, message: str, *, field: str | None = None, hint: str | None = None
-                 ) -> None:
-        super().__init__(message)
-        self.field = field
-        self.hint = hint
-
-
-class SubmissionUnverifiable(Exception):
-    """A probe needed to validate the request failed; retry (it is not a rejection)."""
+__all__ = ["SubmissionRejected", "SubmissionUnverifiable"]
 
 
 class Fields:
@@ -74,15 +65,22 @@ class Fields:
         self._read.add(key)
         return self._values.get(key)
 
+    def _given(self, key: str, required: str | None) -> object:
+        """The value, or ``None`` when absent (``required``: the hint when it must be set)."""
+        value = self._get(key)
+        if (value is None or value == "") and required is not None:
+            raise self.reject(key, "is required", hint=required)
+        return None if value == "" else value
+
     def text(self, key: str, *, required: str | None = None) -> str | None:
         """A string, or ``None`` when absent (``required``: the hint when it must be set)."""
-        value = self._get(key)
-        if value is None or value == "":
-            if required is not None:
-                raise self.reject(key, "is required", hint=required)
-            return None
-        if not isinstance(value, str):
-            raise self.reject(key, f"must be a string, got {value!r}")
+        return self._typed(key, required, str, "a string")
+
+    def _typed(self, key: str, required: str | None, kind: type[T], what: str) -> T | None:
+        value = self._given(key, required)
+        if value is not None and not isinstance(value, kind):
+            shown = repr(value) if kind is str else type(value).__name__
+            raise self.reject(key, f"must be {what}, got {shown}")
         return value
 
     def required(self, key: str, hint: str) -> str:
@@ -124,14 +122,8 @@ class Fields:
         return tuple(value)
 
     def object(self, key: str, *, required: str | None = None) -> JsonObject | None:
-        value = self._get(key)
-        if value is None:
-            if required is not None:
-                raise self.reject(key, "is required", hint=required)
-            return None
-        if not isinstance(value, dict):
-            raise self.reject(key, f"must be an object, got {type(value).__name__}")
-        return value
+        """An object (a class's definition), or ``None`` when absent."""
+        return self._typed(key, required, dict, "an object")
 
     def done(self) -> None:
         """Refuse a field no getter read: it means nothing to this request."""
@@ -220,6 +212,53 @@ class Built:
     shown: JsonObject = field(default_factory=dict)
 
 
+#: What a request that captures says when it names no class.
+CLASS_HINT = "say where checkpoints go: --repository or --class"
+
+
+@dataclass(frozen=True)
+class OnPod:
+    """A request on a running pod (a checkpoint, suspension or migration): the workload it
+    names, read by GET, and the class it captures with."""
+
+    namespace: str
+    name: str
+    klass: JsonObject
+    fields: Fields
+
+    @staticmethod
+    def named(fields: Fields) -> tuple[str, str, JsonObject]:
+        """``workload`` and ``class``, as every request on a pod takes them."""
+        ns, name = fields.workload()
+        klass = fields.object("class", required=CLASS_HINT)
+        assert klass is not None
+        return ns, name, klass
+
+    def lookups(self) -> Lookups:
+        return Lookups()
+
+    def reads(self, found: Found) -> Reads:
+        return Reads(pods=frozenset({pod_key(self.namespace, self.name)}))
+
+    def pod(self, seen: Seen) -> JsonObject:
+        return seen.pod(self.namespace, self.name, self.fields)
+
+
+class OnPodRequests:
+    """What a spec on a running pod (``spec.pod``) is checked on: the pod, there with its
+    UID and Running; its workload is the pod, on the node it was seen on."""
+
+    def interests(self, spec: JsonObject) -> Interests:
+        ns, name, _ = spec_pod(spec)
+        return Interests(pods=frozenset({pod_key(ns, name)}))
+
+    def check(self, spec: JsonObject, observation: Observation) -> None:
+        check_pod(observation, PodRef(*spec_pod(spec)))
+
+    def workload(self, spec: JsonObject, observation: Observation) -> tuple[str, str | None]:
+        return workload_on_pod(spec, observation)
+
+
 class Request(Protocol):
     """One kind's typed request (its ``request.py``)."""
 
@@ -268,10 +307,6 @@ def spec_pod(spec: JsonObject) -> tuple[str, str, str]:
     pod = spec["pod"]
     assert isinstance(pod, dict)
     return str(pod["namespace"]), str(pod["name"]), str(pod["uid"])
-
-
-def string_or_none(value: JsonValue) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 def workload_on_pod(spec: JsonObject, observation: Observation) -> tuple[str, str | None]:

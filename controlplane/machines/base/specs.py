@@ -50,6 +50,14 @@ def require(spec: JsonObject, name: str, *, field: str = "spec") -> JsonValue:
     return spec[name]
 
 
+def optional_flag(spec: JsonObject, name: str, *, meaning: str) -> bool | None:
+    """``spec.<name>``: true, false or absent (``None``); ``meaning`` says what true does."""
+    value = spec.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise InvalidSpec(f"spec.{name} {value!r} is not true or false: {meaning}")
+    return value
+
+
 def namespace_name(value: JsonValue, *, field: str) -> str:
     if not isinstance(value, str) or not _DNS_LABEL.match(value):
         raise InvalidSpec(f"{field} must be a namespace name (lowercase DNS label), "

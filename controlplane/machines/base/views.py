@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from controlplane.engine.jsonvalue import JsonObject
+from controlplane.machines.base.codec import decode
 from controlplane.machines.base.failures import Failure
 
 CANCELLED = "Cancelled"
@@ -63,14 +64,67 @@ class View(Protocol):
         ...
 
 
-class NoPodNoCheckpoint:
-    """The parts of a view for kinds that restore nothing and capture nothing."""
+class KindView:
+    """A view by its kind's state class: a terminal phase in :attr:`success` says
+    :meth:`succeeded`, ``Cancelled`` says :meth:`cancelled`, any other the failure the
+    state keeps. It restores no pod and makes no checkpoint unless a subclass says so."""
+
+    state_class: type[Any]
+    success: frozenset[str]
+    waiting: Mapping[str, str]
+
+    def __init_subclass__(cls, *, state: type[Any] | None = None,
+                          success: frozenset[str] = frozenset(), **kwargs: Any) -> None:
+        """``class XView(KindView, state=XState, success=frozenset({...}))``."""
+        super().__init_subclass__(**kwargs)
+        if state is not None:
+            cls.state_class = state
+        if success:
+            cls.success = success
+
+    def decoded(self, state: JsonObject) -> Any:
+        return decode(self.state_class, state)
+
+    def outcome(self, state: JsonObject, phase: str) -> Outcome:
+        s = self.decoded(state)
+        if phase in self.success:
+            said = self.succeeded(s)
+        elif phase == CANCELLED:
+            said = self.cancelled(s)
+        else:
+            said = failed(getattr(s, "failure", None), phase)
+        return Outcome(phase in self.success, said[0] or phase, said[1])
+
+    def succeeded(self, s: Any) -> tuple[str, str]:
+        """The reason and message of a success."""
+        return "Succeeded", ""
+
+    def cancelled(self, s: Any) -> tuple[str, str]:
+        """The reason and message of a cancel."""
+        return cancelled(getattr(s, "failure", None))
 
     def final_pod(self, state: JsonObject, phase: str) -> str | None:
         return None
 
     def checkpoint(self, state: JsonObject) -> dict[str, str] | None:
         return None
+
+
+class CapturingView(KindView):
+    """A kind that captures: its checkpoint is its spec's artifact, with the digest once
+    the registry showed it."""
+
+    def checkpoint(self, state: JsonObject) -> dict[str, str] | None:
+        s = self.decoded(state)
+        return checkpoint_made(s.spec.artifact, s.capture.digest)
+
+
+class RestoringView(KindView):
+    """A kind that restores: once it succeeded, its pod is the last restore attempt's."""
+
+    def final_pod(self, state: JsonObject, phase: str) -> str | None:
+        s = self.decoded(state)
+        return s.restore.plan.key if phase in self.success and s.restore else None
 
 
 def failed(failure: Failure | None, phase: str) -> tuple[str, str]:
@@ -90,9 +144,3 @@ def checkpoint_made(artifact: str, digest: str | None) -> dict[str, str]:
     if digest:
         out["digest"] = digest
     return out
-
-
-def outcome_of(view: View, state: JsonObject, phase: str,
-               said: tuple[str, str]) -> Outcome:
-    reason, message = said
-    return Outcome(phase in view.success, reason or phase, message)

@@ -11,16 +11,7 @@ from typing import Any
 
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
 from controlplane.engine.observation import Interests, Observation
-from controlplane.machines.base.requests import (
-    Built,
-    Fields,
-    Found,
-    Lookups,
-    Reads,
-    Seen,
-    template_of,
-)
-from controlplane.machines.checkpoint.request import CLASS_HINT
+from controlplane.machines.base import requests as rq
 from controlplane.machines.config.classes import artifact_for, parse_class
 from controlplane.machines.drain.machine import MAX_PARALLEL
 from controlplane.machines.drain.planning import (
@@ -53,15 +44,15 @@ class DrainRequest:
     targets: tuple[str, ...]
     selector: str | None
     max_parallel: int
-    fields: Fields
+    fields: rq.Fields
 
-    def lookups(self) -> Lookups:
-        return Lookups()
+    def lookups(self) -> rq.Lookups:
+        return rq.Lookups()
 
-    def reads(self, found: Found) -> Reads:
-        return Reads(cluster=True)
+    def reads(self, found: rq.Found) -> rq.Reads:
+        return rq.Reads(cluster=True)
 
-    def build(self, seen: Seen) -> Built:
+    def build(self, seen: rq.Seen) -> rq.Built:
         pods = [dict(p) for p in seen.all_pods]
         try:
             plan = plan_of(self.node, [dict(n) for n in seen.nodes], pods,
@@ -77,7 +68,7 @@ class DrainRequest:
             artifact_for(cls, checkpoint_id=CHILD_ID, namespace=m.pod.namespace,
                          pod=m.pod.name) for m in plan.moves]
         shown["max_parallel"] = self.max_parallel
-        return Built(drain_spec(plan, pods, self.klass, self.max_parallel), shown)
+        return rq.Built(drain_spec(plan, pods, self.klass, self.max_parallel), shown)
 
 
 def _rows(value: JsonValue) -> list[JsonObject]:
@@ -112,7 +103,7 @@ def children_of(plan: DrainPlan, pods: Sequence[Mapping[str, Any]]) -> list[Json
     raw = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
     return [{
         "pod": {"namespace": m.pod.namespace, "name": m.pod.name, "uid": m.pod.uid},
-        "target": m.target, "template": template_of(raw[m.pod.key]),
+        "target": m.target, "template": rq.template_of(raw[m.pod.key]),
         **({"successor": m.pod.moved_by} if m.pod.moved_by != BARE else {})}
         for m in plan.moves]
 
@@ -125,9 +116,9 @@ def left_of(plan: DrainPlan) -> list[JsonValue]:
 class DrainRequests:
     """The ``drain`` kind's requests (``Kind.request``)."""
 
-    def of(self, fields: Fields) -> DrainRequest:
+    def of(self, fields: rq.Fields) -> DrainRequest:
         node = fields.required("node", "name the node to drain")
-        klass = fields.object("class", required=CLASS_HINT)
+        klass = fields.object("class", required=rq.CLASS_HINT)
         assert klass is not None
         request = DrainRequest(
             node, klass, fields.names("targets"), fields.text("selector"),

@@ -6,19 +6,16 @@ from collections.abc import Mapping
 
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.machines.base import views
-from controlplane.machines.base.codec import decode
 from controlplane.machines.base.views import Outcome
 from controlplane.machines.drain.state import DrainPhase, DrainState
 
 
-class DrainView(views.NoPodNoCheckpoint):
-    success: frozenset[str] = frozenset({DrainPhase.SUCCEEDED})
+class DrainView(views.KindView, state=DrainState, success=frozenset({DrainPhase.SUCCEEDED})):
     waiting: Mapping[str, str] = {
         DrainPhase.CORDONING: "the node to be cordoned",
         DrainPhase.DRAINING: "the drain's child migrations",
-        DrainPhase.UNCORDONING: "the node to be uncordoned",
-    }
+        DrainPhase.UNCORDONING: "the node to be uncordoned"}
 
     def outcome(self, state: JsonObject, phase: str) -> Outcome:
-        s = decode(DrainState, state)
-        return views.outcome_of(self, state, phase, (s.reason or s.phase, s.message))
+        s: DrainState = self.decoded(state)
+        return Outcome(phase in self.success, s.reason or s.phase, s.message)

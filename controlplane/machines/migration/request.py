@@ -10,56 +10,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from controlplane.engine.jsonvalue import JsonObject
-from controlplane.engine.observation import Interests, Observation, pod_key
+from controlplane.engine.observation import Interests, Observation
+from controlplane.machines.base import requests as rq
 from controlplane.machines.base.checks import (
+    SubmissionRejected,
     check_destination,
     check_pod,
     check_same_path,
 )
-from controlplane.machines.base.requests import (
-    Built,
-    Fields,
-    Found,
-    Lookups,
-    Reads,
-    Seen,
-    SubmissionRejected,
-    pod_ref_of,
-    refuse_unmovable,
-    spec_pod,
-    template_of,
-    workload_on_pod,
-)
 from controlplane.machines.base.specs import PodRef
-from controlplane.machines.checkpoint.request import CLASS_HINT
 from controlplane.machines.config.classes import parse_class
 from controlplane.machines.owners import BARE, controller_of, how_moved
 
 
 @dataclass(frozen=True)
-class MigrationRequest:
-    namespace: str
-    name: str
+class MigrationRequest(rq.OnPod):
     target_node: str
-    klass: JsonObject
     restore_name: str | None
     keep_checkpoint: bool
-    fields: Fields
 
-    def lookups(self) -> Lookups:
-        return Lookups()
-
-    def reads(self, found: Found) -> Reads:
-        return Reads(pods=frozenset({pod_key(self.namespace, self.name)}))
-
-    def build(self, seen: Seen) -> Built:
-        pod = seen.pod(self.namespace, self.name, self.fields)
-        refuse_unmovable(pod, self.klass, verb="migration", fields=self.fields)
+    def build(self, seen: rq.Seen) -> rq.Built:
+        pod = self.pod(seen)
+        rq.refuse_unmovable(pod, self.klass, verb="migration", fields=self.fields)
         pod_spec = pod.get("spec")
         spec: JsonObject = {
-            "pod": pod_ref_of(pod),
+            "pod": rq.pod_ref_of(pod),
             "source_node": pod_spec.get("nodeName") if isinstance(pod_spec, dict) else None,
-            "target_node": self.target_node, "template": template_of(pod),
+            "target_node": self.target_node, "template": rq.template_of(pod),
             "class": self.klass, "restore_name": self.restore_name or self.name}
         movable = parse_class(self.klass, field="class").movable_owners
         how = how_moved(pod, verb="migration", movable=movable)
@@ -70,35 +47,33 @@ class MigrationRequest:
         else:
             if self.restore_name not in (None, self.name):
                 raise self.fields.reject(
-                    "name", f"{self.restore_name!r}: pod {self.namespace}/{self.name} belongs to "
-                            f"{controller_of(pod)}, which names the restored pod",
+                    "name", f"{self.restore_name!r}: pod {self.namespace}/{self.name} "
+                            f"belongs to {controller_of(pod)}, which names the restored pod",
                     hint="leave it out; cpctl get prints the restored pod's name")
             spec["successor"] = how  # its controller (ReplicaSet, StatefulSet) names it
-        return Built(spec)
+        return rq.Built(spec)
 
 
-class MigrationRequests:
+class MigrationRequests(rq.OnPodRequests):
     """The ``migration`` kind's requests (``Kind.request``)."""
 
-    def of(self, fields: Fields) -> MigrationRequest:
-        ns, name = fields.workload()
-        target = fields.required("targetNode", "name the node to move the pod to")
-        klass = fields.object("class", required=CLASS_HINT)
-        assert klass is not None
-        request = MigrationRequest(ns, name, target, klass, fields.text("name"),
-                                   fields.flag("keepCheckpoint"), fields)
+    def of(self, fields: rq.Fields) -> MigrationRequest:
+        ns, name, klass = rq.OnPod.named(fields)
+        request = MigrationRequest(
+            ns, name, klass, fields,
+            target_node=fields.required("targetNode", "name the node to move the pod to"),
+            restore_name=fields.text("name"), keep_checkpoint=fields.flag("keepCheckpoint"))
         fields.done()
         return request
 
     def interests(self, spec: JsonObject) -> Interests:
-        ns, name, _ = spec_pod(spec)
         nodes = {str(spec["target_node"])}
         if isinstance(spec.get("source_node"), str):
             nodes.add(str(spec["source_node"]))  # a rollback restores there
-        return Interests(pods=frozenset({pod_key(ns, name)}), nodes=frozenset(nodes))
+        return Interests(pods=super().interests(spec).pods, nodes=frozenset(nodes))
 
     def check(self, spec: JsonObject, observation: Observation) -> None:
-        current = check_pod(observation, PodRef(*spec_pod(spec))).node
+        current = check_pod(observation, PodRef(*rq.spec_pod(spec))).node
         target = str(spec["target_node"])
         path = check_destination(observation, target, field="spec.target_node",
                                  current=current, klass=spec.get("class"))
@@ -108,7 +83,4 @@ class MigrationRequests:
             raise SubmissionRejected(
                 f"spec.source_node {spec.get('source_node')!r} is not where the pod runs "
                 f"({current!r}); resubmit with source_node {current!r}")
-
-    def workload(self, spec: JsonObject, observation: Observation) -> tuple[str, str | None]:
-        return workload_on_pod(spec, observation)
 

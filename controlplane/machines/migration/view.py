@@ -17,8 +17,8 @@ _RESTORED = frozenset({MigrationPhase.SUCCEEDED, MigrationPhase.ROLLED_BACK,
                        MigrationPhase.GC_FAILED})
 
 
-class MigrationView:
-    success: frozenset[str] = frozenset({MigrationPhase.SUCCEEDED})
+class MigrationView(views.CapturingView, state=MigrationState,
+                    success=frozenset({MigrationPhase.SUCCEEDED})):
     waiting: Mapping[str, str] = {
         MigrationPhase.CHECKPOINTING: views.CHECKPOINTING,
         MigrationPhase.UNSTICKING: views.UNSTICKING,
@@ -28,8 +28,7 @@ class MigrationView:
         MigrationPhase.ADOPTING: "the ReplicaSet to adopt the restored pod, and the source "
                                  "to be gone",
         MigrationPhase.ROLLING_BACK: "the workload to be restored on its source node",
-        MigrationPhase.COLLECTING_GARBAGE: views.COLLECTING_GARBAGE,
-    }
+        MigrationPhase.COLLECTING_GARBAGE: views.COLLECTING_GARBAGE}
 
     def outcome(self, state: JsonObject, phase: str) -> Outcome:
         s = decode(MigrationState, state)
@@ -49,7 +48,8 @@ class MigrationView:
                 said = reason, f"workload resumed in place on {s.spec.source_node}"
         else:
             said = views.failed(s.failure, s.phase)
-        return views.outcome_of(self, state, phase, said)
+        reason, message = said
+        return Outcome(phase in self.success, reason or phase, message)
 
     def final_pod(self, state: JsonObject, phase: str) -> str | None:
         """The last restore attempt's pod once verified; for a cancel, the pod it restored

@@ -9,17 +9,8 @@ from dataclasses import dataclass
 
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation, pod_key
+from controlplane.machines.base import requests as rq
 from controlplane.machines.base.checks import check_destination
-from controlplane.machines.base.requests import (
-    Built,
-    Checkpoint,
-    Fields,
-    Found,
-    Lookups,
-    Reads,
-    Seen,
-    template_of,
-)
 
 
 @dataclass(frozen=True)
@@ -27,17 +18,17 @@ class RestoreRequest:
     checkpoint: str
     node: str
     name: str | None
-    fields: Fields
+    fields: rq.Fields
 
-    def lookups(self) -> Lookups:
-        return Lookups(checkpoint=self.checkpoint)
+    def lookups(self) -> rq.Lookups:
+        return rq.Lookups(checkpoint=self.checkpoint)
 
-    def reads(self, found: Found) -> Reads:
+    def reads(self, found: rq.Found) -> rq.Reads:
         c = _found(found)
-        return Reads() if c.template is not None else Reads(
+        return rq.Reads() if c.template is not None else rq.Reads(
             pods=frozenset({pod_key(c.namespace, c.name)}))
 
-    def build(self, seen: Seen) -> Built:
+    def build(self, seen: rq.Seen) -> rq.Built:
         c = _found(seen.found)
         template = c.template
         if template is None:  # a checkpoint keeps no template: its pod's
@@ -48,16 +39,16 @@ class RestoreRequest:
                                   f"{c.operation_id} captured is gone and the checkpoint "
                                   "kept no pod spec",
                     hint="restore from a suspend operation instead")
-            template = template_of(pod)
-        return Built({"artifact": c.artifact, "namespace": c.namespace,
-                      "name": self.name or f"{c.name}-restored-{c.operation_id[:8]}",
-                      "node": self.node, "template": template,
-                      "checkpoint_id": c.checkpoint_id, "source_uid": c.source_uid,
-                      "class": c.klass},
-                     {"artifacts_read": [c.artifact]})
+            template = rq.template_of(pod)
+        return rq.Built({"artifact": c.artifact, "namespace": c.namespace,
+                         "name": self.name or f"{c.name}-restored-{c.operation_id[:8]}",
+                         "node": self.node, "template": template,
+                         "checkpoint_id": c.checkpoint_id, "source_uid": c.source_uid,
+                         "class": c.klass},
+                        {"artifacts_read": [c.artifact]})
 
 
-def _found(found: Found) -> Checkpoint:
+def _found(found: rq.Found) -> rq.Checkpoint:
     assert found.checkpoint is not None, "the use case resolves the checkpoint first"
     return found.checkpoint
 
@@ -65,7 +56,7 @@ def _found(found: Found) -> Checkpoint:
 class RestoreRequests:
     """The ``restore`` kind's requests (``Kind.request``)."""
 
-    def of(self, fields: Fields) -> RestoreRequest:
+    def of(self, fields: rq.Fields) -> RestoreRequest:
         checkpoint = fields.required("checkpoint", "name the checkpoint: cpctl checkpoints "
                                                    "lists them")
         node = fields.required("node", "name the node to restore on")

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation, pod_key
+from controlplane.machines.base import requests as rq
 from controlplane.machines.base.checks import check_destination
-from controlplane.machines.base.requests import Built, Fields, Found, Lookups, Reads, Seen
 
 
 @dataclass(frozen=True)
@@ -19,15 +19,15 @@ class ResumeRequest:
     name: str
     node: str | None
     klass: JsonObject | None
-    fields: Fields
+    fields: rq.Fields
 
-    def lookups(self) -> Lookups:
-        return Lookups(suspension_of=(self.namespace, self.name))
+    def lookups(self) -> rq.Lookups:
+        return rq.Lookups(suspension_of=(self.namespace, self.name))
 
-    def reads(self, found: Found) -> Reads:
-        return Reads()
+    def reads(self, found: rq.Found) -> rq.Reads:
+        return rq.Reads()
 
-    def build(self, seen: Seen) -> Built:
+    def build(self, seen: rq.Seen) -> rq.Built:
         latest = seen.found.checkpoint
         assert latest is not None, "the use case resolves the suspension first"
         klass = self.klass if self.klass is not None else latest.klass
@@ -36,16 +36,16 @@ class ResumeRequest:
                 "class", f"the suspension of {self.namespace}/{self.name} "
                          f"({latest.operation_id}) recorded no checkpoint class",
                 hint="say where its checkpoint is: --repository or --class")
-        return Built({"namespace": self.namespace, "name": self.name, "node": self.node,
-                      "template": latest.template, "class": klass,
-                      "candidates": [latest.candidate()]},
-                     {"checkpoint": latest.operation_id})
+        return rq.Built({"namespace": self.namespace, "name": self.name, "node": self.node,
+                         "template": latest.template, "class": klass,
+                         "candidates": [latest.candidate()]},
+                        {"checkpoint": latest.operation_id})
 
 
 class ResumeRequests:
     """The ``resume`` kind's requests (``Kind.request``)."""
 
-    def of(self, fields: Fields) -> ResumeRequest:
+    def of(self, fields: rq.Fields) -> ResumeRequest:
         ns, name = fields.workload()
         request = ResumeRequest(ns, name, fields.text("node"), fields.object("class"), fields)
         fields.done()
