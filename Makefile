@@ -80,7 +80,7 @@ bench-history: $(STAMP)
 	scripts/ensure-postgres
 	$(BIN)/python -m bench.history_growth --sizes 10000,100000 --days 365 --keep-days 30
 
-# cpctl's start-up as whole processes (issue 38): --help, every verb's --help, list on SQLite.
+# cpctl's start-up as whole processes: --help, every verb's --help, list on SQLite.
 bench-cli: $(STAMP)
 	$(BIN)/python -m bench.cli_startup --runs 9
 

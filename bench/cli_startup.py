@@ -5,7 +5,7 @@ interpreter's own start included.
 one after another: ``python -c pass`` (the floor no command can beat), ``cpctl --help``,
 ``cpctl VERB --help`` for every verb the parser has (nested ones too: ``db upgrade``,
 ``history prune``...), and ``cpctl list`` on a fresh migrated SQLite database. Prints
-the median and the fastest of each, and its median CPU seconds, beside issue 38's targets
+the median and the fastest of each, and its median CPU seconds, beside the targets
 (help 0.25 s, list 0.5 s, on the median wall time), then the modules whose import costs
 most in ``cpctl --help`` and ``cpctl list`` (``python -X importtime``: the entry point's
 import statements by cumulative time, and packages by their own time), then one JSON
@@ -30,7 +30,7 @@ from typing import Any
 
 from bench.common import write_results
 
-#: Issue 38's targets, in seconds, for the median of a command.
+#: The start-up targets, in seconds, for the median of a command.
 HELP_TARGET_S = 0.25
 LIST_TARGET_S = 0.5
 _IMPORT_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)")

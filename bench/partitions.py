@@ -1,4 +1,4 @@
-"""Partitioned history (issue 26 part 3): do claim, append and replay keep their speed?
+"""Partitioned history: do claim, append and replay keep their speed?
 
 ``python -m bench.partitions [--events 10000000]`` on the local PostgreSQL:
 

@@ -1,6 +1,6 @@
 """The replay target's reference: the eventsourcing library reading its own PostgreSQL log.
 
-Issue #9 sets replay's target against "the eventsourcing library reads its log at ~200k
+Replay's target is set against "the eventsourcing library reads its log at ~200k
 events/s"; a figure from another machine does not read well here, so this measures the
 library on this machine, in this run, as :func:`bench.common.floors` does the bare commit
 rate. ``python -m bench.reference_log [--events 1000000]``, on a fresh ``cp_bench_eslog``

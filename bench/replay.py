@@ -24,8 +24,8 @@
 
 Prints the bare commit floor of the same run, a table (with the CPU the rebuild used:
 its own processes, and PostgreSQL's) and one JSON line; writes
-``bench/results/replay.json``. Issue #9's target: above the eventsourcing library's
-log read, which was ~200k events/s on the machine the issue was written on (a machine
+``bench/results/replay.json``. The target: above the eventsourcing library's
+log read, which was ~200k events/s on the machine the target was set on (a machine
 2-3x faster than some it runs on now, hence the same-run reference).
 """
 

@@ -3,7 +3,7 @@
 ``configure`` is called once by the CLI; the worker binds every line to the machine id,
 kind, phase and event seq it concerns. structlog itself is imported by the first
 :func:`get_logger`, so a verb that never logs (``cpctl list``, ``get``, ``history``)
-does not pay for it at start-up (~50 ms of ~0.45 s; issue 38).
+does not pay for it at start-up (~50 ms of ~0.45 s).
 """
 
 from __future__ import annotations

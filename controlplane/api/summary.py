@@ -1,4 +1,4 @@
-"""The summary page (issue 24, item 4): the reporting views as pictures.
+"""The summary page: the reporting views as pictures.
 
 :func:`add_routes` is called by :func:`controlplane.api.app.make_app`. ``GET /summary``
 is a page that holds no data, like the dashboard: its script reads the token from

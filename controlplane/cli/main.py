@@ -7,7 +7,7 @@ for the traceback); 130 interrupted.
 
 Parsing imports no verb: each verb's handler is named in :data:`HANDLERS` and imported
 when that verb runs, so ``cpctl --help`` and ``cpctl VERB --help`` load none of the
-store, driver or HTTP stacks (issue 38: tests/cli/test_startup_imports.py pins which
+store, driver or HTTP stacks (tests/cli/test_startup_imports.py pins which
 modules stay out, ``python -m bench.cli_startup`` times it). The modules the parser does
 import (``options``, ``classes``, ``checkpoints``, ``history``, ``sim``, ``webhook``)
 import their heavy dependencies inside the functions that use them.

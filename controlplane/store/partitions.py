@@ -1,4 +1,4 @@
-"""Monthly partitions of the event history on PostgreSQL (issue 26, part 3).
+"""Monthly partitions of the event history on PostgreSQL.
 
 Migration 0009 makes ``events`` a table partitioned by range of ``recorded_at``, one
 partition per UTC month named ``events_yYYYYmMM`` plus ``events_default`` as the safety

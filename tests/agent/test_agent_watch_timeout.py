@@ -1,6 +1,6 @@
 """A restore pod created as the agent's watch times out is served from the watch, not a relist.
 
-Invariant pinned (issue 22, item 2: 56 restored pods waited ~5 minutes for their agent in
+Invariant pinned (56 restored pods waited ~5 minutes for their agent in
 the 10,000-migration run): when the pod watch of a node's agent reaches its
 ``timeoutSeconds`` while the server still has events queued for it (a busy server lags
 its streams), those events reach the agent before the stream ends, and the agent acts

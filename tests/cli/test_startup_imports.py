@@ -1,4 +1,4 @@
-"""``cpctl`` starts fast because parsing imports no verb (issue 38): ``cpctl --help``,
+"""``cpctl`` starts fast because parsing imports no verb: ``cpctl --help``,
 every verb's ``--help`` and a command line the parser refuses load none of the store,
 machine, driver, HTTP or YAML stacks, and ``cpctl list`` loads the store's reads but not
 the machines, the worker, Alembic or the drivers. Each command runs in a fresh

@@ -169,7 +169,7 @@ def test_control_plane_rbac_grants_exactly_the_api_calls_of_a_recorded_run(
     user = service_account_user(pod_spec(deployment)["serviceAccountName"])
     recorded = _recorded(run, user)
     assert ("", "pods", "delete") in recorded  # the run did migrate
-    # The simulator serves no custom resources, so the rules for issue 25's kinds
+    # The simulator serves no custom resources, so the rules for the custom resources' kinds
     # (checkpoint.controlplane.dev) go unused here; test_crds_real.py checks them on a real
     # server, and test_rbac_real.py's recorded run there uses them.
     assert {g for g in granted(run.objects, user) if g[0] != CUSTOM_GROUP} == recorded

@@ -183,7 +183,7 @@ def test_the_base_holds_no_credentials() -> None:
 
 
 
-#: Issue 25's kinds (docs/resources.md): plural, short name, scope, an operation (status
+#: The custom resources' kinds (docs/resources.md): plural, short name, scope, an operation (status
 #: subresource, category ``checkpointing``) or not.
 CUSTOM_KINDS = {"Checkpoint": ("checkpoints", "ckpt", "Namespaced", True),
                 "Restore": ("restores", "rst", "Namespaced", True),

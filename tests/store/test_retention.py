@@ -1,4 +1,4 @@
-"""Retention (issue 26 part 2) on SQLite and PostgreSQL: a prune replaces settled
+"""Retention on SQLite and PostgreSQL: a prune replaces settled
 operations' history by summary rows, and every report over all time adds up the same
 before, in the middle of, and after a prune; unsettled operations are never pruned.
 
