@@ -43,9 +43,10 @@ from controlplane.app.requester import token_requester
 from controlplane.app.requests import RequestRefused, parse, prepare_asked, submit
 from controlplane.app.waiting import settled, waiting_for
 from controlplane.clock import Clock, SystemClock, new_id
-from controlplane.engine.decider import Command
+from controlplane.engine.commands import Command
 from controlplane.engine.kinds import KindRegistry
 from controlplane.errors import ControlPlaneError, UsageError
+from controlplane.machines.base.commands import Cancel, Retarget
 from controlplane.machines.catalog import default_kinds, requested_kinds
 from controlplane.machines.drain.state import KIND as DRAIN
 from controlplane.machines.drain.state import child_id
@@ -346,13 +347,13 @@ async def _submit(request: web.Request) -> web.Response:
 
 async def _cancel(request: web.Request) -> web.Response:
     params.json_object(await request.read(), allowed={}, required=frozenset())
-    return await _command(request, Command("Cancel"))
+    return await _command(request, Cancel())
 
 
 async def _retarget(request: web.Request) -> web.Response:
     body = params.json_object(await request.read(), allowed={"node": str},
                               required=frozenset({"node"}))
-    return await _command(request, Command("Retarget", {"node": params.node_name(body["node"])}))
+    return await _command(request, Retarget(node=params.node_name(body["node"])))
 
 
 async def _report(request: web.Request) -> web.Response:

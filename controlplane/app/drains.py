@@ -16,12 +16,12 @@ from controlplane.app.operations import send_command
 from controlplane.app.ports import ClusterAccess
 from controlplane.app.requester import drain_requester
 from controlplane.clock import Clock
-from controlplane.engine.decider import Action, Command
+from controlplane.engine.decider import Action, CommandRejected
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
 from controlplane.engine.kinds import KindRegistry
 from controlplane.errors import UsageError
 from controlplane.machines.config.classes import parse_class
-from controlplane.machines.drain.machine import NODE_PODS_LISTED
+from controlplane.machines.drain.machine import NodePodsListed
 from controlplane.machines.drain.planning import (
     MIRROR,
     PlanRejected,
@@ -171,14 +171,15 @@ class NodeRecheck:
                 return  # answered already, or asked again since, or over
             nodes = [dict(n) for n in await self.access.list_nodes()]
             pods = [dict(p) for p in await self.access.list_pods()]
-            data = {"check": check, **late_pods(state, nodes, pods)}
-            await send_command(self.db, self.kinds, machine_id=drain,
-                               command=Command(NODE_PODS_LISTED, data),
+            answer = NodePodsListed.from_data({"check": check, **late_pods(state, nodes, pods)})
+            await send_command(self.db, self.kinds, machine_id=drain, command=answer,
                                now=self.clock.now(), requester=drain_requester(drain))
             await leases.wake_machine(self.db, machine_id=drain, now=self.clock.now())
         except MachineNotFound as exc:
             raise TerminalActionError(f"drain {drain} does not exist") from exc
-        except UsageError as exc:  # refused: the drain ended or was cancelled meanwhile
+        # Refused: the drain ended or was cancelled meanwhile (or, a bug, the answer
+        # does not fit its command): asking again would not help.
+        except (UsageError, CommandRejected) as exc:
             raise TerminalActionError(str(exc)) from exc
         except DatabaseUnavailable as exc:
             raise RetryableActionError(str(exc)) from exc

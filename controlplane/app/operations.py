@@ -25,11 +25,12 @@ from controlplane.app.requests import (
     refuse_nul,
 )
 from controlplane.app.requests import submit as submit_prepared
-from controlplane.engine.decider import Command, CommandRejected, InvalidSpec, fold
+from controlplane.engine.commands import Command, command_input
+from controlplane.engine.decider import Cause, CommandRejected, InvalidSpec, fold
+from controlplane.engine.events import WakeRequested
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.kinds import KindRegistry, UnknownKind
 from controlplane.errors import UsageError
-from controlplane.machines.base.events import WakeRequested
 from controlplane.machines.submission import Limits
 from controlplane.store import event_store, leases, queries
 from controlplane.store.database import Database
@@ -107,7 +108,7 @@ async def _send_once(
         db, machine_id=machine_id, expected_version=record.version, events=events,
         projection=Projection(new_state.phase, new_state.to_json(), new_state.terminal,
                               new_state.wake_keys),
-        cause="command", decision_input={"command": {"type": command.type, "data": command.data}},
+        cause=Cause.COMMAND, decision_input=command_input(command),
         now=now, worker_id=requester,
     )
 
@@ -130,7 +131,7 @@ async def wake(db: Database, kinds: KindRegistry, *, machine_id: str, now: datet
                 events=(WakeRequested(at=now).recorded(),),
                 projection=Projection(record.phase, record.state, record.terminal,
                                       state.wake_keys),
-                cause="wake", decision_input={}, now=now, worker_id=requester)
+                cause=Cause.WAKE, decision_input={}, now=now, worker_id=requester)
     return await leases.wake_machine(db, machine_id=machine_id, now=now)
 
 

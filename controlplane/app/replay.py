@@ -26,7 +26,9 @@ from multiprocessing.queues import Queue
 from queue import Empty
 from typing import Any, Protocol
 
-from controlplane.engine.decider import SUBMITTED, Command, CommandRejected, Event, fold
+from controlplane.engine.commands import RecordedCommand
+from controlplane.engine.decider import Cause, CommandRejected, Event, fold
+from controlplane.engine.events import Submitted
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
 from controlplane.engine.kinds import KindRegistry
 from controlplane.engine.observation import Observation
@@ -50,7 +52,11 @@ class Mismatch:
 class ReplayReport:
     machines: int = 0
     events: int = 0
+    #: Decisions re-made (``--verify``): those caused by an observation or a command.
     decisions: int = 0
+    #: Decision records with nothing to re-make: the engine's own (a machine submitted,
+    #: queued or admitted, an action given up on) and operators' wakes.
+    not_redecided: int = 0
     rewritten: int = 0
     mismatches: list[Mismatch] = field(default_factory=list)
 
@@ -206,6 +212,7 @@ def _merged(parts: list[ReplayReport]) -> ReplayReport:
         report.machines += part.machines
         report.events += part.events
         report.decisions += part.decisions
+        report.not_redecided += part.not_redecided
         report.rewritten += part.rewritten
         report.mismatches.extend(part.mismatches)
     return report
@@ -329,7 +336,9 @@ async def _verify_range(db: Database, kinds: KindRegistry, *, tick: _Tick, after
                 db, after=after, until=until):
             report.machines += 1
             report.events += len(events)
-            report.decisions += len(decisions)
+            remade = sum(1 for d in decisions if d.cause.redecided)
+            report.decisions += remade
+            report.not_redecided += len(decisions) - remade
             report.mismatches.extend(verify_machine(kinds, record, events, decisions))
             share.folded(report)
     share.flush(report)
@@ -347,32 +356,44 @@ def verify_machine(kinds: KindRegistry, record: MachineRecord, events: list[Reco
     bounds = [d.first_seq for d in decisions] + [len(events) + 1]
     for decision, end in zip(decisions, bounds[1:], strict=True):
         recorded = [_as_event(by_seq[s]) for s in range(decision.first_seq, end) if s in by_seq]
-        if decision.cause == "observation" or decision.cause == "command":
+        if decision.cause.redecided:
             produced = _redecide(decider, state, decision)
             want = [_event_json(e) for e in recorded]
             got = [_event_json(e) for e in produced]
             if want != got:
                 mismatches.append(Mismatch(record.id, decision.first_seq,
-                                           f"{decision.cause} decision", want, got))
-        state = fold(decider, state, [e for e in recorded if e.type != SUBMITTED])
+                                           f"{decision.cause.value} decision", want, got))
+        state = fold(decider, state, [e for e in recorded if e.type != Submitted.NAME])
     return mismatches
 
 
 def _redecide(decider: Any, state: Any, decision: DecisionRecord) -> list[Event]:
     data: JsonObject = decision.input
-    if decision.cause == "observation":
+    if decision.cause is Cause.OBSERVATION:
         obs = data.get("observation")
-        assert isinstance(obs, dict)
+        if not isinstance(obs, dict):
+            raise UnreadableDecision(decision, "no observation object")
         return list(decider.decide(state, Observation.from_json(obs), decision.decided_at).events)
     cmd = data.get("command")
-    assert isinstance(cmd, dict)
-    cmd_data = cmd.get("data", {})
-    assert isinstance(cmd_data, dict)
+    if not isinstance(cmd, dict):
+        raise UnreadableDecision(decision, "no command object")
+    cmd_type, cmd_data = cmd.get("type"), cmd.get("data", {})
+    if not isinstance(cmd_type, str) or not isinstance(cmd_data, dict):
+        raise UnreadableDecision(decision, "a command needs a type (text) and data (object)")
     try:
-        return list(decider.accept(state, Command(str(cmd["type"]), cmd_data),
+        return list(decider.accept(state, RecordedCommand(cmd_type, cmd_data),
                                    decision.decided_at))
     except CommandRejected as exc:
         return [Event("CommandRejected", {"reason": str(exc)})]
+
+
+class UnreadableDecision(ValueError):
+    """A recorded decision input that cannot be re-made: the record is damaged, or was
+    written by a build whose inputs this one does not read."""
+
+    def __init__(self, decision: DecisionRecord, problem: str) -> None:
+        super().__init__(f"decision {decision.machine_id}@{decision.first_seq} "
+                         f"({decision.cause.value}) cannot be re-made: {problem}")
 
 
 def phase_after_each(kinds: KindRegistry, record: MachineRecord,

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 from controlplane.cli.context import clock, opened, requester
 from controlplane.cli.progress import follow, succeeded
-from controlplane.engine.decider import Command
+from controlplane.engine.commands import Command
+from controlplane.machines.base.commands import Cancel, Retarget
 from controlplane.store import queries
 
 if TYPE_CHECKING:
@@ -38,12 +39,12 @@ async def _command_then_wait(args: argparse.Namespace, command: Command, what: s
 
 
 async def cancel_cmd(args: argparse.Namespace) -> int:
-    await _command_then_wait(args, Command("Cancel", {}), "cancel", f"cancel {args.id}")
+    await _command_then_wait(args, Cancel(), "cancel", f"cancel {args.id}")
     return 0  # with --wait: it stopped, whatever phase it stopped in
 
 
 async def retarget_cmd(args: argparse.Namespace) -> int:
-    record = await _command_then_wait(args, Command("Retarget", {"node": args.to}),
+    record = await _command_then_wait(args, Retarget(node=args.to),
                                       f"retarget to {args.to}",
                                       f"retarget {args.id} to {args.to}")
     return 0 if record is None or succeeded(record) else 1

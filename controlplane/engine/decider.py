@@ -6,7 +6,9 @@ the state. Replay is ``fold(evolve, events)``. ``accept`` turns an operator comm
 (retarget, cancel) into events under the same rules, and ``interests`` says what to
 observe. All of it is pure: no I/O, no clock, no ids, no randomness (checked by ruff's
 banned-api and import-linter). The store persists what these functions return; the
-worker runtime (the shell) observes, calls them and performs the actions.
+worker runtime (the shell) observes, calls them and performs the actions. The typed
+events and commands built on these envelopes are in :mod:`controlplane.engine.events` and
+:mod:`controlplane.engine.commands`.
 """
 
 from __future__ import annotations
@@ -14,25 +16,38 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Protocol, TypeVar
 
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
 
-#: First event of every machine, appended by the engine: ``{"kind": ..., "spec": ...}``.
-#: Replay starts from ``initial_state(machine_id, spec)`` and folds the events after it.
-SUBMITTED = "Submitted"
 
-#: Engine events of the admission queue (deciders may ignore them): ``Queued``
-#: ``{"reason"}`` when a limit holds a new machine back, ``Admitted`` when it is let in.
-QUEUED = "Queued"
-ADMITTED = "Admitted"
+class Cause(StrEnum):
+    """Why a decision was made, recorded with it (``events.cause``; the wire values are
+    these strings). ``replay --verify`` re-makes the first two; the engine's own records
+    (a machine submitted, queued or admitted, an action given up on) and an operator's
+    wake have nothing to re-decide."""
 
-#: Appended by the worker when an action failed for good (or ran out of retries):
-#: ``{"at": ISO time, "action": type, "key": idempotency key, "params", "error_class",
-#: "message", "retryable", "attempts"}``. Every decider must ``evolve`` it (usually into a
-#: condition or a phase); the worker decides again at once after appending it.
-ACTION_FAILED = "ActionFailed"
+    OBSERVATION = "observation"  # decide() on the recorded observation
+    COMMAND = "command"  # accept() on the recorded command
+    ENGINE = "engine"  # the store, the admitter or the worker appended engine events
+    WAKE = "wake"  # an operator made the machine due now (WakeRequested)
+
+    @classmethod
+    def _missing_(cls, value: object) -> Cause:
+        raise UnknownCause(f"decision cause {value!r} is not one this build knows "
+                           f"(known: {', '.join(c.value for c in cls)}); upgrade the "
+                           "control plane to read these rows")
+
+    @property
+    def redecided(self) -> bool:
+        """Whether replay re-makes decisions of this cause."""
+        return self in (Cause.OBSERVATION, Cause.COMMAND)
+
+
+class UnknownCause(ValueError):
+    """A recorded decision cause this build does not know."""
 
 
 @dataclass(frozen=True)
@@ -107,12 +122,16 @@ class Decision:
         return not self.events and not self.actions
 
 
-@dataclass(frozen=True)
-class Command:
-    """An operator's request to a running machine (``Retarget``, ``Cancel``)."""
+class CommandLike(Protocol):
+    """What ``accept`` is given: a command's wire name and data. A typed command
+    (:mod:`controlplane.engine.commands`) is one; so is a recorded one replayed
+    (``RecordedCommand``). A kind decodes it once with its ``CommandSet``."""
 
-    type: str
-    data: JsonObject = field(default_factory=dict)
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def data(self) -> JsonObject: ...
 
 
 class CommandRejected(Exception):
@@ -161,7 +180,7 @@ class Decider(Protocol[S]):
 
     def evolve(self, state: S, event: EventLike) -> S: ...
 
-    def accept(self, state: S, command: Command, now: datetime) -> Sequence[Event]:
+    def accept(self, state: S, command: CommandLike, now: datetime) -> Sequence[Event]:
         """Events for an operator command, or raise :class:`CommandRejected`."""
         ...
 

@@ -57,7 +57,7 @@ from controlplane.app.ports import ClusterAccess
 from controlplane.app.requests import submit
 from controlplane.app.waiting import settled
 from controlplane.clock import Clock
-from controlplane.engine.decider import Command
+from controlplane.engine.commands import Command
 from controlplane.engine.kinds import KindRegistry
 from controlplane.errors import ControlPlaneError, UsageError
 from controlplane.frontdoor.ports import NO_FAULTS, Faults, Resource, ResourceApi, StaleResource
@@ -73,6 +73,7 @@ from controlplane.frontdoor.requests import (
 )
 from controlplane.frontdoor.status import Refusal, desired_status, rfc3339, status_patch
 from controlplane.frontdoor.workqueue import ShutDown, WorkQueue
+from controlplane.machines.base.commands import Cancel, Retarget
 from controlplane.machines.submission import Limits
 from controlplane.store import queries
 from controlplane.store.database import Database
@@ -328,7 +329,7 @@ class FrontDoor:
         live = [r for r in (operation, resume) if r is not None and not settled(r)]
         if (obj.get("metadata") or {}).get("deletionTimestamp"):
             for record in live:
-                await self._command(record, Command("Cancel"), memo)
+                await self._command(record, Cancel(), memo)
             if not live:
                 await self._release(obj)
                 _mirrored(memo, operation, resume)
@@ -402,13 +403,13 @@ class FrontDoor:
         if wants_cancel(obj):
             for record in (operation, resume):
                 if record is not None and not record.terminal:
-                    await self._command(record, Command("Cancel"), memo)
+                    await self._command(record, Cancel(), memo)
             return
         spec = obj.get("spec") or {}
         if obj.get("kind") == "Migration" and not operation.terminal:
             target = spec.get("targetNodeName")
             if isinstance(target, str) and target and target != operation.state.get("target"):
-                await self._command(operation, Command("Retarget", {"node": target}), memo)
+                await self._command(operation, Retarget(node=target), memo)
         if wants_resume(obj) and resume is None and settled(operation):
             if operation.phase != "Suspended":
                 return  # nothing to resume: the status says how the suspension ended

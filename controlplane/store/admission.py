@@ -16,7 +16,8 @@ from datetime import datetime
 from sqlalchemy import and_, case, func, insert, literal, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from controlplane.engine.decider import ADMITTED, Event
+from controlplane.engine.decider import Cause
+from controlplane.engine.events import Admitted
 from controlplane.store import schema
 from controlplane.store.database import Database
 from controlplane.store.history_rows import event_rows_of
@@ -113,7 +114,7 @@ async def admit_held(db: Database, choose: Chooser, *, now: datetime) -> list[st
             if result.rowcount != 1:
                 continue
             await conn.execute(insert(schema.events), event_rows_of(
-                op.machine_id, op.version + 1, [Event(ADMITTED, {"reason": reason})], now,
-                "admitter", cause="engine", decision_input={"admitted": reason}))
+                op.machine_id, op.version + 1, [Admitted(reason=reason).recorded()], now,
+                "admitter", cause=Cause.ENGINE, decision_input={"admitted": reason}))
             admitted.append(op.machine_id)
     return admitted

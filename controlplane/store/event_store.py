@@ -34,7 +34,8 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from controlplane.engine.decider import QUEUED, SUBMITTED, Action, Event
+from controlplane.engine.decider import Action, Cause, Event
+from controlplane.engine.events import Queued, Submitted
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.store import pg_batch, schema
 from controlplane.store.admission import AdmissionFacts, admission_facts_txn, lock_admission_txn
@@ -114,9 +115,9 @@ async def _create_machine(db: Database, *, machine_id: str, kind: str, spec: Jso
             await lock_admission_txn(conn)
             held = admission(await admission_facts_txn(conn, workload=workload,
                                                        source_node=source_node))
-        events = [Event(SUBMITTED, {"kind": kind, "spec": spec})]
+        events = [Submitted(kind=kind, spec=spec).recorded()]
         if held is not None:
-            events.append(Event(QUEUED, {"reason": held}, {"limit": held}))
+            events.append(Queued(reason=held).recorded({"limit": held}))
         row = {"id": machine_id, "kind": kind, "phase": initial.phase,
                "version": len(events), "spec": spec, **state_columns(initial.state),
                "terminal": initial.terminal, "workload": workload,
@@ -124,7 +125,7 @@ async def _create_machine(db: Database, *, machine_id: str, kind: str, spec: Jso
                "next_wake_at": None if initial.terminal or held is not None else now}
         keys = sorted(initial.wake_keys or ())
         event_rows = event_rows_of(machine_id, 1, events, now, worker_id,
-                                   cause="engine", decision_input={"submitted": True})
+                                   cause=Cause.ENGINE, decision_input={"submitted": True})
         try:
             if conn.dialect.name == "postgresql":
                 await pg_batch.create_machine(conn, {**row, "now": now, "worker": worker_id},
@@ -154,7 +155,7 @@ class CommitRequest:
     expected_version: int
     events: Sequence[Event]
     projection: Projection
-    cause: str
+    cause: Cause
     decision_input: JsonObject
     now: datetime
     worker_id: str
@@ -379,7 +380,7 @@ async def restore_history_txn(conn: AsyncConnection, record: MachineRecord,
         on_event = decision is not None and decision.decided_at == e.recorded_at
         [row] = event_rows_of(record.id, e.seq, [Event(e.type, e.data, e.facts)],
                               e.recorded_at, e.worker_id,
-                              cause=decision.cause if decision else "",
+                              cause=decision.cause if decision else None,
                               decision_input=decision.input if decision else {})
         if not on_event:
             row.update(cause=None, input_z=None)
@@ -391,5 +392,5 @@ async def restore_history_txn(conn: AsyncConnection, record: MachineRecord,
         await conn.execute(insert(schema.events), rows)
     if legacy:
         await conn.execute(insert(schema.decisions), [
-            {"machine_id": record.id, "first_seq": d.first_seq, "cause": d.cause,
+            {"machine_id": record.id, "first_seq": d.first_seq, "cause": d.cause.value,
              "input": d.input, "decided_at": d.decided_at} for d in legacy])

@@ -10,7 +10,8 @@ from typing import Any
 
 from sqlalchemy import Row, Select, and_, case, func, or_, select
 
-from controlplane.engine.decider import ACTION_FAILED
+from controlplane.engine.decider import Cause
+from controlplane.engine.events import ActionFailed
 from controlplane.store import codec, schema
 from controlplane.store.database import Database
 from controlplane.store.errors import MachineNotFound
@@ -46,7 +47,8 @@ def _event(row: Row[tuple[object, ...]]) -> RecordedEvent:
 def _decision(row: Row[tuple[object, ...]]) -> DecisionRecord:
     """A row of the ``decisions`` table (written before revision 0007)."""
     r = row._mapping
-    return DecisionRecord(r["machine_id"], r["first_seq"], r["cause"], r["input"], r["decided_at"])
+    return DecisionRecord(r["machine_id"], r["first_seq"], Cause(r["cause"]), r["input"],
+                          r["decided_at"])
 
 
 def _event_decision(event: RecordedEvent, row: Row[tuple[object, ...]]) -> DecisionRecord | None:
@@ -54,8 +56,8 @@ def _event_decision(event: RecordedEvent, row: Row[tuple[object, ...]]) -> Decis
     r = row._mapping
     if r["cause"] is None:
         return None
-    return DecisionRecord(event.machine_id, event.seq, r["cause"], codec.decode(r["input_z"]),
-                          event.recorded_at)
+    return DecisionRecord(event.machine_id, event.seq, Cause(r["cause"]),
+                          codec.decode(r["input_z"]), event.recorded_at)
 
 
 def _merged(legacy: list[DecisionRecord], recorded: list[DecisionRecord]) -> list[DecisionRecord]:
@@ -245,7 +247,7 @@ async def queue_depth(db: Database, now: datetime) -> dict[str, int]:
 
 async def action_failures(db: Database) -> dict[tuple[str, str], int]:
     """``ActionFailed`` events by (action type, error class)."""
-    stmt = select(e.c.data).where(e.c.type == ACTION_FAILED)
+    stmt = select(e.c.data).where(e.c.type == ActionFailed.NAME)
     out: dict[tuple[str, str], int] = {}
     async with read_txn(db) as conn:
         for (data,) in (await conn.execute(stmt)).all():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from controlplane.engine.decider import Cause
 from controlplane.engine.jsonvalue import JsonObject
 
 
@@ -52,7 +53,7 @@ class DecisionRecord:
 
     machine_id: str
     first_seq: int
-    cause: str
+    cause: Cause
     input: JsonObject
     decided_at: datetime
 

@@ -22,7 +22,7 @@ from tenacity import (
 )
 
 from controlplane.engine.decider import Action
-from controlplane.engine.jsonvalue import JsonObject
+from controlplane.engine.events import ActionFailed
 from controlplane.worker.errors import RetryableActionError, TerminalActionError
 from controlplane.worker.ports import ActionHandler
 
@@ -43,15 +43,13 @@ class ActionFailure:
     retryable: bool
     attempts: int
 
-    def to_event_data(self, at: datetime) -> JsonObject:
-        """The ``ActionFailed`` payload; ``at`` lets ``evolve`` (which has no clock) time
+    def to_event(self, at: datetime) -> ActionFailed:
+        """The ``ActionFailed`` event; ``at`` lets ``evolve`` (which has no clock) time
         its backoff."""
-        return {
-            "at": at.isoformat(),
-            "action": self.action.type, "key": self.action.key, "params": self.action.params,
-            "error_class": self.error_class, "message": self.message,
-            "retryable": self.retryable, "attempts": self.attempts,
-        }
+        return ActionFailed(at=at, action=self.action.type, key=self.action.key,
+                            params=self.action.params, error_class=self.error_class,
+                            message=self.message, retryable=self.retryable,
+                            attempts=self.attempts)
 
 
 class ActionRunner:

@@ -49,7 +49,7 @@ from typing import Any
 from structlog.stdlib import BoundLogger
 
 from controlplane.clock import Clock, new_id
-from controlplane.engine.decider import ACTION_FAILED, Action, Decider, Decision, Event, fold
+from controlplane.engine.decider import Action, Cause, Decider, Decision, Event, fold
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.kinds import KindRegistry
 from controlplane.engine.observation import EMPTY_OBSERVATION, Interests, Observation
@@ -328,7 +328,7 @@ class Worker:
         if self._ends(held, decision) and (interests.pods or interests.nodes):
             observation, decision = await self._confirmed(held, interests, observation, now)
         if decision.events:
-            await self._commit(held, decision.events, now, "observation",
+            await self._commit(held, decision.events, now, Cause.OBSERVATION,
                                {"observation": observation.to_json()}, outbox=decision.actions)
             held.log.info("transition", events=[e.type for e in decision.events])
         failure = await self.actions.run_all(decision.actions)
@@ -469,7 +469,7 @@ class Worker:
         held: _Held,
         events: tuple[Event, ...],
         now: datetime,
-        cause: str,
+        cause: Cause,
         decision_input: dict[str, Any],
         outbox: tuple[Action, ...] = (),
     ) -> None:
@@ -491,9 +491,8 @@ class Worker:
     async def _record_failure(self, held: _Held, failure: ActionFailure) -> None:
         now = self.clock.now()
         self.metrics.action_failures[(failure.action.type, failure.error_class)] += 1
-        data = failure.to_event_data(now)
-        event = Event(ACTION_FAILED, data, {"error_class": failure.error_class})
-        await self._commit(held, (event,), now, "engine", {"action_failure": data})
+        event = failure.to_event(now).recorded({"error_class": failure.error_class})
+        await self._commit(held, (event,), now, Cause.ENGINE, {"action_failure": event.data})
 
     async def _release(self, lease: Lease, wake_at: datetime | None, *,
                        reset_attempts: bool = True) -> None:

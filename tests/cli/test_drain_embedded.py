@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.app.operations import send_command
-from controlplane.engine.decider import Command
+from controlplane.machines.base.commands import Cancel
 from controlplane.machines.catalog import default_kinds
 from controlplane.store import queries
 from tests.cli.drain_world import clock, drain_world, max_in_flight, max_overlap
@@ -62,7 +62,7 @@ async def test_cancelling_half_way_finishes_running_children_and_uncordons(
             return len(await w.events(drain_id, "ChildFinished")) >= 3
         await eventually(some_finished, limit_seconds=60, what="3 children finished")
         await send_command(w.db, default_kinds(), machine_id=drain_id,
-                           command=Command("Cancel"), now=clock.now())
+                           command=Cancel(), now=clock.now())
         w.world.worker.nudge()
         record = await w.settled(drain_id)
 

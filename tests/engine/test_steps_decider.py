@@ -6,8 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from controlplane.engine.decider import ACTION_FAILED, Command, CommandRejected, Event, InvalidSpec
+from controlplane.engine.commands import RecordedCommand
+from controlplane.engine.decider import CommandRejected, Event, InvalidSpec
+from controlplane.engine.events import ActionFailed
 from controlplane.engine.observation import Observation, PodView, ProbeError
+from controlplane.machines.base.commands import Cancel, Retarget
 from controlplane.machines.selftest.steps import StepsDecider, StepsPhase, StepsState
 
 D = StepsDecider()
@@ -27,9 +30,9 @@ STEP_1 = Event("StepCompleted", {"step": 1, "payload": ""})
 
 
 def action_failed(key: str, message: str = "m") -> Event:
-    return Event(ACTION_FAILED, {"at": NOW.isoformat(), "action": "steps.work", "key": key,
-                                 "params": {}, "error_class": "Forbidden", "message": message,
-                                 "retryable": False, "attempts": 1})
+    return ActionFailed(at=NOW, action="steps.work", key=key, params={},
+                        error_class="Forbidden", message=message, retryable=False,
+                        attempts=1).recorded()
 
 
 def test_running_machine_completes_the_next_step_with_its_action() -> None:
@@ -79,13 +82,15 @@ def test_wake_keys_are_the_gate_pod_uid_only_while_waiting() -> None:
 
 
 def test_cancel_is_accepted_while_live_and_refused_when_terminal() -> None:
-    assert [e.type for e in D.accept(given({"steps": 2}), Command("Cancel"), NOW)] == \
+    assert [e.type for e in D.accept(given({"steps": 2}), Cancel(), NOW)] == \
         ["Cancelled"]
     done = given({"steps": 1}, STEP_1)
     with pytest.raises(CommandRejected, match="already Succeeded"):
-        D.accept(done, Command("Cancel"), NOW)
-    with pytest.raises(CommandRejected, match="only Cancel"):
-        D.accept(given({"steps": 2}), Command("Retarget"), NOW)
+        D.accept(done, Cancel(), NOW)
+    with pytest.raises(CommandRejected, match="steps machines accept only Cancel, not 'Retarget'"):
+        D.accept(given({"steps": 2}), Retarget(node="n2"), NOW)
+    with pytest.raises(CommandRejected, match="steps machines accept only Cancel, not 'Nudge'"):
+        D.accept(given({"steps": 2}), RecordedCommand("Nudge"), NOW)
 
 
 def test_an_action_failure_fails_the_machine_with_the_reason() -> None:

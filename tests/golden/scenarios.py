@@ -15,8 +15,9 @@ from typing import Any
 
 from controlplane.app.operations import send_command
 from controlplane.clock import FakeClock
-from controlplane.engine.decider import Action, Command
+from controlplane.engine.decider import Action
 from controlplane.engine.observation import PodView
+from controlplane.machines.base.commands import Cancel
 from controlplane.store import leases, migrate, queries
 from controlplane.store.database import Database, open_database
 from controlplane.worker.errors import TerminalActionError
@@ -56,7 +57,7 @@ async def record(db: Database) -> dict[str, Any]:
     clock.advance(5)
     observer.pods["ns/p"] = PodView("ns", "p", "uid-1", "n1", "Running")
     await leases.wake_by_key(db, key="uid-1", now=clock.now())
-    await send_command(db, KINDS, machine_id="cancelled", command=Command("Cancel"),
+    await send_command(db, KINDS, machine_id="cancelled", command=Cancel(),
                        now=clock.now())
     await _tick(db, clock, handler, observer)
     out: dict[str, Any] = {}
@@ -66,7 +67,7 @@ async def record(db: Database) -> dict[str, Any]:
             "events": [{"seq": e.seq, "type": e.type, "data": e.data, "facts": e.facts,
                         "recorded_at": e.recorded_at.isoformat(), "worker_id": e.worker_id}
                        for e in await queries.history(db, machine_id)],
-            "decisions": [{"first_seq": d.first_seq, "cause": d.cause, "input": d.input,
+            "decisions": [{"first_seq": d.first_seq, "cause": d.cause.value, "input": d.input,
                            "decided_at": d.decided_at.isoformat()}
                           for d in await queries.decisions(db, machine_id)],
             "final": {"phase": record.phase, "version": record.version, "state": record.state},

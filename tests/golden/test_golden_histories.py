@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from controlplane.app.replay import replay_machine, verify_machine
+from controlplane.engine.decider import Cause
 from controlplane.store.records import DecisionRecord, MachineRecord, RecordedEvent
 from tests.golden.scenarios import golden_path, run_fresh
 from tests.support.machines import KINDS
@@ -29,7 +30,7 @@ def _events(machine_id: str, rows: list[dict[str, Any]]) -> list[RecordedEvent]:
 
 
 def _decisions(machine_id: str, rows: list[dict[str, Any]]) -> list[DecisionRecord]:
-    return [DecisionRecord(machine_id, r["first_seq"], r["cause"], r["input"],
+    return [DecisionRecord(machine_id, r["first_seq"], Cause(r["cause"]), r["input"],
                            datetime.fromisoformat(r["decided_at"])) for r in rows]
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from controlplane.app.operations import send_command
 from controlplane.cli.demo import NS, Demo
 from controlplane.clock import SystemClock
-from controlplane.engine.decider import Command
+from controlplane.machines.base.commands import Cancel
 from controlplane.machines.catalog import default_kinds
 from controlplane.machines.drain.planning import node_info, plan_drain, pod_info
 from controlplane.machines.drain.request import drain_spec
@@ -74,7 +74,7 @@ async def _restore_cancel_and_drain(demo: Demo) -> None:
     mig = await demo.submit("migration", {
         "pod": demo._ref("idle"), "source_node": "node-2", "target_node": "node-3",
         "template": demo._template("idle"), "class": demo.klass})
-    await send_command(demo.db, default_kinds(), machine_id=mig, command=Command("Cancel"),
+    await send_command(demo.db, default_kinds(), machine_id=mig, command=Cancel(),
                        now=clock.now())
     demo.world.worker.nudge()
     record = await demo.follow(mig, "cancelled migration of idle")

@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from controlplane.engine.commands import Command, RecordedCommand
 from controlplane.engine.decider import (
-    ACTION_FAILED,
     Action,
-    Command,
     Decider,
     Decision,
     Event,
     fold,
 )
+from controlplane.engine.events import ActionFailed
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import (
     NodeFact,
@@ -91,12 +91,19 @@ def observe(pods: Mapping[str, PodFact] | None = None, tags: Mapping[str, TagFac
     return Observation(pods=dict(pods or {}), tags=dict(tags or {}), nodes=dict(nodes or {}))
 
 
+def _command(command: Command | str, data: JsonObject) -> Command | RecordedCommand:
+    """A typed command, or one by its wire name and data as a recorded one is replayed."""
+    if isinstance(command, Command):
+        assert not data, "a typed command carries its own data"
+        return command
+    return RecordedCommand(command, data)
+
+
 def action_failed(key: str, action: str, *, error_class: str = "Forbidden",
                   message: str = "403 Forbidden", retryable: bool = False) -> Event:
     """An ``ActionFailed`` as the worker records it (every key; ``at`` is ``T0``)."""
-    return Event(ACTION_FAILED, {"at": T0.isoformat(), "action": action, "key": key,
-                                 "params": {}, "error_class": error_class,
-                                 "message": message, "retryable": retryable, "attempts": 3})
+    return ActionFailed(at=T0, action=action, key=key, params={}, error_class=error_class,
+                        message=message, retryable=retryable, attempts=3).recorded()
 
 
 def check_contract(decider: Decider[Any], state: Any, obs: Observation, now: datetime,
@@ -146,8 +153,8 @@ class Given:
         self.history.extend(events)
         return self
 
-    def command(self, type_: str, now: datetime, **data: Any) -> Given:
-        self.history.extend(self.decider.accept(self.state, Command(type_, data), now))
+    def command(self, command: Command | str, now: datetime, **data: Any) -> Given:
+        self.history.extend(self.decider.accept(self.state, _command(command, data), now))
         return self
 
     def when(self, obs: Observation, now: datetime) -> Then:
@@ -156,8 +163,8 @@ class Given:
         check_contract(self.decider, state, obs, now, decision)
         return Then(self, decision, [*self.history, *decision.events])
 
-    def when_command(self, type_: str, now: datetime, **data: Any) -> Then:
-        events = tuple(self.decider.accept(self.state, Command(type_, data), now))
+    def when_command(self, command: Command | str, now: datetime, **data: Any) -> Then:
+        events = tuple(self.decider.accept(self.state, _command(command, data), now))
         return Then(self, Decision(events=events), [*self.history, *events])
 
 

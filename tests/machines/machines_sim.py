@@ -22,15 +22,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from controlplane.engine.commands import RecordedCommand
 from controlplane.engine.decider import (
-    ACTION_FAILED,
     Action,
-    Command,
     CommandRejected,
     Decider,
     Event,
     fold,
 )
+from controlplane.engine.events import ActionFailed
 from controlplane.engine.observation import (
     Interests,
     NodeView,
@@ -39,6 +39,7 @@ from controlplane.engine.observation import (
     ProbeError,
     TagView,
 )
+from controlplane.machines.base.commands import Cancel
 from controlplane.machines.contract import protocol
 from tests.machines.machines_gwt import T0, check_contract, digest_of, manifest
 
@@ -186,7 +187,7 @@ class Run:
 
     def command(self, type_: str, **data: Any) -> None:
         try:
-            events = self.decider.accept(self.state, Command(type_, data), self.world.now)
+            events = self.decider.accept(self.state, RecordedCommand(type_, data), self.world.now)
         except CommandRejected:
             return
         for event in events:
@@ -238,10 +239,9 @@ class Run:
 
     def fail(self, actions: list[Action]) -> None:
         for a in actions:
-            self.apply(Event(ACTION_FAILED, {"action": a.type, "key": a.key,
-                                             "error_class": "Forbidden",
-                                             "message": "403 Forbidden", "retryable": False,
-                                             "attempts": 3}))
+            self.apply(ActionFailed(action=a.type, key=a.key, error_class="Forbidden",
+                                    message="403 Forbidden", retryable=False,
+                                    attempts=3).recorded())
 
     def check_safety(self, obs: Observation, actions: tuple[Action, ...],
                      events: tuple[Event, ...]) -> None:
@@ -312,11 +312,11 @@ class Run:
                 for e in self.history]
         assert fold(self.decider, initial, wire) == self.state
         if self.state.terminal:
-            late = Event(ACTION_FAILED, {"action": "DeletePod", "key": "late", "message": "x",
-                                         "error_class": "Conflict", "retryable": False})
+            late = ActionFailed(action="DeletePod", key="late", message="x",
+                                error_class="Conflict", retryable=False).recorded()
             assert self.decider.evolve(self.state, late) == self.state
             try:
-                self.decider.accept(self.state, Command("Cancel"), self.world.now)
+                self.decider.accept(self.state, Cancel(), self.world.now)
             except CommandRejected:
                 pass
             else:

@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 from controlplane.app.operations import send_command
 from controlplane.app.replay import rebuild, verify
 from controlplane.clock import FakeClock
-from controlplane.engine.decider import Command, Event
+from controlplane.engine.decider import Event
 from controlplane.engine.kinds import KindRegistry
 from controlplane.engine.observation import PodView
 from controlplane.errors import UsageError
+from controlplane.machines.base.commands import Cancel
 from controlplane.machines.selftest.steps import StepsDecider, StepsState
 from controlplane.store import leases, migrate, queries
 from controlplane.store.database import Database, open_database
@@ -60,7 +61,7 @@ async def _run_program(db: Database, clock: FakeClock, machines: list[tuple[int,
             # Unknown or already terminal: refused with UsageError, and nothing written.
             with contextlib.suppress(UsageError):
                 await send_command(db, KINDS, machine_id=f"m{step[1]}",
-                                   command=Command("Cancel"), now=clock.now())
+                                   command=Cancel(), now=clock.now())
         elif kind == "pod":
             idx, phase = step[1], step[2]
             key = f"ns/p{idx}"

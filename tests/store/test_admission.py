@@ -189,11 +189,10 @@ async def test_a_submitted_migration_accepts_retarget_and_records_it(
     db: Database, cluster: Cluster, clock: FakeClock
 ) -> None:
     from controlplane.app.operations import send_command
-    from controlplane.engine.decider import Command
+    from controlplane.machines.base.commands import Retarget
 
     await _submit(db, cluster, clock, "mig", migration("web", "uid-web"))
-    await send_command(db, KINDS, machine_id="mig", command=Command("Retarget",
-                                                                     {"node": "node-d"}),
+    await send_command(db, KINDS, machine_id="mig", command=Retarget(node="node-d"),
                        now=clock.now())
     history = [e.type for e in await queries.history(db, "mig")]
     assert history[-1] == "Retargeted"

@@ -25,10 +25,12 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from controlplane.engine.decider import Command, CommandRejected, Decision, Event, EventLike
+from controlplane.engine.commands import CommandSet
+from controlplane.engine.decider import CommandLike, CommandRejected, Decision, Event, EventLike
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
 from controlplane.machines.base.codec import decode
+from controlplane.machines.base.commands import Cancel
 from controlplane.machines.base.events import (
     ENGINE_EVENTS,
     CancelRequested,
@@ -145,6 +147,10 @@ def validate_capture_fields(spec: JsonObject) -> JsonObject:
             "class": class_json(spec.get("class"))}
 
 
+#: The commands a checkpoint machine accepts.
+_COMMANDS = CommandSet("checkpoint", Cancel)
+
+
 class CheckpointDecider:
     """The ``checkpoint`` kind."""
 
@@ -257,10 +263,9 @@ class CheckpointDecider:
                     f"{op.kind.value}Failed", op.failure.reason, op.failure.message, e.at)))
         return state
 
-    def accept(self, state: CheckpointState, command: Command,
+    def accept(self, state: CheckpointState, command: CommandLike,
                now: datetime) -> Sequence[Event]:
-        if command.type != "Cancel":
-            raise CommandRejected(f"checkpoint machines accept only Cancel, not {command.type!r}")
+        _COMMANDS.decode(command)  # Cancel: the only one
         if state.terminal:
             raise CommandRejected(f"checkpoint {state.machine_id} is already {state.phase}")
         if state.status not in (CheckpointPhase.REQUESTED, CheckpointPhase.CAPTURED):

@@ -45,11 +45,13 @@ Commands: ``Cancel``, ``NodePodsListed`` (from the drain's own check). Registere
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from controlplane.engine.commands import Command, CommandSet
 from controlplane.engine.decider import (
     Action,
-    Command,
+    CommandLike,
     CommandRejected,
     Decision,
     Event,
@@ -64,7 +66,8 @@ from controlplane.engine.observation import (
     Observation,
     ProbeError,
 )
-from controlplane.machines.base.codec import decode
+from controlplane.machines.base.codec import RawJson, decode
+from controlplane.machines.base.commands import Cancel
 from controlplane.machines.base.events import DomainEvent, Started
 from controlplane.machines.base.facts import node_facts, with_facts
 from controlplane.machines.base.specs import (
@@ -107,9 +110,25 @@ from controlplane.machines.drain.state import (
 )
 
 MAX_PARALLEL = 100
-#: The command that answers a ``CheckNodePods`` action (``app.drains.NodeRecheck``).
-NODE_PODS_LISTED = "NodePodsListed"
-#: The action that lists the drain's node's pods and answers with ``NODE_PODS_LISTED``.
+
+
+@dataclass(frozen=True)
+class NodePodsListed(Command):
+    """The answer to a drain's ``CheckNodePods`` action (``app.drains.NodeRecheck``),
+    sent as the drain's own command: the pods on its node its plan does not have, for
+    check ``check``. ``children``: ``{pod, target, template, successor?}`` to move;
+    ``left``: ``{pod, reason}``; ``starting``: pods not Running yet."""
+
+    check: int
+    children: tuple[RawJson, ...]
+    left: tuple[RawJson, ...]
+    starting: tuple[str, ...]
+
+
+NODE_PODS_LISTED = NodePodsListed.NAME
+#: The commands a drain accepts (``NodePodsListed`` only from its own check).
+_COMMANDS = CommandSet("drain", Cancel, NodePodsListed)
+#: The action that lists the drain's node's pods and answers with ``NodePodsListed``.
 CHECK_NODE_PODS = "drain.CheckNodePods"
 #: An unanswered check (its action failed for good, or its worker died) is asked again.
 CHECK_ANSWER_WITHIN = timedelta(seconds=60)
@@ -371,14 +390,12 @@ class DrainDecider:
     def evolve(self, state: DrainState, event: EventLike | DomainEvent) -> DrainState:
         return evolve_drain(state, event)
 
-    def accept(self, state: DrainState, command: Command, now: datetime) -> Sequence[Event]:
-        if command.type not in ("Cancel", NODE_PODS_LISTED):
-            raise CommandRejected(f"drain machines accept only Cancel (and {NODE_PODS_LISTED} "
-                                  f"from their own check), not {command.type!r}")
+    def accept(self, state: DrainState, command: CommandLike, now: datetime) -> Sequence[Event]:
+        typed_command = _COMMANDS.decode(command)
         if state.terminal:
             raise CommandRejected(f"drain {state.machine_id} is already {state.phase}")
-        if command.type == NODE_PODS_LISTED:
-            return _listed(state, command.data, now)
+        if isinstance(typed_command, NodePodsListed):
+            return _listed(state, typed_command, now)
         if state.cancelled:
             return ()
         return (DrainCancelRequested(at=now, in_flight=len(state.in_flight),
@@ -388,16 +405,16 @@ class DrainDecider:
         return decode(DrainState, data)
 
 
-def _listed(state: DrainState, data: JsonObject, now: datetime) -> Sequence[Event]:
-    """The answer to check ``data.check``: the pods not in the plan join it (or are left,
+def _listed(state: DrainState, answer: NodePodsListed, now: datetime) -> Sequence[Event]:
+    """The answer to check ``answer.check``: the pods not in the plan join it (or are left,
     with the reason), those not Running yet are noted. An answer to an earlier request,
     or one that comes after a cancel, adds nothing."""
-    check = data.get("check")
-    if check != state.checks or not state.check_open or state.cancelled:
+    if answer.check != state.checks or not state.check_open or state.cancelled:
         return ()
     node = state.spec.node
     try:
-        raw = _children_json(data.get("children"), "children", node)
+        listed: list[JsonValue] = [*answer.children]
+        raw = _children_json(listed, "children", node)
     except InvalidSpec as exc:
         raise CommandRejected(str(exc)) from None
     known = {c.uid for c in state.children}
@@ -411,11 +428,10 @@ def _listed(state: DrainState, data: JsonObject, now: datetime) -> Sequence[Even
                                     ref.name, ref.uid, str(c["target"]),
                                     str(c.get("successor") or ""), template))
     left_alone = {pod for pod, _ in state.spec.left}
-    left = tuple(LateLeft(str(x["pod"]), str(x["reason"])) for x in _list(data, "left")
-                 if isinstance(x, dict) and isinstance(x.get("pod"), str)
-                 and x["pod"] not in left_alone)
-    starting = tuple(sorted(str(p) for p in _list(data, "starting")))
-    facts: JsonObject = {"command": NODE_PODS_LISTED}
+    left = tuple(LateLeft(str(x["pod"]), str(x["reason"])) for x in answer.left
+                 if isinstance(x.get("pod"), str) and x["pod"] not in left_alone)
+    starting = tuple(sorted(answer.starting))
+    facts: JsonObject = {"command": answer.type}
     events = [PlanExtended(at=now, node=node, check=state.checks, children=tuple(joined),
                            left=left).recorded(facts)] if joined or left else []
     events.append(NodeRechecked(at=now, node=node, check=state.checks, joined=len(joined),

@@ -38,8 +38,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from controlplane.engine.commands import CommandSet
 from controlplane.engine.decider import (
-    Command,
+    CommandLike,
     CommandRejected,
     Decision,
     Event,
@@ -49,6 +50,7 @@ from controlplane.engine.decider import (
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
 from controlplane.machines.base.codec import decode
+from controlplane.machines.base.commands import Cancel, Retarget
 from controlplane.machines.base.events import DomainEvent, Started
 from controlplane.machines.base.facts import with_facts
 from controlplane.machines.base.specs import (
@@ -73,6 +75,9 @@ from controlplane.machines.migration.state import (
     evolve_migration,
 )
 from controlplane.machines.stages import restore as rs_
+
+#: The commands a migration machine accepts.
+_COMMANDS = CommandSet("migration", Cancel, Retarget)
 
 
 class MigrationDecider:
@@ -181,27 +186,29 @@ class MigrationDecider:
     def evolve(self, state: MigrationState, event: EventLike | DomainEvent) -> MigrationState:
         return evolve_migration(state, event)
 
-    def accept(self, state: MigrationState, command: Command,
+    def accept(self, state: MigrationState, command: CommandLike,
                now: datetime) -> Sequence[Event]:
+        typed_command = _COMMANDS.decode(command)
         if state.terminal:
             raise CommandRejected(f"migration {state.machine_id} is already {state.phase}")
         if state.status in (MigrationPhase.COLLECTING_GARBAGE, MigrationPhase.ADOPTING):
             raise CommandRejected(f"migration {state.machine_id} already restored the workload "
                                   f"on {state.target}; start a new migration to move it")
         ending = state.status in (MigrationPhase.UNSTICKING, MigrationPhase.WAKING_IN_PLACE)
-        facts: JsonObject = {"command": command.type}
-        if command.type == "Cancel":
-            if ending or state.cancelled:
-                return ()
-            return (MigrationCancelRequested(
-                at=now, before_deletion=not state.deletion_requested).recorded(facts),)
-        if command.type != "Retarget":
-            raise CommandRejected(f"migration machines accept Retarget and Cancel, not "
-                                  f"{command.type!r}")
-        try:
-            node = node_name(command.data.get("node"), field="node")
-        except InvalidSpec as err:
-            raise CommandRejected(str(err)) from None
+        facts: JsonObject = {"command": typed_command.type}
+        match typed_command:
+            case Cancel():
+                if ending or state.cancelled:
+                    return ()
+                return (MigrationCancelRequested(
+                    at=now, before_deletion=not state.deletion_requested).recorded(facts),)
+            case Retarget(node=asked):
+                try:
+                    node = node_name(asked, field="node")
+                except InvalidSpec as err:
+                    raise CommandRejected(str(err)) from None
+            case _:
+                raise AssertionError(f"{typed_command!r} is in the migration's command set")
         if ending:
             raise CommandRejected(f"migration {state.machine_id} is {state.phase}: it is "
                                   "ending; submit a new migration")

@@ -27,8 +27,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
+from controlplane.engine.commands import CommandSet
 from controlplane.engine.decider import (
-    Command,
+    CommandLike,
     CommandRejected,
     Decision,
     Event,
@@ -38,6 +39,7 @@ from controlplane.engine.decider import (
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation, ProbeError, TagView
 from controlplane.machines.base.codec import RawJson, decode
+from controlplane.machines.base.commands import Cancel
 from controlplane.machines.base.events import (
     ENGINE_EVENTS,
     CancelRequested,
@@ -158,6 +160,10 @@ class RestoreState(PhasedState):
 def _opt_str(spec: JsonObject, key: str) -> str | None:
     value = spec.get(key)
     return value if isinstance(value, str) and value else None
+
+
+#: The commands a restore machine accepts.
+_COMMANDS = CommandSet("restore", Cancel)
 
 
 class RestoreDecider:
@@ -289,9 +295,9 @@ class RestoreDecider:
             return replace(state, status=RestorePhase.CLEANING_UP, failure=restore.failure)
         return state
 
-    def accept(self, state: RestoreState, command: Command, now: datetime) -> Sequence[Event]:
-        if command.type != "Cancel":
-            raise CommandRejected(f"restore machines accept only Cancel, not {command.type!r}")
+    def accept(self, state: RestoreState, command: CommandLike,
+               now: datetime) -> Sequence[Event]:
+        _COMMANDS.decode(command)  # Cancel: the only one
         if state.terminal:
             raise CommandRejected(f"restore {state.machine_id} is already {state.phase}")
         if state.cancelled:

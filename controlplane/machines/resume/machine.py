@@ -31,8 +31,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
+from controlplane.engine.commands import CommandSet
 from controlplane.engine.decider import (
-    Command,
+    CommandLike,
     CommandRejected,
     Decision,
     Event,
@@ -42,6 +43,7 @@ from controlplane.engine.decider import (
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
 from controlplane.engine.observation import Interests, Observation, ProbeError, TagView
 from controlplane.machines.base.codec import RawJson, decode
+from controlplane.machines.base.commands import Cancel
 from controlplane.machines.base.events import (
     ENGINE_EVENTS,
     CancelRequested,
@@ -210,6 +212,10 @@ def _candidates(value: JsonValue) -> list[JsonValue]:
     return out
 
 
+#: The commands a resume machine accepts.
+_COMMANDS = CommandSet("resume", Cancel)
+
+
 class ResumeDecider:
     """The ``resume`` kind."""
 
@@ -372,9 +378,9 @@ class ResumeDecider:
                 return replace(state, instance_id=restore.instance_id)
         return state
 
-    def accept(self, state: ResumeState, command: Command, now: datetime) -> Sequence[Event]:
-        if command.type != "Cancel":
-            raise CommandRejected(f"resume machines accept only Cancel, not {command.type!r}")
+    def accept(self, state: ResumeState, command: CommandLike,
+               now: datetime) -> Sequence[Event]:
+        _COMMANDS.decode(command)  # Cancel: the only one
         if state.terminal:
             raise CommandRejected(f"resume {state.machine_id} is already {state.phase}")
         if state.cancelled:

@@ -21,9 +21,10 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, ClassVar
 
+from controlplane.engine.commands import CommandSet
 from controlplane.engine.decider import (
     Action,
-    Command,
+    CommandLike,
     CommandRejected,
     Decision,
     Event,
@@ -32,6 +33,7 @@ from controlplane.engine.decider import (
 )
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation, PodView, ProbeError
+from controlplane.machines.base.commands import Cancel
 from controlplane.machines.base.events import (
     ActionFailed,
     Admitted,
@@ -110,6 +112,10 @@ def _int_field(spec: JsonObject, name: str, default: int, low: int, high: int) -
     if not low <= value <= high:
         raise InvalidSpec(f"spec.{name} must be from {low} to {high}, got {value}")
     return value
+
+
+#: The commands a steps machine accepts.
+_COMMANDS = CommandSet("steps", Cancel)
 
 
 class StepsDecider:
@@ -220,9 +226,9 @@ class StepsDecider:
         raise UnknownEvent(f"event {event.NAME!r} is in STEPS_EVENTS but the steps kind does "
                            "not fold it")
 
-    def accept(self, state: StepsState, command: Command, now: datetime) -> Sequence[Event]:
-        if command.type != "Cancel":
-            raise CommandRejected(f"steps machines accept only Cancel, not {command.type!r}")
+    def accept(self, state: StepsState, command: CommandLike,
+               now: datetime) -> Sequence[Event]:
+        _COMMANDS.decode(command)  # Cancel: the only one
         if state.terminal:
             raise CommandRejected(f"machine {state.machine_id} is already {state.phase}")
         return (Cancelled(at_step=state.done).recorded(),)

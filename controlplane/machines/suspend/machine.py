@@ -27,10 +27,12 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from controlplane.engine.decider import Command, CommandRejected, Decision, Event, EventLike
+from controlplane.engine.commands import CommandSet
+from controlplane.engine.decider import CommandLike, CommandRejected, Decision, Event, EventLike
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
 from controlplane.machines.base.codec import RawJson, decode
+from controlplane.machines.base.commands import Cancel
 from controlplane.machines.base.events import (
     ENGINE_EVENTS,
     CancelRequested,
@@ -115,6 +117,10 @@ class SuspendState(CapturingState):
 
 
 
+
+
+#: The commands a suspend machine accepts.
+_COMMANDS = CommandSet("suspend", Cancel)
 
 
 class SuspendDecider:
@@ -236,9 +242,9 @@ class SuspendDecider:
                 return replace(state, status=SuspendPhase.WAKING_IN_PLACE, abort=op.failure)
         return state
 
-    def accept(self, state: SuspendState, command: Command, now: datetime) -> Sequence[Event]:
-        if command.type != "Cancel":
-            raise CommandRejected(f"suspend machines accept only Cancel, not {command.type!r}")
+    def accept(self, state: SuspendState, command: CommandLike,
+               now: datetime) -> Sequence[Event]:
+        _COMMANDS.decode(command)  # Cancel: the only one
         if state.terminal:
             raise CommandRejected(f"suspend {state.machine_id} is already {state.phase}")
         if state.cancelled or state.status in (SuspendPhase.UNSTICKING,
