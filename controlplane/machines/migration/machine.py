@@ -58,6 +58,7 @@ from controlplane.machines.base.specs import (
     node_name,
     object_name,
     only_known,
+    optional_flag,
     pod_template,
     require,
 )
@@ -102,20 +103,12 @@ class MigrationDecider:
             "restore_name": None if name is None else object_name(name,
                                                                   field="spec.restore_name"),
         })
-        keep_checkpoint = spec.get("keep_checkpoint")
-        if keep_checkpoint is not None:
-            if not isinstance(keep_checkpoint, bool):
-                raise InvalidSpec(f"spec.keep_checkpoint {keep_checkpoint!r} is not true or "
-                                  "false: true keeps the checkpoint in the registry after "
-                                  "the verified restore")
-            if keep_checkpoint:
-                out["keep_checkpoint"] = True
-        keep = spec.get("keep_name")
+        if optional_flag(spec, "keep_checkpoint", meaning="true keeps the checkpoint in the "
+                         "registry after the verified restore"):
+            out["keep_checkpoint"] = True
+        keep = optional_flag(spec, "keep_name", meaning="true names the restored pod "
+                             "restore_name (default: the source's name) once that name is free")
         if keep is not None:
-            if not isinstance(keep, bool):
-                raise InvalidSpec(f"spec.keep_name {keep!r} is not true or false: true names "
-                                  "the restored pod restore_name (default: the source's "
-                                  "name) once that name is free")
             out["keep_name"] = keep
         successor = spec.get("successor")
         if successor is not None:
