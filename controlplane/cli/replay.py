@@ -17,7 +17,10 @@ if TYPE_CHECKING:
 
 def _print_report(report: ReplayReport, title: str) -> None:
     print(f"{title}: {report.machines} machines, {report.events} events, "
-          f"{report.decisions} decisions, {len(report.mismatches)} mismatches"
+          f"{report.decisions} decisions"
+          + (f" re-made ({report.not_redecided} engine records not re-decided)"
+             if report.not_redecided else "")
+          + f", {len(report.mismatches)} mismatches"
           + (f", {report.rewritten} projections rewritten" if report.rewritten else ""))
     for m in report.mismatches[:50]:
         print(f"  {m.machine_id} seq {m.seq} {m.what}: expected {json.dumps(m.expected)} "

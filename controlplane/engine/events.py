@@ -28,7 +28,6 @@ typed commands (:mod:`controlplane.engine.commands`) share the encoding. Pure.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -194,19 +193,6 @@ class EventSet:
         except Undecodable as err:
             raise UnknownEvent(f"event {event.type!r} {err}") from err.__cause__
         return typed_event
-
-
-def typed(events: EventSet) -> Callable[[Callable[[Any, Any], Any]], Callable[[Any, Any], Any]]:
-    """Decorate an ``evolve(state, event)`` so it receives the typed event."""
-
-    def wrap(fold: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-        @functools.wraps(fold)
-        def evolve(state: Any, event: Any) -> Any:
-            return fold(state, events.decode(event))
-
-        return evolve
-
-    return wrap
 
 
 # --- the engine's own events ------------------------------------------------------------

@@ -23,14 +23,11 @@ from controlplane.engine.events import (
     Submitted,
     UnknownEvent,
     WakeRequested,
-    typed,
 )
-from controlplane.engine.jsonvalue import JsonValue
 
 __all__ = [
     "ENGINE_EVENTS", "ActionFailed", "Admitted", "CancelRequested", "DomainEvent", "EventSet",
-    "Finished", "Queued", "Started", "Submitted", "UnknownEvent", "WakeRequested", "data_of",
-    "typed",
+    "Finished", "Queued", "Started", "Submitted", "UnknownEvent", "WakeRequested",
 ]
 
 
@@ -65,7 +62,3 @@ class CancelRequested(DomainEvent):
 
     at: datetime
 
-
-def data_of(event: DomainEvent) -> JsonValue:
-    """The recorded data of ``event`` (for tests and history)."""
-    return event.data()
