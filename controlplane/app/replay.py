@@ -27,7 +27,7 @@ from queue import Empty
 from typing import Any, Protocol
 
 from controlplane.engine.commands import RecordedCommand
-from controlplane.engine.decider import Cause, CommandRejected, Event, fold
+from controlplane.engine.decider import Cause, CommandRejected, Decider, Event, fold
 from controlplane.engine.events import Submitted
 from controlplane.engine.jsonvalue import JsonObject, JsonValue
 from controlplane.engine.kinds import KindRegistry
@@ -94,6 +94,17 @@ class _Foldable(Protocol):
     def data(self) -> JsonObject: ...
 
 
+def _first_state(kinds: KindRegistry, record: _Machine,
+                 events: Sequence[_Foldable]) -> tuple[Decider[Any], Any]:
+    """The machine's decider and its state before any event after ``Submitted``."""
+    decider = kinds.get(record.kind)
+    if not events or events[0].seq != 1:
+        raise ValueError(f"machine {record.id} has no Submitted event at seq 1")
+    spec = events[0].data.get("spec", {})
+    assert isinstance(spec, dict)
+    return decider, decider.initial_state(record.id, spec)
+
+
 def replay_machine(kinds: KindRegistry, record: _Machine,
                    events: Sequence[_Foldable]) -> tuple[Any, int]:
     """The state folded from a machine's events, and its version (last seq).
@@ -101,12 +112,7 @@ def replay_machine(kinds: KindRegistry, record: _Machine,
     The events are folded as they are: ``evolve`` reads only an event's type and data
     (``EventLike``), so a read row is not copied into an ``Event`` first.
     """
-    decider = kinds.get(record.kind)
-    if not events or events[0].seq != 1:
-        raise ValueError(f"machine {record.id} has no Submitted event at seq 1")
-    spec = events[0].data.get("spec", {})
-    assert isinstance(spec, dict)
-    state = decider.initial_state(record.id, spec)
+    decider, state = _first_state(kinds, record, events)
     evolve = decider.evolve
     for i in range(1, len(events)):
         state = evolve(state, events[i])
@@ -403,12 +409,7 @@ def phase_after_each(kinds: KindRegistry, record: MachineRecord,
     What ``cpctl history`` shows as the phase change: derived by ``evolve``, so it is
     exactly the phase a rebuild would give, and old histories get it too.
     """
-    decider = kinds.get(record.kind)
-    if not events or events[0].seq != 1:
-        raise ValueError(f"machine {record.id} has no Submitted event at seq 1")
-    spec = events[0].data.get("spec", {})
-    assert isinstance(spec, dict)
-    state = decider.initial_state(record.id, spec)
+    decider, state = _first_state(kinds, record, events)
     phases = [state.phase]
     for event in events[1:]:
         state = decider.evolve(state, _as_event(event))

@@ -30,6 +30,7 @@ from controlplane.cli.classes import add_class_options
 from controlplane.cli.options import (
     add_cluster_options,
     default_url,
+    instant_flag,
     positive_float,
     positive_int,
 )
@@ -220,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--node", help="only operations moving load off NODE or putting a "
                     "workload on it")
     ls.add_argument("--namespace", help="only operations on workloads in NAMESPACE")
-    ls.add_argument("--since", help="created at or after this ISO time")
+    ls.add_argument("--since", type=instant_flag, help="created at or after this ISO time")
     ls.add_argument("--limit", type=positive_int, default=100, metavar="N",
                     help="show the newest N (default 100); the table says when more match, "
                     "and -o json|yaml carry {items, total, limit}")
@@ -268,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--by", choices=["kind", "node", "day", "class", "requester"],
                     default="kind", help="group by operation kind, source node, day, "
                     "checkpoint class, or who asked (user@host, token:NAME, drain:ID)")
-    rp.add_argument("--since", help="only those at or after this ISO time")
+    rp.add_argument("--since", type=instant_flag,
+                    help="only those at or after this ISO time")
     rp.add_argument("-o", "--output", choices=["table", "json", "yaml", "csv"], default="table")
     _wide_option(rp)
 

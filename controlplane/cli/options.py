@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
 
+from controlplane.clock import instant
 from controlplane.errors import UsageError
 
 if TYPE_CHECKING:
@@ -107,3 +109,12 @@ def positive_int(text: str) -> int:
 def positive_float(text: str) -> float:
     """A flag's number of seconds, above 0 and at most a day (an argparse type)."""
     return _bounded(text, float, "a number", "0", 86400)
+
+
+def instant_flag(text: str) -> datetime:
+    """A flag's ISO time, UTC unless it says (an argparse type)."""
+    try:
+        return instant(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an ISO time (e.g. 2026-11-22T10:00:00Z)") from None

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 
 from controlplane.cli import render
 from controlplane.cli.context import opened
-from controlplane.cli.reading import parse_since
 
 if TYPE_CHECKING:
     pass
@@ -21,7 +20,7 @@ async def report_cmd(args: argparse.Namespace) -> int:
     async with opened(args) as db:
         await migrate.require_current(db)
         summary = await reports.report(db, report=args.report, by=args.by,
-                                       since=parse_since(args.since))
+                                       since=args.since)
     if args.output in ("json", "yaml"):
         render.structured(summary, args.output)
     elif args.output == "csv":
