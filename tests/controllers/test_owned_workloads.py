@@ -240,7 +240,7 @@ def test_a_drain_moves_the_bare_pod_and_hands_the_replicaset_pods_over(world: Wo
     bare = w.make_pod(w.name("bare"), "node-1", marker="n=5", labels={"app": "bare-drain"})
     plan = json.loads(w.ok("drain", "node-1", "--dry-run", "-o", "json",
                            "--repository", "localhost:5000/checkpoints"))
-    how = {h["pod"]: h["how"] for h in plan["how"]}
+    how = {m["pod"]: m["how"] for m in plan["moves"]}
     assert how[f"{w.namespace}/{bare['metadata']['name']}"] == \
         "bare: restored under its own name"
     for p in owned:
