@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from controlplane.app.ports import ClusterAccess
-from controlplane.app.requests import Prepared, prepare
+from controlplane.app.requests import Prepared, find, parse, prepare, prepare_asked
 from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
 from controlplane.frontdoor.ports import Resource
+from controlplane.machines.base.requests import Checkpoint
 from controlplane.store.database import Database
 
 
@@ -169,9 +170,24 @@ async def ask_of(resource: Resource, *, db: Database, access: ClusterAccess,
         fields["class"] = await klass_of(resource, classes)
     if kind.operation == "restore":
         fields["checkpoint"] = _checkpoint_named(resource, checkpoint_ids)
-    prepared = await prepare(db, access, kind=kind.operation, fields=fields,
-                             spelled=kind.spelled)
+    asked = parse(kind.operation, fields, kind.spelled)
+    found = await find(db, asked)
+    if found.checkpoint is not None:
+        refuse_foreign_checkpoint(resource, found.checkpoint)
+    prepared = await prepare_asked(db, access, asked, found)
     return Ask(operation_id(resource), prepared)
+
+
+def refuse_foreign_checkpoint(resource: Mapping[str, Any], checkpoint: Checkpoint) -> None:
+    """A resource may restore only its own namespace's checkpoints: whoever may create a
+    Restore in one namespace must not bring another namespace's pod (its memory, its
+    identity) back through the front door's rights."""
+    namespace = (resource.get("metadata") or {}).get("namespace")
+    if checkpoint.namespace != namespace:
+        raise UsageError(f"spec.operationID {checkpoint.operation_id!r}: that checkpoint is of "
+                         f"a pod in namespace {checkpoint.namespace}, not {namespace}",
+                         hint="a Restore restores only checkpoints of its own namespace; "
+                              "create it there")
 
 
 def _checkpoint_named(resource: Resource, checkpoint_ids: Mapping[str, str]) -> str:
