@@ -120,12 +120,17 @@ async def plan(db: Database, observer: Observer, prepared: Prepared, *, limits: 
     """What ``prepared`` would do; ``refused`` says why it would not be accepted
     (``None``: it would). Raises ``ControlPlaneError`` when the registry did not answer."""
     spec = prepared.spec
-    doc: JsonObject = {"dry_run": True, "operation": prepared.kind, "pod": prepared.workload}
+    doc: JsonObject = {"dry_run": True, "operation": prepared.kind}
     pod = spec.get("pod")
+    on_pod = isinstance(spec.get("namespace"), str)  # a restore or resume names its pod
+    if isinstance(pod, dict) or on_pod:  # not a drain: its workload is its node
+        doc["pod"] = prepared.workload
     if isinstance(pod, dict):
         doc["uid"] = pod.get("uid")
     doc["source_node"] = prepared.source_node
-    target = spec.get("target_node") or spec.get("node")
+    # Where it restores: a migration's target, a restore's or a resume's node (a drain's
+    # ``node`` is the one it empties).
+    target = spec.get("target_node") or (spec.get("node") if on_pod else None)
     if isinstance(target, str):
         doc["target_node"] = target
     doc.update(prepared.shown)

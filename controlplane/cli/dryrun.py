@@ -21,7 +21,8 @@ def _print(doc: JsonObject) -> None:
     if doc.get("refused"):
         print(f"  refused: {doc['refused']}")
         return
-    for key in ("pod", "uid", "source_node", "target_node", "restore_path", "admission"):
+    for key in ("pod", "uid", "node", "source_node", "target_node", "restore_path",
+                "admission"):
         if doc.get(key) is not None:
             print(f"  {key.replace('_', ' ')}: {doc[key]}")
     if isinstance(doc.get("effective_parallel"), int):

@@ -128,6 +128,8 @@ async def test_dry_runs_print_the_plan_and_write_nothing(tmp_path: Path,
         assert len(plan["artifacts_written"]) == 4
         assert (plan["refused"], plan["left"]) == (None, [])
         assert plan["would"] == ["cordon node node-1"]  # the drain's own first action
+        # The node it empties is not a target, and a drain names no pod.
+        assert (plan["node"], "target_node" in plan, "pod" in plan) == ("node-1", False, False)
         assert (plan["effective_parallel"], plan["capped_by"], plan["warnings"]) == (2, None, [])
 
         # The defaults: --max-parallel 4 under --max-per-node 2. Said in the plan, with the
