@@ -34,6 +34,7 @@ test: $(STAMP) lint
 	scripts/ensure-registry
 	scripts/ensure-chromium
 	scripts/ensure-kustomize
+	scripts/ensure-skopeo
 	eval "$$(scripts/ensure-envtest)" && eval "$$(scripts/ensure-criu)" && \
 		eval "$$(scripts/ensure-realnode)" && \
 		$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
