@@ -261,7 +261,7 @@ class NodeAgent:
         ref = judge_capture(request, pod, node=self.node)
         workload = self._workload(pod)
         wanted = _containers(workload, request.containers)
-        await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(workdir.mkdir, mode=0o700, parents=True, exist_ok=True)
         if self._slots.locked():
             await self._report(pod, request.checkpoint_id, protocol.ReportState.CAPTURING,
                                reason="queued: waiting for a capture slot on this node")
@@ -451,6 +451,27 @@ class NodeAgent:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+#: The job directories an agent makes in its work directory: nothing else is removed.
+_JOB_DIRS = ("capture-", "restore-")
+
+
+def prepare_workdir(workdir: Path) -> int:
+    """Make the work directory private (0700) and remove what a killed agent left there.
+
+    Every job directory holds a dump in plain text (each process's memory) until the job
+    ends and removes it; an agent killed mid-job cannot, so the next one does at start,
+    before it serves anything. Returns how many job directories it removed.
+    """
+    workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    workdir.chmod(0o700)
+    removed = 0
+    for entry in workdir.iterdir():
+        if entry.name.startswith(_JOB_DIRS) and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+            removed += 1
+    return removed
 
 
 def _uid(obj: KubeObject | None) -> str:

@@ -5,13 +5,15 @@ node, the storage root the kubelet role runs the node's pods in; the container o
 is :func:`~drivers.podman.podman.container_name`):
 
 - **dump**: ``podman container checkpoint --export <workdir>/<container>.tar
-  --compress none --keep`` per requested container, ``--leave-running`` unless the
-  request quiesces. The archive is the one CRI-O and the kubelet write (``checkpoint/``
+  --compress none`` per requested container, ``--leave-running`` unless the request
+  quiesces (then ``--keep``: the dump stays beside the stopped container for a release).
+  The archive is the one CRI-O and the kubelet write (``checkpoint/``
   with CRIU's images, ``config.dump``, ``spec.dump``, ``rootfs-diff.tar``, the log...):
   uncompressed, it is the checkpoint image's layer as is, and the agent pushes it with
   the CRI-O annotations (:mod:`drivers.registry.artifact`);
 - **release**: a container a quiesced checkpoint stopped is restored in place from the
-  dump ``--keep`` left beside it (``podman container restore --keep``); idempotent;
+  dump ``--keep`` left beside it (``podman container restore``, which then removes that
+  plain-text dump); idempotent;
 - **restore**: pulls each container's image on the target node (a restore applies the
   archive's ``rootfs-diff.tar`` onto it), then ``podman container restore --import``
   under the new pod's container name. A container already running under that name (an

@@ -10,16 +10,20 @@
 The pod watch (:class:`~drivers.agent.pods.NodePods`) lists the node's pods, then
 watches them; every change reaches :meth:`NodeAgent.on_change`. Leaving the block stops
 the watch and cancels the jobs in flight (their requests stay on the pods, for the next
-agent to take). Used by ``python -m drivers.agent`` and the tests.
+agent to take). Before it watches, the work directory is made private (0700) and the job
+directories a killed agent left (plain-text dumps) are removed. Used by
+``python -m drivers.agent`` and the tests.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
 from controlplane.clock import Clock
-from drivers.agent.agent import AgentSettings, NodeAgent
+from controlplane.logs import get_logger
+from drivers.agent.agent import AgentSettings, NodeAgent, prepare_workdir
 from drivers.agent.dumper import Dumper
 from drivers.agent.pods import NodePods, PodPatcher
 from drivers.kube.client import KubeClient
@@ -27,6 +31,7 @@ from drivers.kube.config import KubeSettings
 from drivers.kube.resources import CoreV1
 from drivers.registry.port import Registry
 
+log = get_logger("drivers.agent")
 DumperFactory = Callable[[PodPatcher], Dumper]
 
 
@@ -34,6 +39,10 @@ DumperFactory = Callable[[PodPatcher], Dumper]
 async def node_agent(*, client: KubeClient, settings: AgentSettings, registry: Registry,
                      dumper: DumperFactory, kube: KubeSettings | None = None,
                      clock: Clock | None = None) -> AsyncIterator[NodeAgent]:
+    left = await asyncio.to_thread(prepare_workdir, settings.workdir)
+    if left:
+        log.warning("removed job directories a stopped agent left behind", count=left,
+                    workdir=str(settings.workdir))
     patcher = PodPatcher(CoreV1(client))
     agent = NodeAgent(settings, patcher=patcher, registry=registry, dumper=dumper(patcher),
                       clock=clock)

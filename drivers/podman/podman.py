@@ -213,12 +213,13 @@ class PodmanNode:
 
     async def checkpoint(self, name: str, archive: Path, *, leave_running: bool) -> None:
         """CRIU-checkpoint ``name`` into ``archive`` (uncompressed: the checkpoint image's
-        layer). ``--keep`` leaves the dump beside the container, so a container a quiesced
-        checkpoint stopped can be restored in place (:meth:`restore_in_place`)."""
+        layer). Only a checkpoint that stops the container keeps its dump beside it
+        (``--keep``), so it can be restored in place (:meth:`restore_in_place`, which then
+        removes it); one that leaves it running keeps no plain-text copy of its memory
+        (docs/security.md)."""
         args = ["container", "checkpoint", name, "--export", str(archive),
-                "--compress", "none", "--keep"]
-        if leave_running:
-            args.append("--leave-running")
+                "--compress", "none"]
+        args.append("--leave-running" if leave_running else "--keep")
         await self.run(*args)
         try:
             await asyncio.to_thread(make_portable, archive)
@@ -226,8 +227,9 @@ class PodmanNode:
             raise RuntimeFailed(f"the checkpoint archive of {name} is unusable: {exc}") from exc
 
     async def restore_in_place(self, name: str) -> None:
-        """Resume a container a checkpoint stopped, from the dump it left beside it."""
-        await self.run("container", "restore", "--keep", name)
+        """Resume a container a checkpoint stopped, from the dump it left beside it; podman
+        removes the dump once the container runs (no ``--keep``: no plain text stays)."""
+        await self.run("container", "restore", name)
 
     async def restore_archive(self, archive: Path, name: str) -> str:
         """Create and start ``name`` from a checkpoint archive; the container's ID."""

@@ -133,7 +133,7 @@ def capture_spec(machine_id: str, spec: JsonObject, klass: CheckpointClass,
         checkpoint_id=machine_id, namespace=pod.namespace, name=pod.name, uid=pod.uid,
         artifact=artifact, containers=containers(spec.get("containers"), field="containers"),
         quiesce=quiesce, saver=klass.saver_annotation(),
-        timeout=klass.timeouts.capture)
+        timeout=klass.timeouts.capture, seal=klass.seal_annotation())
 
 
 def validate_capture_fields(spec: JsonObject) -> JsonObject:

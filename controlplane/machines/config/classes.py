@@ -6,8 +6,10 @@ every waiting phase, the ``retention`` of artifacts (keep the last N, a maximum 
 delete after a successful migration), the saver/loader container overrides (see
 :mod:`controlplane.machines.config.containers`), the ``on_failure`` behaviour of a failed
 capture (``Resume`` the workload or ``Kill`` it), how many restore attempts a
-migration or resume makes, and ``history_keep_days``: how long the history of a settled
-operation of this class is kept before ``cpctl history prune`` summarises it
+migration or resume makes, ``encryption`` (the recipients a checkpoint's layers are
+sealed for and where the key that unseals them lives: :class:`Encryption`), and
+``history_keep_days``: how long the history of a settled operation of this class is kept
+before ``cpctl history prune`` summarises it
 (``store/retention.py``; unset: the prune's ``--keep-days`` policy decides).
 
 The submitter resolves a class by name and embeds its normalised JSON in the machine spec,
@@ -82,6 +84,44 @@ class Retention:
     delete_after_migration: bool = True
 
 
+#: Where a key lives, as the node agent resolves it: a file on the node, or a key of a
+#: Kubernetes Secret mounted into the agent (``secret:NAME/KEY``; docs/security.md).
+KEY_SOURCES = ("file:", "secret:")
+PEM_PUBLIC = "-----BEGIN PUBLIC KEY-----"
+_SECRET_REF = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[-._a-zA-Z0-9]{1,253}$")
+
+
+@dataclass(frozen=True)
+class Encryption:
+    """A sealed class: its checkpoints' layers are encrypted (ocicrypt, docs/security.md).
+
+    ``recipients``: the public keys the layer keys are wrapped for, each an inline PEM
+    (``-----BEGIN PUBLIC KEY-----``), ``file:/path`` on the node or ``secret:NAME/KEY``;
+    a new set applies to new checkpoints, old ones stay readable while their key is kept.
+    ``key``: where the private key that unseals them is (``secret:NAME/KEY`` from
+    ``keySecretRef``, or ``file:/path`` from ``keyFile``). ``required`` (the default): a
+    capture whose recipients the agent cannot resolve fails; it never pushes plain text.
+    """
+
+    recipients: tuple[str, ...]
+    key: str = ""
+    required: bool = True
+
+    def seal_annotation(self) -> str:
+        """What a capture request carries: the recipients and whether sealing is required."""
+        return orjson.dumps({"recipients": list(self.recipients),
+                             "required": self.required}).decode()
+
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {"recipients": list(self.recipients), "required": self.required}
+        if self.key.startswith("secret:"):
+            name, _, key = self.key.removeprefix("secret:").partition("/")
+            out["keySecretRef"] = {"name": name, "key": key}
+        elif self.key:
+            out["keyFile"] = self.key.removeprefix("file:")
+        return out
+
+
 @dataclass(frozen=True)
 class CheckpointClass:
     name: str = DEFAULT_CLASS_NAME
@@ -103,6 +143,16 @@ class CheckpointClass:
     #: Runtime name -> restore path (``"cri-o"`` or ``"agent"``), over what the node's
     #: reported runtime implies (:mod:`controlplane.machines.config.runtimes`).
     runtimes: tuple[tuple[str, str], ...] = field(default=(), metadata=OMIT_DEFAULT)
+    #: Sealed checkpoints: ``None`` pushes plain layers.
+    encryption: Encryption | None = field(default=None, metadata=OMIT_DEFAULT)
+
+    def seal_annotation(self) -> str:
+        """The capture request's ``capture-seal`` (empty: push plain layers)."""
+        return self.encryption.seal_annotation() if self.encryption is not None else ""
+
+    def unseal_annotation(self) -> str:
+        """The restore request's ``restore-unseal``: where the unsealing key is (may be empty)."""
+        return self.encryption.key if self.encryption is not None else ""
 
     def runtime_paths(self) -> dict[str, str]:
         return dict(self.runtimes)
@@ -132,7 +182,8 @@ def _annotation(default: Container, override: ContainerOverride) -> str:
 DEFAULT_CLASS = CheckpointClass()
 
 _KEYS = {"name", "repository", "tag_scheme", "timeouts", "retention", "saver", "loader",
-         "on_failure", "restore_attempts", "owners", "history_keep_days", "runtimes"}
+         "on_failure", "restore_attempts", "owners", "history_keep_days", "runtimes",
+         "encryption"}
 MAX_HISTORY_KEEP_DAYS = 100 * 366
 _OWNER_POLICIES = ("move", "refuse")
 
@@ -200,7 +251,69 @@ def _parse_class(data: JsonValue, *, field: str) -> CheckpointClass:
         history_keep_days=_keep_days(data.get("history_keep_days"),
                                      field=f"{field}.history_keep_days"),
         runtimes=_runtimes(data.get("runtimes"), field=f"{field}.runtimes"),
+        encryption=_encryption(data.get("encryption"), field=f"{field}.encryption"),
     )
+
+
+_ENCRYPTION_KEYS = {"recipients", "keySecretRef", "keyFile", "required"}
+
+
+def _encryption(data: JsonValue, *, field: str) -> Encryption | None:
+    """``{recipients: [...], keySecretRef: {name, key} | keyFile: path, required: bool}``."""
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise InvalidSpec(f"{field} must be an object, e.g. {{recipients: [<PEM public key>], "
+                          "keySecretRef: {name: checkpoint-keys, key: private.pem}}")
+    unknown = sorted(set(data) - _ENCRYPTION_KEYS)
+    if unknown:
+        raise InvalidSpec(f"{field} has unknown key(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(sorted(_ENCRYPTION_KEYS))}")
+    raw = data.get("recipients")
+    if not isinstance(raw, list) or not raw:
+        raise InvalidSpec(f"{field}.recipients must list at least one public key (an inline "
+                          f"PEM '{PEM_PUBLIC}...', 'file:/path' on the node or "
+                          "'secret:NAME/KEY'); a sealed class with no recipient could only "
+                          "push plain text")
+    recipients = []
+    for number, item in enumerate(raw):
+        where = f"{field}.recipients[{number}]"
+        if not isinstance(item, str):
+            raise InvalidSpec(f"{where} must be a string, got {item!r}")
+        recipients.append(_key_source(item.strip(), field=where, pem=True))
+    required = data.get("required", True)
+    if not isinstance(required, bool):
+        raise InvalidSpec(f"{field}.required must be true or false, got {required!r}")
+    if "keySecretRef" in data and "keyFile" in data:
+        raise InvalidSpec(f"{field}: give keySecretRef or keyFile, not both")
+    key = ""
+    ref = data.get("keySecretRef")
+    if ref is not None:
+        if not isinstance(ref, dict) or set(ref) - {"name", "key"} or \
+                not isinstance(ref.get("name"), str) or not isinstance(ref.get("key"), str):
+            raise InvalidSpec(f"{field}.keySecretRef must be {{name: SECRET, key: KEY}} (the "
+                              f"Secret mounted into the node agent), got {ref!r}")
+        key = _key_source(f"secret:{ref['name']}/{ref['key']}", field=f"{field}.keySecretRef",
+                          pem=False)
+    path = data.get("keyFile")
+    if path is not None:
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise InvalidSpec(f"{field}.keyFile must be an absolute path on the node, got "
+                              f"{path!r}")
+        key = f"file:{path}"
+    return Encryption(tuple(recipients), key, required)
+
+
+def _key_source(text: str, *, field: str, pem: bool) -> str:
+    if pem and text.startswith(PEM_PUBLIC):
+        return text
+    if text.startswith("file:/"):
+        return text
+    if text.startswith("secret:") and _SECRET_REF.match(text.removeprefix("secret:")):
+        return text
+    raise InvalidSpec(f"{field} must be {'an inline PEM public key, ' if pem else ''}"
+                      "'file:/absolute/path' or 'secret:NAME/KEY' (NAME a Secret's name), "
+                      f"got {text[:60]!r}")
 
 
 def _runtimes(data: JsonValue, *, field: str) -> tuple[tuple[str, str], ...]:
@@ -260,6 +373,7 @@ def class_to_json(cls: CheckpointClass) -> JsonObject:
         **({"history_keep_days": cls.history_keep_days}
            if cls.history_keep_days is not None else {}),
         **({"runtimes": dict(cls.runtimes)} if cls.runtimes else {}),
+        **({"encryption": cls.encryption.to_json()} if cls.encryption is not None else {}),
     }
 
 

@@ -30,6 +30,7 @@ parsers; the node agent imports the same names.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -48,6 +49,10 @@ CAPTURE_SOURCE_UID = PREFIX + "capture-source-uid"
 CAPTURE_CONTAINERS = PREFIX + "capture-containers"
 CAPTURE_QUIESCE = PREFIX + "capture-quiesce"
 CAPTURE_SAVER = PREFIX + "capture-saver"
+#: Sealed classes only: JSON ``{"checkpoint", "recipients", "required"}`` — the public keys
+#: the layers are encrypted for. It names its checkpoint, so a seal left on the pod by an
+#: earlier request never applies to a later one (docs/security.md).
+CAPTURE_SEAL = PREFIX + "capture-seal"
 CAPTURE_REQUEST_KEYS = (CAPTURE_CHECKPOINT_ID, CAPTURE_ARTIFACT, CAPTURE_SOURCE_UID,
                         CAPTURE_CONTAINERS, CAPTURE_QUIESCE, CAPTURE_SAVER, PROTOCOL)
 
@@ -71,6 +76,9 @@ RESTORE_ARTIFACT = PREFIX + "restore-artifact"
 RESTORE_KEY = PREFIX + "restore-key"
 RESTORE_CHECKPOINT_ID = PREFIX + "restore-checkpoint-id"
 RESTORE_LOADER = PREFIX + "restore-loader"
+#: Sealed classes only: where the key that unseals the layers is (``secret:NAME/KEY`` or
+#: ``file:/path``, resolved by the agent on its node).
+RESTORE_UNSEAL = PREFIX + "restore-unseal"
 
 RESTORED_FROM_DIGEST = PREFIX + "restored-from-digest"
 INSTANCE_ID = PREFIX + "instance-id"
@@ -91,9 +99,11 @@ class ReportState(StrEnum):
 
 
 def capture_request(*, checkpoint_id: str, artifact: str, source_uid: str,
-                    containers: tuple[str, ...], quiesce: bool, saver: str) -> dict[str, str]:
-    """The annotations that ask the node agent for one capture."""
-    return {
+                    containers: tuple[str, ...], quiesce: bool, saver: str,
+                    seal: str = "") -> dict[str, str]:
+    """The annotations that ask the node agent for one capture (``seal``: the class's
+    :meth:`~controlplane.machines.config.classes.Encryption.seal_annotation`, sealed only)."""
+    out = {
         CAPTURE_CHECKPOINT_ID: checkpoint_id,
         CAPTURE_ARTIFACT: artifact,
         CAPTURE_SOURCE_UID: source_uid,
@@ -102,6 +112,10 @@ def capture_request(*, checkpoint_id: str, artifact: str, source_uid: str,
         CAPTURE_SAVER: saver,
         PROTOCOL: PROTOCOL_VERSION,
     }
+    if seal:
+        out[CAPTURE_SEAL] = json.dumps({"checkpoint": checkpoint_id, **json.loads(seal)},
+                                       sort_keys=True, separators=(",", ":"))
+    return out
 
 
 def has_capture_request(pod: PodView, checkpoint_id: str) -> bool:
@@ -181,7 +195,7 @@ def container_image_refs(artifact: str, images: Mapping[str, str]) -> dict[str, 
 
 
 def restore_request(*, artifact: str | None, restore_key: str, checkpoint_id: str | None,
-                    loader: str | None) -> dict[str, str]:
+                    loader: str | None, unseal: str = "") -> dict[str, str]:
     """The annotations of a pod the control plane creates (``artifact`` None: cold boot)."""
     out = {RESTORE_KEY: restore_key, PROTOCOL: PROTOCOL_VERSION}
     if artifact is not None:
@@ -190,6 +204,8 @@ def restore_request(*, artifact: str | None, restore_key: str, checkpoint_id: st
             out[RESTORE_CHECKPOINT_ID] = checkpoint_id
         if loader is not None:
             out[RESTORE_LOADER] = loader
+        if unseal:
+            out[RESTORE_UNSEAL] = unseal
     return out
 
 

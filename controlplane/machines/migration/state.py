@@ -197,6 +197,7 @@ class MigrationState(PhasedState):
             template = parked(template)
         return RestoreContext(template=template,
                               loader=self.klass.loader_annotation(),
+                              unseal=self.klass.unseal_annotation(),
                               schedule_timeout=t.schedule, restore_timeout=t.restore,
                               cleanup_timeout=t.release)
 

@@ -152,6 +152,7 @@ class RestoreState(PhasedState):
         t = self.klass.timeouts
         return RestoreContext(template=self.spec.template,
                               loader=self.klass.loader_annotation(),
+                              unseal=self.klass.unseal_annotation(),
                               schedule_timeout=t.schedule, restore_timeout=t.restore,
                               cleanup_timeout=t.release)
 

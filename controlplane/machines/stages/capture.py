@@ -23,12 +23,13 @@ What happens to the workload afterwards (release, kill, delete) is the owner's c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Observation, PodFact, PodView, ProbeError, TagView
+from controlplane.machines.base.codec import OMIT_DEFAULT
 from controlplane.machines.base.events import ActionFailed, DomainEvent
 from controlplane.machines.base.facts import merge_facts, pod_facts, tag_facts
 from controlplane.machines.base.failures import ActionError, Failure
@@ -125,6 +126,7 @@ class CaptureSpec:
     quiesce: bool
     saver: str  # the merged saver container, JSON
     timeout: int  # seconds from the first request to a verified artifact
+    seal: str = field(default="", metadata=OMIT_DEFAULT)  # recipients, JSON ("": plain)
 
     @property
     def pod_key(self) -> str:
@@ -187,7 +189,7 @@ def _request(spec: CaptureSpec, cap: Capture, pod: PodFact, now: datetime, *,
     attempt = cap.attempt + 1
     annotations = protocol.capture_request(
         checkpoint_id=spec.checkpoint_id, artifact=spec.artifact, source_uid=spec.uid,
-        containers=spec.containers, quiesce=spec.quiesce, saver=spec.saver)
+        containers=spec.containers, quiesce=spec.quiesce, saver=spec.saver, seal=spec.seal)
     event = CaptureRequested(
         at=now, attempt=attempt, checkpoint_id=spec.checkpoint_id, artifact=spec.artifact,
         containers=spec.containers, quiesce=spec.quiesce,
@@ -261,7 +263,7 @@ def _reissue(spec: CaptureSpec, cap: Capture, now: datetime, facts: JsonObject,
     attempt = cap.attempt + 1
     annotations = protocol.capture_request(
         checkpoint_id=spec.checkpoint_id, artifact=spec.artifact, source_uid=spec.uid,
-        containers=spec.containers, quiesce=spec.quiesce, saver=spec.saver)
+        containers=spec.containers, quiesce=spec.quiesce, saver=spec.saver, seal=spec.seal)
     event = CaptureRequested(at=now, attempt=attempt, reissue=True).recorded(facts)
     action = annotate_pod(request_key(machine_id, attempt), namespace=spec.namespace,
                           name=spec.name, uid=spec.uid, annotations=annotations)

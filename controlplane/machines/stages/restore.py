@@ -74,6 +74,7 @@ class RestoreContext:
     schedule_timeout: int
     restore_timeout: int
     cleanup_timeout: int
+    unseal: str = ""  # where the key that unseals a sealed class's layers is
 
 
 @dataclass(frozen=True)
@@ -406,7 +407,7 @@ def _claim_action(plan: RestorePlan, ctx: RestoreContext, uid: str, machine_id: 
                   attempt: int) -> Action:
     annotations = protocol.restore_request(
         artifact=plan.artifact, restore_key=restore_key(machine_id, plan.attempt),
-        checkpoint_id=plan.checkpoint_id, loader=ctx.loader)
+        checkpoint_id=plan.checkpoint_id, loader=ctx.loader, unseal=ctx.unseal)
     return claim_pod(create_key(machine_id, plan.attempt, attempt), namespace=plan.namespace,
                      name=plan.pod_name, uid=uid, node=plan.node, annotations=annotations,
                      gate=protocol.RESTORE_GATE, images=_images(plan))
@@ -498,7 +499,7 @@ def _create(plan: RestorePlan, ctx: RestoreContext, machine_id: str,
             create_attempt: int) -> Action:
     annotations = protocol.restore_request(
         artifact=plan.artifact, restore_key=restore_key(machine_id, plan.attempt),
-        checkpoint_id=plan.checkpoint_id, loader=ctx.loader)
+        checkpoint_id=plan.checkpoint_id, loader=ctx.loader, unseal=ctx.unseal)
     return create_pod(create_key(machine_id, plan.attempt, create_attempt),
                       namespace=plan.namespace, name=plan.pod_name, template=ctx.template,
                       node=plan.node, annotations=annotations,
