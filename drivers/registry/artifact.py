@@ -37,6 +37,7 @@ from drivers.registry.manifests import parse_manifest
 from drivers.registry.port import OCI_MANIFEST, Descriptor
 
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar"
+SEALED_SUFFIX = "+encrypted"  # ocicrypt's layer media type suffix
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 
 CRIO_CHECKPOINT_NAME = "io.kubernetes.cri-o.annotations.checkpoint.name"
@@ -52,6 +53,9 @@ ARCHIVE_BYTES = protocol.MANIFEST_ARCHIVE_BYTES
 CONTAINERS = protocol.PREFIX + "containers"
 POD = protocol.PREFIX + "pod"
 DUMPER = protocol.PREFIX + "dumper"
+#: Sealed checkpoints: the key ids (``drivers.sealing.keys.key_id``) the layers are
+#: encrypted for, comma-separated — what ``cpctl checkpoints`` shows.
+SEALED_FOR = protocol.PREFIX + "sealed-for"
 
 
 @dataclass(frozen=True)
@@ -71,11 +75,26 @@ class Provenance:
 
 @dataclass(frozen=True)
 class Layer:
-    """One container's archive in the artifact."""
+    """One container's archive in the artifact.
+
+    A sealed layer (``descriptor.media_type`` ends ``+encrypted``) carries ocicrypt's
+    annotations on its descriptor and, when pushed, ``diff_id``: the digest of the plain
+    archive (what the image config lists, as ocicrypt keeps it; a layer read back leaves
+    it empty: the sealed options carry it, and unsealing checks it).
+    """
 
     container: str
     descriptor: Descriptor
     image: str = ""  # the container's image (rootfs), when known
+    diff_id: str = ""
+
+    @property
+    def plain_digest(self) -> str:
+        return self.diff_id or self.descriptor.digest
+
+    @property
+    def sealed(self) -> bool:
+        return self.descriptor.media_type.endswith(SEALED_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -103,13 +122,14 @@ def image_config(layers: Sequence[Layer], *, architecture: str, created: datetim
     """A minimal OCI image config whose ``diff_ids`` are the (uncompressed) layers."""
     config = {"architecture": architecture, "os": "linux", "created": timestamp(created),
               "rootfs": {"type": "layers",
-                         "diff_ids": [layer.descriptor.digest for layer in layers]},
+                         "diff_ids": [layer.plain_digest for layer in layers]},
               "config": {}}
     return canonical_json(config)
 
 
 def manifest_annotations(prov: Provenance, layers: Sequence[Layer],
-                         container_images: Mapping[str, str] | None = None) -> dict[str, str]:
+                         container_images: Mapping[str, str] | None = None,
+                         sealed_for: Sequence[str] = ()) -> dict[str, str]:
     total = sum(layer.descriptor.size for layer in layers)
     out = {
         protocol.MANIFEST_CHECKPOINT_ID: prov.checkpoint_id,
@@ -127,6 +147,8 @@ def manifest_annotations(prov: Provenance, layers: Sequence[Layer],
     }
     if prov.engine:
         out[CRIU_ENGINE] = prov.engine
+    if sealed_for:
+        out[SEALED_FOR] = ",".join(sealed_for)
     if container_images:
         out[protocol.MANIFEST_CONTAINER_IMAGES] = protocol.format_container_images(
             dict(container_images))
@@ -138,7 +160,8 @@ def manifest_annotations(prov: Provenance, layers: Sequence[Layer],
 
 
 def checkpoint_manifest(prov: Provenance, config: Descriptor, layers: Sequence[Layer], *,
-                        container_images: Mapping[str, str] | None = None) -> bytes:
+                        container_images: Mapping[str, str] | None = None,
+                        sealed_for: Sequence[str] = ()) -> bytes:
     """The pod-level manifest's canonical bytes; ``container_images``: container -> digest
     of its checkpoint image, one for every layer or none."""
     if not layers:
@@ -148,16 +171,17 @@ def checkpoint_manifest(prov: Provenance, config: Descriptor, layers: Sequence[L
                          f"archives {[layer.container for layer in layers]}")
     listed = []
     for layer in layers:
-        annotations = {CRIU_CONTAINER_NAME: layer.container,
+        annotations = {**layer.descriptor.annotations, CRIU_CONTAINER_NAME: layer.container,
                        OCI_TITLE: f"{layer.container}.tar"}
         if layer.image:
             annotations[CRIU_ROOTFS_IMAGE_NAME] = layer.image
-        listed.append(Descriptor(LAYER_TYPE, layer.descriptor.digest, layer.descriptor.size,
-                                 annotations).to_json())
+        listed.append(Descriptor(layer.descriptor.media_type, layer.descriptor.digest,
+                                 layer.descriptor.size, annotations).to_json())
     manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
                 "config": Descriptor(CONFIG_TYPE, config.digest, config.size).to_json(),
                 "layers": listed,
-                "annotations": manifest_annotations(prov, layers, container_images)}
+                "annotations": manifest_annotations(prov, layers, container_images,
+                                                    sealed_for)}
     return canonical_json(manifest)
 
 
@@ -184,9 +208,10 @@ def read_checkpoint_manifest(body: bytes) -> CheckpointArtifact:
         container = str((notes or {}).get(CRIU_CONTAINER_NAME) or single)
         if not container:
             raise RegistryBadResponse(f"layer {item['digest']} names no container")
-        layers.append(Layer(container, Descriptor(str(item.get("mediaType", LAYER_TYPE)),
-                                                  item["digest"], int(item.get("size", 0))),
-                            str((notes or {}).get(CRIU_ROOTFS_IMAGE_NAME, ""))))
+        layers.append(Layer(container, Descriptor(
+            str(item.get("mediaType", LAYER_TYPE)), item["digest"], int(item.get("size", 0)),
+            {str(k): str(v) for k, v in (notes or {}).items()}),
+            str((notes or {}).get(CRIU_ROOTFS_IMAGE_NAME, ""))))
     return CheckpointArtifact({str(k): str(v) for k, v in annotations.items()}, tuple(layers))
 
 

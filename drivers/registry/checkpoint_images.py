@@ -9,7 +9,8 @@ archive's files at its root (``spec.dump``, ``config.dump``, ``checkpoint/``,
 wrote (``RUNTIME_RESTORABLE_FORMATS``) the agent also pushes one image:
 
 - one layer, the container's archive blob already pushed for the pod-level manifest
-  (uncompressed tar; unpacked at ``/`` it is the archive's files), no layer annotations;
+  (uncompressed tar; unpacked at ``/`` it is the archive's files), no layer annotations
+  but ocicrypt's when the layer is sealed (CRI-O decrypts it with its node's key);
 - its own config: ``rootfs.diff_ids`` = that layer's digest (c/image refuses a mismatch)
   and a ``history`` entry naming the container, so the config, hence CRI-O's image ID,
   never equals the pod-level manifest's (CRI-O caches manifest annotations by image ID);
@@ -25,6 +26,8 @@ manifest lists them (``protocol.MANIFEST_CONTAINER_IMAGES``). Used by
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from controlplane.machines.contract import protocol
 from drivers.registry.artifact import (
     CONFIG_TYPE,
@@ -32,7 +35,6 @@ from drivers.registry.artifact import (
     CRIU_CONTAINER_NAME,
     CRIU_ENGINE,
     CRIU_ROOTFS_IMAGE_NAME,
-    LAYER_TYPE,
     OCI_CREATED,
     Layer,
     Provenance,
@@ -46,6 +48,7 @@ from drivers.registry.port import OCI_MANIFEST, Descriptor
 #: one: its ``spec.dump`` lacks the ``io.kubernetes.cri-o.Annotations`` CRI-O reads.
 RUNTIME_RESTORABLE_FORMATS = frozenset({"kubelet-checkpoint/v1"})
 TAG_PREFIX = "cpimage-"
+OCICRYPT_PREFIX = "org.opencontainers.image.enc."
 
 
 def restorable_by_runtime(archive_format: str) -> bool:
@@ -57,7 +60,7 @@ def image_config(layer: Layer, prov: Provenance, *, architecture: str) -> bytes:
     """The image config of one container's checkpoint image."""
     created = timestamp(prov.created)
     config = {"architecture": architecture, "os": "linux", "created": created,
-              "rootfs": {"type": "layers", "diff_ids": [layer.descriptor.digest]},
+              "rootfs": {"type": "layers", "diff_ids": [layer.plain_digest]},
               "history": [{"created": created,
                            "created_by": f"checkpoint {prov.checkpoint_id} of "
                                          f"{prov.namespace}/{prov.pod} container "
@@ -88,10 +91,16 @@ def image_manifest(prov: Provenance, config: Descriptor, layer: Layer) -> bytes:
     """The canonical bytes of one container's checkpoint image manifest."""
     manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
                 "config": Descriptor(CONFIG_TYPE, config.digest, config.size).to_json(),
-                "layers": [Descriptor(LAYER_TYPE, layer.descriptor.digest,
-                                      layer.descriptor.size).to_json()],
+                "layers": [Descriptor(layer.descriptor.media_type, layer.descriptor.digest,
+                                      layer.descriptor.size,
+                                      _sealing(layer.descriptor.annotations)).to_json()],
                 "annotations": image_annotations(prov, layer)}
     return canonical_json(manifest)
+
+
+def _sealing(annotations: Mapping[str, str]) -> dict[str, str]:
+    """A sealed layer's ocicrypt annotations (a plain layer here has none: see above)."""
+    return {k: v for k, v in annotations.items() if k.startswith(OCICRYPT_PREFIX)}
 
 
 def image_tag(manifest_digest: str) -> str:

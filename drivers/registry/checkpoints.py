@@ -6,9 +6,12 @@ then — for archives the runtime restores itself (CRI-O's, see
 the layer blob, and last the pod-level manifest under the requested tag, listing those
 images: everything a manifest names is in the registry before the manifest, and all of
 it before the tag, so the tag never names a checkpoint with missing parts. It returns
-the manifest digest and the per-container images. :func:`pull_checkpoint` reads a
-manifest *by digest* (what a restore names), checks it is a checkpoint artifact, and
-downloads every layer into a directory (each blob's sha256 verified).
+the manifest digest and the per-container images. Sealed archives (encrypted by the
+agent, :mod:`drivers.sealing`) are pushed as they are, with their media type and
+ocicrypt annotations; with ``sign``, the manifest is pushed by digest, signed, and only
+then tagged. :func:`pull_checkpoint` reads a manifest *by digest* (what a restore
+names), checks it is a checkpoint artifact, and downloads every layer into a directory
+(each blob's sha256 verified), unsealing sealed layers through the caller's ``unseal``.
 :func:`checkpoint_image_refs` answers which image each container of a stored checkpoint
 is restored from (``registry/repo@sha256:...``, what a restore pod names);
 :func:`delete_checkpoint` deletes a checkpoint with its per-container images. All work
@@ -39,20 +42,29 @@ from drivers.registry.artifact import (
 )
 from drivers.registry.errors import RegistryBadRequest, RegistryBadResponse, RegistryNotFound
 from drivers.registry.manifests import manifest_annotations
-from drivers.registry.port import OCI_MANIFEST, Registry, sha256_digest
+from drivers.registry.port import OCI_MANIFEST, Descriptor, Registry, sha256_digest
 
 Progress = Callable[[str], Awaitable[None]]
+Sign = Callable[[str], Awaitable[object]]  # given a manifest digest: sign it
+Unseal = Callable[[Path, Path, Layer], object]  # sealed file, plain file to write, layer
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64", "ppc64le": "ppc64le",
          "s390x": "s390x"}
 
 
 @dataclass(frozen=True)
 class Archive:
-    """One container's checkpoint archive on local disk, ready to push."""
+    """One container's checkpoint archive on local disk, ready to push.
+
+    A sealed archive is the encrypted file: its ``media_type`` ends ``+encrypted``, its
+    ``annotations`` are ocicrypt's and ``diff_id`` is the plain archive's digest.
+    """
 
     container: str
     path: Path
     image: str = ""
+    media_type: str = LAYER_TYPE
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    diff_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -77,13 +89,20 @@ class Pulled:
 
 async def push_checkpoint(registry: Registry, repository: str, tag: str,
                           archives: Sequence[Archive], prov: Provenance, *,
-                          progress: Progress | None = None) -> Pushed:
+                          progress: Progress | None = None, sealed_for: Sequence[str] = (),
+                          sign: Sign | None = None) -> Pushed:
+    """Push ``archives`` as one checkpoint under ``tag``; ``sign`` (given the manifest
+    digest) runs after the manifest is in the registry and before the tag names it, so a
+    tag never names an unsigned checkpoint of ours."""
     layers: list[Layer] = []
     for number, archive in enumerate(archives, 1):
         if progress is not None:
             await progress(f"pushing archive {number}/{len(archives)} ({archive.container})")
-        descriptor = await registry.push_blob(repository, archive.path, media_type=LAYER_TYPE)
-        layers.append(Layer(archive.container, descriptor, archive.image))
+        pushed = await registry.push_blob(repository, archive.path,
+                                          media_type=archive.media_type)
+        descriptor = Descriptor(archive.media_type, pushed.digest, pushed.size,
+                                dict(archive.annotations))
+        layers.append(Layer(archive.container, descriptor, archive.image, archive.diff_id))
     architecture = _ARCH.get(platform.machine(), "amd64")
     config_body = image_config(layers, architecture=architecture, created=prov.created)
     config = await registry.push_blob(repository, config_body, media_type=CONFIG_TYPE)
@@ -95,7 +114,13 @@ async def push_checkpoint(registry: Registry, repository: str, tag: str,
                                f"({layer.container})")
             images[layer.container] = await _push_container_image(
                 registry, repository, layer, prov, architecture=architecture)
-    body = checkpoint_manifest(prov, config, layers, container_images=images)
+    body = checkpoint_manifest(prov, config, layers, container_images=images,
+                               sealed_for=sealed_for)
+    if sign is not None:
+        digest = await registry.push_manifest(repository, body, media_type=OCI_MANIFEST)
+        if progress is not None:
+            await progress("signing the checkpoint manifest")
+        await sign(digest)
     digest = await registry.push_manifest(repository, body, media_type=OCI_MANIFEST, tag=tag)
     return Pushed(digest, sum(layer.descriptor.size for layer in layers), body, images)
 
@@ -111,17 +136,31 @@ async def _push_container_image(registry: Registry, repository: str, layer: Laye
 
 
 async def pull_checkpoint(registry: Registry, repository: str, digest: str,
-                          dest: Path) -> Pulled:
+                          dest: Path, *, unseal: Unseal | None = None) -> Pulled:
+    """Download every layer of ``repository@digest`` into ``dest``; a sealed layer is
+    unsealed by ``unseal(sealed file, plain file, layer)`` (in a thread) and its
+    encrypted copy removed. A sealed checkpoint without ``unseal`` is refused."""
     manifest = await registry.get_manifest(repository, digest)
     artifact = read_checkpoint_manifest(manifest.body)
-    await asyncio.to_thread(dest.mkdir, parents=True, exist_ok=True)
+    if unseal is None and any(layer.sealed for layer in artifact.layers):
+        raise RegistryBadRequest(f"{repository}@{digest} is sealed (encrypted layers) and "
+                                 "this reader has no key to unseal it")
+    await asyncio.to_thread(dest.mkdir, mode=0o700, parents=True, exist_ok=True)
     files: dict[str, Path] = {}
     for layer in artifact.layers:
         if layer.container in files or "/" in layer.container or layer.container in (".", ".."):
             raise RegistryBadRequest(f"{repository}@{digest}: unusable container name "
                                      f"{layer.container!r} in the checkpoint")
         path = dest / f"{layer.container}.tar"
-        await registry.get_blob(repository, layer.descriptor.digest, path)
+        if layer.sealed and unseal is not None:
+            sealed = dest / f"{layer.container}.sealed"
+            await registry.get_blob(repository, layer.descriptor.digest, sealed)
+            try:
+                await asyncio.to_thread(unseal, sealed, path, layer)
+            finally:
+                await asyncio.to_thread(sealed.unlink, True)
+        else:
+            await registry.get_blob(repository, layer.descriptor.digest, path)
         files[layer.container] = path
     return Pulled(artifact, files)
 
