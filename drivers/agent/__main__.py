@@ -28,6 +28,7 @@ from drivers.agent.criu import CriuDumper
 from drivers.agent.kubelet import KubeletDumper, KubeletSettings, token_from_file
 from drivers.agent.pods import PodPatcher
 from drivers.agent.runner import DumperFactory, node_agent
+from drivers.agent.sealing import Sealing, SealingSettings
 from drivers.agent.sim import SimDumper
 from drivers.kube import KubeDriver, KubeSettings
 from drivers.podman.podman import PodmanNode
@@ -95,6 +96,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--crictl", default="crictl", help="the crictl binary for --cri-endpoint")
     p.add_argument("--capture-timeout", type=float, default=600.0)
     p.add_argument("--restore-timeout", type=float, default=600.0)
+    keys = p.add_argument_group("sealed checkpoints (docs/security.md)")
+    keys.add_argument("--signing-key", default=os.environ.get("CONTROLPLANE_SIGNING_KEY"),
+                      metavar="PEM", help="EC P-256 private key: every checkpoint manifest "
+                      "this agent pushes is signed with it before its tag names it")
+    keys.add_argument("--trusted-key", action="append", default=[], metavar="PEM",
+                      help="public key whose signatures a restore accepts (repeatable; give "
+                      "the old and the new key while rotating). With none, restores verify "
+                      "nothing: a cluster install always gives one")
+    keys.add_argument("--secrets-dir", default="", metavar="DIR",
+                      help="where Secrets are mounted: a class's secret:NAME/KEY (a "
+                      "recipient, or the key that unseals) is the file DIR/NAME/KEY")
+    keys.add_argument("--decryption-key", action="append", default=[], metavar="PEM",
+                      help="this node's own private key(s) for sealed checkpoints, tried after "
+                      "the one the class names (repeatable)")
     args = p.parse_args(argv)
     if not args.node:
         p.error("--node (or $NODE_NAME) is required")
@@ -168,6 +183,15 @@ def dumper_from(args: argparse.Namespace) -> DumperFactory:
     return build
 
 
+def sealing_from(args: argparse.Namespace) -> Sealing:
+    """The node's keys from the flags; a key file that cannot be read stops the agent."""
+    return Sealing.load(SealingSettings(
+        signing_key=Path(args.signing_key) if args.signing_key else None,
+        trusted_keys=tuple(Path(k) for k in args.trusted_key),
+        secrets_dir=Path(args.secrets_dir) if args.secrets_dir else None,
+        decryption_keys=tuple(Path(k) for k in args.decryption_key)))
+
+
 async def serve(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -182,7 +206,8 @@ async def serve(args: argparse.Namespace) -> None:
                              restore_timeout=args.restore_timeout)
     try:
         async with node_agent(client=kube.client, settings=settings, registry=registry,
-                              dumper=dumper_from(args), kube=kube_settings):
+                              dumper=dumper_from(args), kube=kube_settings,
+                              sealing=sealing_from(args)):
             print(f"node agent serving {args.node} with the {args.dumper} dumper; workdir "
                   f"{args.workdir}", flush=True)
             await stop.wait()

@@ -57,6 +57,7 @@ from drivers.agent.requests import (
     restore_done,
     restore_request,
 )
+from drivers.agent.sealing import Sealing, read_seal
 from drivers.kube.client import KubeObject
 from drivers.kube.errors import KubeApiError
 from drivers.kube.views import pod_view
@@ -111,8 +112,10 @@ class NodeAgent:
     """Serves capture and restore requests on one node."""
 
     def __init__(self, settings: AgentSettings, *, patcher: PodPatcher, registry: Registry,
-                 dumper: Dumper, clock: Clock | None = None) -> None:
+                 dumper: Dumper, clock: Clock | None = None,
+                 sealing: Sealing | None = None) -> None:
         self.settings = settings
+        self.sealing = sealing or Sealing()
         self.node = settings.node
         self.patcher = patcher
         self.registry = registry
@@ -259,6 +262,7 @@ class NodeAgent:
     async def _capture_steps(self, pod: PodView, request: CaptureRequest,
                              workdir: Path) -> str:
         ref = judge_capture(request, pod, node=self.node)
+        recipients = self._recipients(pod, request)  # before anything is frozen
         workload = self._workload(pod)
         wanted = _containers(workload, request.containers)
         await asyncio.to_thread(workdir.mkdir, mode=0o700, parents=True, exist_ok=True)
@@ -266,11 +270,29 @@ class NodeAgent:
             await self._report(pod, request.checkpoint_id, protocol.ReportState.CAPTURING,
                                reason="queued: waiting for a capture slot on this node")
         async with self._slots:
-            return await self._dump_and_push(pod, request, workdir, ref, workload, wanted)
+            return await self._dump_and_push(pod, request, workdir, ref, workload, wanted,
+                                             recipients)
+
+    def _recipients(self, pod: PodView, request: CaptureRequest) -> list[Any] | None:
+        """The keys to seal for (``None``: plain); a required seal that cannot be had is
+        refused here, before the dump, and never falls back to plain text."""
+        seal = read_seal(pod.annotations, request.checkpoint_id)
+        if seal is None:
+            return None
+        try:
+            return self.sealing.recipients(seal)
+        except RequestRefused:
+            if seal.required:
+                raise
+            log.warning("sealing is not required and its recipients cannot be had: pushing "
+                        "plain layers", pod=f"{pod.namespace}/{pod.name}",
+                        checkpoint=request.checkpoint_id)
+            return None
 
     async def _dump_and_push(self, pod: PodView, request: CaptureRequest, workdir: Path,
                              ref: ArtifactRef, workload: Workload,
-                             wanted: tuple[Container, ...]) -> str:
+                             wanted: tuple[Container, ...],
+                             recipients: list[Any] | None) -> str:
         await self._report(pod, request.checkpoint_id, protocol.ReportState.CAPTURING,
                            reason=f"dumping {', '.join(c.name for c in wanted)} with the "
                                   f"{self.dumper.name} dumper")
@@ -290,12 +312,22 @@ class NodeAgent:
                                reason=stage)
 
         assert ref.tag is not None
-        pushed = await push_checkpoint(self.registry, ref.repo, ref.tag, result.archives, prov,
-                                       progress=progress)
+        archives, sealed_for = list(result.archives), []
+        if recipients is not None:
+            await progress(f"sealing {len(archives)} archive(s) for {len(recipients)} "
+                           "recipient(s)")
+            archives = await self.sealing.seal_archives(archives, recipients)
+            sealed_for = self.sealing.key_ids(recipients)
+        sign = (functools.partial(self.sealing.sign, self.registry, ref.repo)
+                if self.sealing.signer is not None else None)
+        pushed = await push_checkpoint(self.registry, ref.repo, ref.tag, archives, prov,
+                                       progress=progress, sealed_for=sealed_for, sign=sign)
+        how = (f"sealed for {', '.join(sealed_for)}" if sealed_for else "plain") + \
+            (", signed" if sign is not None else "")
         await self._report(pod, request.checkpoint_id, protocol.ReportState.PUSHED,
                            digest=pushed.digest,
                            reason=f"pushed {len(result.archives)} archive(s), "
-                                  f"{pushed.archive_bytes} bytes, to {ref}")
+                                  f"{pushed.archive_bytes} bytes ({how}), to {ref}")
         return pushed.digest
 
     async def _unstick(self, pod: PodView, request: CaptureRequest, reason: str) -> None:
@@ -370,13 +402,14 @@ class NodeAgent:
         assert request is not None
         assert request.artifact.digest is not None
         digest = request.artifact.digest
+        await self.sealing.verify(self.registry, request.artifact.repo, digest)
         if getattr(self.dumper, "runtime_restores", False):
             # The runtime pulls the checkpoint images itself: read the manifest only.
             manifest = await self.registry.get_manifest(request.artifact.repo, digest)
             artifact, files = read_checkpoint_manifest(manifest.body), {}
         else:
             pulled = await pull_checkpoint(self.registry, request.artifact.repo, digest,
-                                           workdir)
+                                           workdir, unseal=self.sealing.unsealer(request.unseal))
             artifact, files = pulled.artifact, pulled.files
         named = artifact.checkpoint_id
         if request.checkpoint_id and named != request.checkpoint_id:

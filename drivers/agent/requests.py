@@ -81,6 +81,7 @@ class RestoreRequest:
     artifact: ArtifactRef  # pinned by digest
     checkpoint_id: str
     loader: str
+    unseal: str = ""  # where the key that unseals a sealed checkpoint is (its class says)
 
 
 def restore_request(pod: PodView) -> RestoreRequest | None:
@@ -97,7 +98,8 @@ def restore_request(pod: PodView) -> RestoreRequest | None:
     except InvalidSpec as exc:
         raise RequestRefused(str(exc)) from exc
     return RestoreRequest(ref, a.get(protocol.RESTORE_CHECKPOINT_ID, ""),
-                          a.get(protocol.RESTORE_LOADER, ""))
+                          a.get(protocol.RESTORE_LOADER, ""),
+                          a.get(protocol.RESTORE_UNSEAL, ""))
 
 
 def restore_done(pod: PodView) -> bool:

@@ -26,6 +26,7 @@ from controlplane.logs import get_logger
 from drivers.agent.agent import AgentSettings, NodeAgent, prepare_workdir
 from drivers.agent.dumper import Dumper
 from drivers.agent.pods import NodePods, PodPatcher
+from drivers.agent.sealing import Sealing
 from drivers.kube.client import KubeClient
 from drivers.kube.config import KubeSettings
 from drivers.kube.resources import CoreV1
@@ -38,14 +39,15 @@ DumperFactory = Callable[[PodPatcher], Dumper]
 @contextlib.asynccontextmanager
 async def node_agent(*, client: KubeClient, settings: AgentSettings, registry: Registry,
                      dumper: DumperFactory, kube: KubeSettings | None = None,
-                     clock: Clock | None = None) -> AsyncIterator[NodeAgent]:
+                     clock: Clock | None = None,
+                     sealing: Sealing | None = None) -> AsyncIterator[NodeAgent]:
     left = await asyncio.to_thread(prepare_workdir, settings.workdir)
     if left:
         log.warning("removed job directories a stopped agent left behind", count=left,
                     workdir=str(settings.workdir))
     patcher = PodPatcher(CoreV1(client))
     agent = NodeAgent(settings, patcher=patcher, registry=registry, dumper=dumper(patcher),
-                      clock=clock)
+                      clock=clock, sealing=sealing)
     pods = NodePods(client, settings.node, settings=kube or KubeSettings(),
                     on_change=agent.on_change)
     try:

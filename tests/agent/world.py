@@ -20,6 +20,7 @@ from controlplane.machines.contract import protocol
 from drivers.agent import AgentSettings, NodeAgent, node_agent
 from drivers.agent.pods import PodPatcher
 from drivers.agent.runner import DumperFactory
+from drivers.agent.sealing import Sealing
 from drivers.agent.sim import SimDumper
 from drivers.kube import KubeDriver, KubeSettings
 from drivers.sim import SimCluster
@@ -108,7 +109,8 @@ async def open_world(tmp_path: Path, *, registry: str = "layout",
                      dumpers: Mapping[str, DumperFactory] | None = None,
                      capture_timeout: float = 30, restore_timeout: float = 30,
                      allow_delete: bool = True, parallel: int = 4, kubelets: bool = True,
-                     watch_clock: Callable[[], float] | None = None) -> AsyncIterator[World]:
+                     watch_clock: Callable[[], float] | None = None,
+                     sealing: Mapping[str, Sealing] | None = None) -> AsyncIterator[World]:
     async with SimCluster(nodes=2, kubelets=kubelets) as cluster:
         cluster.hub.clock = watch_clock  # the watches' deadlines (before any is opened)
         kubeconfig = cluster.write_kubeconfig(tmp_path / "sim.kubeconfig")
@@ -127,7 +129,7 @@ async def open_world(tmp_path: Path, *, registry: str = "layout",
                                                  parallel=parallel)
                         agents[node] = await stack.enter_async_context(node_agent(
                             client=kube.client, settings=settings, registry=backend.registry,
-                            dumper=factory, kube=KUBE))
+                            dumper=factory, kube=KUBE, sealing=(sealing or {}).get(node)))
                     yield World(cluster, backend, agents,
                                 {n: a.dumper for n, a in agents.items()}, history)
         finally:
