@@ -17,7 +17,7 @@ from datetime import datetime
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.errors import UsageError
 from controlplane.machines.base.requests import Checkpoint
-from controlplane.machines.contract.protocol import MANIFEST_NODE
+from controlplane.machines.contract.protocol import MANIFEST_NODE, MANIFEST_SEALED_FOR
 from controlplane.machines.stages.collect import (
     ArtifactDeleted,
     ArtifactDeletionFailed,
@@ -99,6 +99,8 @@ class Listed:
     gc_event: str | None  # the artifact's newest garbage-collection event (ArtifactDeleted...)
     gc_at: datetime | None
     why_not: str | None
+    #: the key ids its layers are encrypted for (empty: plain), as the manifest names them
+    sealed_for: tuple[str, ...] = ()
 
     @property
     def restorable(self) -> bool:
@@ -110,7 +112,8 @@ class Listed:
                 "size_bytes": self.size_bytes, "artifact": self.artifact, "tag": self.tag,
                 "verified_at": self.verified_at.isoformat(), "gc_event": self.gc_event,
                 "gc_at": None if self.gc_at is None else self.gc_at.isoformat(),
-                "restorable": self.restorable, "not_restorable_because": self.why_not}
+                "restorable": self.restorable, "not_restorable_because": self.why_not,
+                "encrypted": bool(self.sealed_for), "sealed_for": list(self.sealed_for)}
 
 
 def why_not_restorable(kind: str, collection: str | None) -> str | None:
@@ -139,7 +142,9 @@ def _listed(found: checkpoint_index.IndexedCapture) -> Listed:
         tag=str(found.verified["artifact"]) if found.verified.get("artifact") else None,
         verified_at=found.verified_at,
         gc_event=found.collection, gc_at=found.collected_at,
-        why_not=why_not_restorable(found.kind, found.collection))
+        why_not=why_not_restorable(found.kind, found.collection),
+        sealed_for=tuple(k for k in str(found.tag_annotations.get(MANIFEST_SEALED_FOR) or
+                                        "").split(",") if k))
 
 
 async def list_checkpoints(db: Database, *, workload: str | None = None,

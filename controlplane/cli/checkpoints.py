@@ -26,7 +26,8 @@ DEFAULT_LIMIT = 100
 EPILOG = """\
 columns: node, where it was captured; class, its name (else its repository); size, of
 the checkpoint archives as the manifest declared it (- when it did not); age, since the
-registry verified it; artifact, pinned by digest.
+registry verified it; sealed, the key ids its layers are encrypted for (no: plain
+layers; docs/security.md); artifact, pinned by digest.
 restorable: `cpctl restore ID` takes it (a checkpoint's or a suspend's capture, not a
 migration's) and the store records no garbage collection deleting its artifact (a
 migration's, once its restore is verified); no says why. Only the store is read: an
@@ -83,7 +84,8 @@ async def checkpoints_cmd(args: argparse.Namespace) -> int:
         print(_none_found(workload, restorable=args.restorable))
         return 0
     now = clock.now()
-    headers = ["id", "workload", "node", "class", "size", "age", "restorable", "artifact"]
+    headers = ["id", "workload", "node", "class", "size", "age", "sealed", "restorable",
+               "artifact"]
     # A pinned reference runs past the default 80 characters; on a narrow terminal it
     # gives way first (the id, never cut, is what `cpctl restore` takes).
     render.table(headers, [_row(c, now) for c in found], max_width=256, wide=args.wide,
@@ -96,6 +98,7 @@ async def checkpoints_cmd(args: argparse.Namespace) -> int:
 def _row(c: Listed, now: datetime) -> tuple[str, ...]:
     return (c.checkpoint_id, c.workload or "-", c.node or "-", c.klass or "-",
             human_size(c.size_bytes), render.age(c.verified_at, now),
+            ",".join(c.sealed_for) if c.sealed_for else "no",
             "yes" if c.why_not is None else f"no: {c.why_not}", c.artifact)
 
 

@@ -1,6 +1,6 @@
 """The workload image for real checkpoints: a counter whose state lives only in memory.
 
-``counter MIB INTERVAL_MS`` allocates ``MIB`` MiB, writes every page of it, then ticks
+``counter MIB INTERVAL_MS [SEED]`` allocates ``MIB`` MiB, writes every page of it, then ticks
 forever: each tick adds one to a counter held in memory and prints
 ``<count> <unix time with ns> <ok|corrupt>`` (``corrupt`` when a page lost its pattern).
 Nothing is on disk, so after a restore the count continues at the checkpointed value +
@@ -40,16 +40,17 @@ COUNTER_C = r"""
 int main(int argc, char **argv) {
     long mib = argc > 1 ? atol(argv[1]) : 0;
     long ms = argc > 2 ? atol(argv[2]) : 100;
+    int seed = argc > 3 ? atoi(argv[3]) & 0xff : 0;
     size_t size = (size_t)mib << 20;
     unsigned char *mem = size ? malloc(size) : NULL;
     if (size && !mem) { fprintf(stderr, "cannot allocate %ld MiB\n", mib); return 1; }
-    for (size_t i = 0; i < size; i += 4096) memset(mem + i, (int)((i >> 12) & 0xff), 4096);
+    for (size_t i = 0; i < size; i += 4096) memset(mem + i, (int)(((i >> 12) & 0xff) ^ seed), 4096);
     struct timespec pause = {ms / 1000, (ms % 1000) * 1000000L}, now;
     unsigned long count = 0;
     for (;;) {
         int ok = 1;
         for (size_t i = 0; i < size; i += 4096)
-            if (mem[i] != (unsigned char)((i >> 12) & 0xff)) { ok = 0; break; }
+            if (mem[i] != (unsigned char)(((i >> 12) & 0xff) ^ seed)) { ok = 0; break; }
         count++;
         clock_gettime(CLOCK_REALTIME, &now);
         printf("%lu %ld.%09ld %s\n", count, (long)now.tv_sec, now.tv_nsec, ok ? "ok" : "corrupt");
@@ -169,6 +170,18 @@ async def build_image(builder: PodmanNode, registry_host: str, folder: Path) -> 
     return reference
 
 
-def command(mib: int = 0, interval_ms: int = 100) -> list[str]:
-    """The container command of a counter touching ``mib`` MiB."""
-    return ["/bin/counter", str(mib), str(interval_ms)]
+def command(mib: int = 0, interval_ms: int = 100, seed: int = 0) -> list[str]:
+    """The container command of a counter touching ``mib`` MiB (page ``k`` filled with
+    ``(k & 0xff) ^ seed``: see :func:`memory_marker`)."""
+    return ["/bin/counter", str(mib), str(interval_ms), *([str(seed)] if seed else [])]
+
+
+def memory_marker(seed: int) -> bytes:
+    """Bytes that exist only in the memory of a counter started with an odd ``seed`` (and
+    in plain copies of it: dumps, checkpoint archives): the end of page 0x9c and the start
+    of page 0x9d, filled with ``0x9c ^ seed`` then ``0x9d ^ seed``. An odd seed makes the
+    pair descend, which no seed-0 counter's memory holds (its pages ascend), nor its
+    argv, log or image: only the running process computes it."""
+    if seed % 2 == 0:
+        raise ValueError("an odd seed: an even one gives the ascending pairs of seed 0")
+    return bytes([0x9c ^ seed]) * 2048 + bytes([0x9d ^ seed]) * 2048

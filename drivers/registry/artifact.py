@@ -55,7 +55,7 @@ POD = protocol.PREFIX + "pod"
 DUMPER = protocol.PREFIX + "dumper"
 #: Sealed checkpoints: the key ids (``drivers.sealing.keys.key_id``) the layers are
 #: encrypted for, comma-separated — what ``cpctl checkpoints`` shows.
-SEALED_FOR = protocol.PREFIX + "sealed-for"
+SEALED_FOR = protocol.MANIFEST_SEALED_FOR
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from controlplane.cli.main import build_parser
+from drivers.sealing.keys import generate_keypair
 from tests.cli.processes import MARKER, REPO, Deployment, deployed
 
-HEADERS = ["ID", "WORKLOAD", "NODE", "CLASS", "SIZE", "AGE", "RESTORABLE", "ARTIFACT"]
+HEADERS = ["ID", "WORKLOAD", "NODE", "CLASS", "SIZE", "AGE", "SEALED", "RESTORABLE",
+           "ARTIFACT"]
 
 
 def table_rows(text: str) -> list[dict[str, str]]:
@@ -53,21 +55,28 @@ def test_checkpoints_lists_what_can_be_restored_and_why_not(deployment: Deployme
     d.pod("mover", "node-1")
     checkpoint_id = run_ok(d, "checkpoint", "default/app", "--repository", REPO, "--wait",
                            *d.cluster_args()).split()[0]
-    suspend_id = run_ok(d, "suspend", "default/sandbox", "--repository", REPO, "--wait",
-                        *d.cluster_args()).split()[0]
+    key = generate_keypair(d.tmp / "keys" / "r.pem", d.tmp / "keys" / "r.pub")
+    classes = d.tmp / "classes.yaml"
+    classes.write_text(json.dumps({"classes": [{
+        "name": "sealed", "repository": REPO,
+        "encryption": {"recipients": [f"file:{d.tmp / 'keys' / 'r.pub'}"],
+                       "keyFile": str(d.tmp / "keys" / "r.pem")}}]}))
+    suspend_id = run_ok(d, "suspend", "default/sandbox", "--class", "sealed", "--classes-file",
+                        str(classes), "--wait", *d.cluster_args()).split()[0]
     migration_id = run_ok(d, "migrate", "default/mover", "--to", "node-3", "--repository",
                           REPO, "--wait", "--wait-seconds", "60", *d.cluster_args()).split()[0]
 
     rows = table_rows(run_ok(d, "checkpoints"))
     assert [r["id"] for r in rows] == [migration_id, suspend_id, checkpoint_id]
     moved, suspended, checkpointed = rows
-    for row, workload, node in [(checkpointed, "default/app", "node-1"),
-                                (suspended, "default/sandbox", "node-2")]:
+    for row, workload, node, klass in [(checkpointed, "default/app", "node-1", "default"),
+                                       (suspended, "default/sandbox", "node-2", "sealed")]:
         assert (row["workload"], row["node"], row["class"], row["restorable"]) == (
-            workload, node, "default", "yes")
+            workload, node, klass, "yes")
         assert re.fullmatch(r"\d+(\.\d)? (B|KiB|MiB)", row["size"]), row
         assert re.fullmatch(r"\d+[smhd]", row["age"]), row
         assert re.fullmatch(re.escape(REPO) + r"@sha256:[0-9a-f]{64}", row["artifact"]), row
+    assert (checkpointed["sealed"], suspended["sealed"]) == ("no", key)
     assert (moved["workload"], moved["node"]) == ("default/mover", "node-1")
     assert moved["restorable"] == ("no: deleted by garbage collection after the migration's "
                                    "verified restore")
@@ -81,7 +90,9 @@ def test_checkpoints_lists_what_can_be_restored_and_why_not(deployment: Deployme
     item = listed["items"][1]
     assert set(item) == {"id", "kind", "phase", "workload", "node", "class", "size_bytes",
                          "artifact", "tag", "verified_at", "gc_event", "gc_at", "restorable",
-                         "not_restorable_because"}
+                         "not_restorable_because", "encrypted", "sealed_for"}
+    assert listed["items"][0]["sealed_for"] == [key]
+    assert (item["encrypted"], item["sealed_for"]) == (False, [])
     assert (item["kind"], item["workload"], item["node"], item["class"]) == (
         "checkpoint", "default/app", "node-1", "default")
     assert isinstance(item["size_bytes"], int)

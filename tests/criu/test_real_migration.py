@@ -16,13 +16,15 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from controlplane.machines.contract import protocol
 from drivers.podman import container_name
-from drivers.podman.workload import Tick, ticked_since
+from drivers.podman.workload import Tick, memory_marker, ticked_since
+from drivers.registry.artifact import SEALED_FOR
 from tests.criu.world import CriuWorld, open_criu_world, resumed, wait_running_on
 from tests.support.waiting import wait_for
 
@@ -180,3 +182,84 @@ def test_a_container_missing_from_the_runtime_fails_the_checkpoint_naming_it(
     [failed] = [e for e in _history(w, operation) if e["type"] == "CaptureFailed"]
     assert "container main of pod" in failed["data"]["message"], failed
     assert "is not there" in failed["data"]["message"], failed
+
+
+SEED = 0x5B  # odd: this test's counters hold a marker no other counter's memory does
+
+
+def _registry_get(w: CriuWorld, path: str) -> Any:
+    request = urllib.request.Request(
+        f"http://{w.registry}/v2/{path}",
+        headers={"Accept": "application/vnd.oci.image.manifest.v1+json"})
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return json.loads(reply.read())
+
+
+def _at_rest(w: CriuWorld) -> list[Path]:
+    """Every file the issue names as "at rest": the registry's storage, the agents' work
+    directories, the node roots' container storage, every log of the world."""
+    roots = [w.tmp / "registry", w.tmp / "work", w.runtime_root]
+    files = [p for root in roots for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+    return files + [p for p in w.tmp.iterdir() if p.is_file()]
+
+
+def _holding(files: list[Path], needle: bytes) -> list[Path]:
+    found = []
+    for path in files:
+        try:
+            with path.open("rb") as f:
+                tail = b""
+                while chunk := f.read(8 << 20):
+                    if needle in tail + chunk:
+                        found.append(path)
+                        break
+                    tail = chunk[-len(needle):]
+        except OSError:  # a socket, a file removed while scanning
+            continue
+    return found
+
+
+def test_sealed_checkpoints_leave_no_plain_text_at_rest(world: CriuWorld) -> None:
+    """A sealed class's migration and suspend/resume: the workload's memory-only marker
+    is nowhere on disk afterwards (registry, agents, nodes, logs), nor any private key in
+    a log — and a plain checkpoint of the same process does put it in the registry, so
+    the scan would have seen it."""
+    w = world
+    marker = memory_marker(SEED)
+    moved, slept = w.name("seal-mig"), w.name("seal-sus")
+    before = {n: _ticking_seeded(w, n, "node-1") for n in (moved, slept)}
+    out = w.ok("migrate", f"{w.namespace}/{moved}", "--to", "node-2", *w.sealed(), "--wait",
+               "--wait-seconds", "180")
+    assert f"migrate {w.namespace}/{moved}: Succeeded" in out, out
+    _resumed(w, moved, "node-2", before[moved], time.time())
+    out = w.ok("suspend", f"{w.namespace}/{slept}", *w.sealed(), "--wait",
+               "--wait-seconds", "180")
+    assert f"suspend {w.namespace}/{slept}: Suspended" in out, out
+    tags = _registry_get(w, "checkpoints/tags/list")["tags"]
+    [tag] = [t for t in tags if slept in t]
+    manifest = _registry_get(w, f"checkpoints/manifests/{tag}")
+    assert all(layer["mediaType"].endswith("+encrypted") for layer in manifest["layers"])
+    assert manifest["annotations"][SEALED_FOR], manifest["annotations"]
+    out = w.ok("resume", f"{w.namespace}/{slept}", "--node", "node-3", *w.sealed(), "--wait",
+               "--wait-seconds", "180")
+    assert f"resume {w.namespace}/{slept}: Resumed" in out, out
+    _resumed(w, slept, "node-3", before[slept], time.time())
+
+    assert _holding(_at_rest(w), marker) == []
+    private = {k: (w.keys / f"{k}.pem").read_text().splitlines()[1].encode()
+               for k in ("signing", "recipient")}
+    logs = [p for p in w.tmp.iterdir() if p.is_file()]
+    for name, line in private.items():
+        assert _holding(logs, line) == [], f"the {name} key is in a log"
+
+    out = w.ok("checkpoint", f"{w.namespace}/{slept}", "--repository", w.repository,
+               "--wait", "--wait-seconds", "180")
+    assert "Succeeded" in out, out
+    assert _holding(list((w.tmp / "registry").rglob("*")), marker), \
+        "a plain checkpoint of the same process holds no marker: the scan proves nothing"
+
+
+def _ticking_seeded(w: CriuWorld, name: str, node: str) -> list[Tick]:
+    pod = w.make_counter(name, node, mib=MIB, seed=SEED)
+    return wait_for(lambda: t if len(t := w.ticks(pod)) >= 5 else None,
+                    f"{name} to tick 5 times")

@@ -7,7 +7,10 @@
 - the kubelet role with runtime-backed nodes (``cpctl sim nodes --runtime-root``): each
   node a podman storage root, a pod's containers real runc containers;
 - one node agent per node with the ``criu`` dumper, one ``cpctl worker``, and ``cpctl``
-  verbs as subprocesses (the registry over HTTP, as in a cluster).
+  verbs as subprocesses (the registry over HTTP, as in a cluster);
+- keys, as an install has them: every agent signs what it pushes and restores only
+  what a trusted key signed; the classes file holds ``sealed``, a class whose
+  checkpoints are encrypted for a recipient whose private key is a file on the nodes.
 
 The workload is :mod:`drivers.podman.workload`'s counter, built here and pushed to the
 registry. A test reads a container's log from its node's podman. Missing podman, CRIU or
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -26,8 +30,11 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from drivers.podman import PodmanNode
 from drivers.podman.workload import (
@@ -68,6 +75,15 @@ class CriuWorld(World):
     relay: CuttingRelay | None = None  # the registry through a relay that can cut pushes
     image: str = ""
     runtime_root: Path = field(default_factory=Path)
+    keys: Path = field(default_factory=Path)
+
+    @property
+    def classes_file(self) -> Path:
+        return self.tmp / "classes.yaml"
+
+    def sealed(self) -> list[str]:
+        """The flags of a verb using the sealed class."""
+        return ["--class", "sealed", "--classes-file", str(self.classes_file)]
 
     @property
     def repository(self) -> str:
@@ -96,10 +112,10 @@ class CriuWorld(World):
         return PodmanNode(self.runtime_root / name)
 
     def make_counter(self, name: str, node: str, *, mib: int = 0,
-                     labels: dict[str, str] | None = None) -> Obj:
+                     labels: dict[str, str] | None = None, seed: int = 0) -> Obj:
         """A counter pod placed on ``node``; waits until its container runs."""
         body = pinned_pod(name, node, {"name": "main", "image": self.image,
-                                       "command": command(mib)},
+                                       "command": command(mib, seed=seed)},
                           labels={"app": name, **(labels or {})})
         self.kube.request("POST", f"/api/v1/namespaces/{self.namespace}/pods", body)
         return self.running(name, limit=120)
@@ -214,9 +230,12 @@ def open_criu_world(tmp: Path) -> Iterator[CriuWorld]:
     role: KubeletRole | None = None
     with running_envtest(Path(where), tmp / "envtest") as env, _registry(tmp / "registry") as reg:
         kubeconfig = env.write_kubeconfig(tmp / "admin.kubeconfig")
+        keys = write_keys(tmp / "keys")
         world = CriuWorld("criu", tmp, kubeconfig, KubeHttp.from_kubeconfig(kubeconfig),
                           env.restart_apiserver, db=f"sqlite:///{tmp / 'cp.db'}",
-                          registry=reg, runtime_root=runtime_root, relay=CuttingRelay(reg))
+                          registry=reg, runtime_root=runtime_root, relay=CuttingRelay(reg),
+                          keys=keys)
+        write_sealed_class(world.classes_file, world.repository, keys)
         builder = PodmanNode(tmp / "builder")
         try:
             world.image = asyncio.run(build_image(builder, reg, tmp / "image"))
@@ -226,7 +245,9 @@ def open_criu_world(tmp: Path) -> Iterator[CriuWorld]:
                 agent = world.start(f"agent-{node}", "drivers.agent", "--node", node,
                                     "--kubeconfig", str(kubeconfig), "--dumper", "criu",
                                     "--runtime-root", str(runtime_root),
-                                    "--workdir", str(tmp / "work" / node))
+                                    "--workdir", str(tmp / "work" / node),
+                                    "--signing-key", str(keys / "signing.pem"),
+                                    "--trusted-key", str(keys / "signing.pub"))
                 assert agent.stdout is not None
                 assert agent.stdout.readline(), world.stderr(f"agent-{node}")
                 world._pump(f"agent-{node}", agent)
@@ -243,6 +264,31 @@ def open_criu_world(tmp: Path) -> Iterator[CriuWorld]:
             _delete_nodes(world.kube)
             for root in [builder.root, *(runtime_root / n for n in NODES)]:
                 _reset(root)
+
+
+def _pem_pair(private: Any, where: Path, name: str) -> None:
+    where.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (where / f"{name}.pem").write_bytes(private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    (where / f"{name}.pem").chmod(0o600)
+    (where / f"{name}.pub").write_bytes(private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+
+
+def write_keys(where: Path) -> Path:
+    """``signing.pem/.pub`` (the agents' signing key) and ``recipient.pem/.pub`` (the
+    sealed class's recipient), EC P-256 as an install generates them."""
+    for name in ("signing", "recipient"):
+        _pem_pair(ec.generate_private_key(ec.SECP256R1()), where, name)
+    return where
+
+
+def write_sealed_class(path: Path, repository: str, keys: Path) -> None:
+    path.write_text(json.dumps({"classes": [{
+        "name": "sealed", "repository": repository,
+        "encryption": {"recipients": [f"file:{keys / 'recipient.pub'}"],
+                       "keyFile": str(keys / "recipient.pem")}}]}))
 
 
 def resumed(ticks: list[Tick], before: list[Tick], *, quiesced: bool) -> Resumption:

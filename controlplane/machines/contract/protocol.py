@@ -67,6 +67,8 @@ MANIFEST_NODE = PREFIX + "node"
 MANIFEST_FORMAT = PREFIX + "format"
 MANIFEST_PROTOCOL = PREFIX + "protocol-version"
 MANIFEST_ARCHIVE_BYTES = PREFIX + "archive-bytes"  # bytes of the checkpoint archives
+#: Sealed checkpoints: the key ids the layers are encrypted for, comma-separated.
+MANIFEST_SEALED_FOR = PREFIX + "sealed-for"
 #: Per-container checkpoint images a container runtime restores itself (CRI-O): the pod
 #: manifest lists them as ``container=sha256:...`` pairs, comma-separated, each a
 #: manifest in the same repository (see :func:`container_images`).
