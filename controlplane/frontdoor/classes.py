@@ -35,7 +35,8 @@ KIND = "CheckpointClass"
 SPEC = {"repository": "repository", "tagScheme": "tag_scheme", "timeouts": "timeouts",
         "retention": "retention", "saver": "saver", "loader": "loader",
         "onFailure": "on_failure", "restoreAttempts": "restore_attempts", "owners": "owners",
-        "historyKeepDays": "history_keep_days", "runtimes": "runtimes"}
+        "historyKeepDays": "history_keep_days", "runtimes": "runtimes",
+        "encryption": "encryption"}
 RETENTION = {"keepLast": "keep_last", "maxAgeSeconds": "max_age_seconds",
              "deleteAfterMigration": "delete_after_migration"}
 _CAMEL = {snake: camel for table in (SPEC, RETENTION) for camel, snake in table.items()

@@ -121,17 +121,30 @@ def test_the_agent_runs_on_every_node_with_only_what_a_capture_needs_from_the_ho
     mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
     assert mounts["/host/sys/fs/cgroup"]["readOnly"] is True
     assert "--cgroup-root=/host/sys/fs/cgroup" in agent["args"]
+    # Sealed checkpoints: the keys read-only and the agent's alone; every push signed.
+    for path in ("/etc/controlplane/signing", "/etc/controlplane/secrets/checkpoint-keys"):
+        assert mounts[path]["readOnly"] is True
+    modes = {v["secret"]["secretName"]: v["secret"]["defaultMode"] for v in spec["volumes"]
+             if "secret" in v}
+    assert modes == {"checkpoint-signing": 0o400, "checkpoint-keys": 0o400}
+    assert "--signing-key=/etc/controlplane/signing/signing.pem" in agent["args"]
+    assert "--trusted-key=/etc/controlplane/signing/signing.pub" in agent["args"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_referenced_object_is_rendered_or_created_out_of_band(overlay: str) -> None:
     """ConfigMaps, ServiceAccounts and Secrets a pod names exist in the render, except the
-    two Secrets production creates by hand (docs/install.md)."""
+    two Secrets production creates by hand and the key Secrets (docs/install.md)."""
     objects = render(overlay)
     names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    # The keys of sealed checkpoints and the webhook's TLS: never rendered (a key in git is
+    # a key for everyone); docs/install.md and docs/webhook.md say how they are made.
+    keys = {("Secret", "checkpoint-signing"), ("Secret", "checkpoint-keys"),
+            ("Secret", "controlplane-webhook-tls")}
     out_of_band = {("Secret", "controlplane-database"), ("Secret", "controlplane-api")}
     if overlay == "dev":
         out_of_band = set()
+    out_of_band |= keys  # never rendered: a key in git is a key for everyone
     for workload in [*all_of(objects, "Deployment"), *all_of(objects, "DaemonSet"),
                      *all_of(objects, "Job")]:
         spec = pod_spec(workload)
@@ -146,6 +159,8 @@ def test_every_referenced_object_is_rendered_or_created_out_of_band(overlay: str
         for volume in spec.get("volumes") or []:
             if "configMap" in volume:
                 wanted.add(("ConfigMap", volume["configMap"]["name"]))
+            if "secret" in volume:
+                wanted.add(("Secret", volume["secret"]["secretName"]))
         assert wanted - out_of_band <= names, f"{workload['metadata']['name']}: " \
             f"missing {sorted(wanted - out_of_band - names)}"
     assert all(o["metadata"].get("namespace") == "checkpoint-system" for o in objects

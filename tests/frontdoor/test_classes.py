@@ -107,7 +107,7 @@ def test_a_bad_field_is_refused_naming_it_as_the_resource_spells_it(
 
 def test_a_classes_file_spelling_in_a_resource_is_an_unknown_field() -> None:
     with pytest.raises(InvalidSpec, match=r"spec has unknown field\(s\) tag_scheme; known: "
-                                          r"historyKeepDays, .*tagScheme"):
+                                          r"encryption, historyKeepDays, .*tagScheme"):
         class_from_resource(resource(tag_scheme="{checkpoint_id}"))
     with pytest.raises(InvalidSpec, match=r"spec.retention has unknown field\(s\) keep_last"):
         class_from_resource(resource(retention={"keep_last": 2}))
