@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 TEST_WORKERS ?= 4
 
 .PHONY: demo test lint unit bench bench-quick bench-scale bench-growth bench-recovery bench-replay \
-	bench-history bench-kube-api bench-criu bench-cli bench-all soak clean
+	bench-history bench-kube-api bench-criu bench-sealing bench-cli bench-all soak clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -92,6 +92,9 @@ bench-all: bench bench-scale bench-growth bench-recovery bench-replay bench-hist
 bench-criu: $(STAMP)
 	scripts/ensure-registry
 	eval "$$(scripts/ensure-criu)" && $(BIN)/python -m bench.criu_migration --sizes 1,64,512
+bench-sealing: $(STAMP)
+	scripts/ensure-registry
+	eval "$$(scripts/ensure-criu)" && $(BIN)/python -m bench.sealing_cost --sizes 1,64,512 --runs 3
 bench-realnode: $(STAMP)
 	eval "$$(scripts/ensure-envtest)" && eval "$$(scripts/ensure-criu)" && eval "$$(scripts/ensure-realnode)" && $(BIN)/python -m bench.realnode_downtime --sizes 1,64,512 --runs 3
 
