@@ -50,6 +50,10 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
                    help="speak plain HTTP to this registry host (loopback always is)")
     g.add_argument("--registry-credentials", nargs=3, action="append", default=[],
                    metavar=("HOST", "USER", "PASSWORD_FILE"))
+    g.add_argument("--trusted-key", action="append", default=[], metavar="PEM",
+                   help="the agents' signing public key (repeatable while rotating): a "
+                   "capture's artifact is pinned only if one of them signed it, so a "
+                   "forged push under the right tag never is (docs/security.md)")
     limits = p.add_argument_group("admission limits (beyond them operations queue)")
     limits.add_argument("--max-operations", type=int,
                         default=int(os.environ.get("CONTROLPLANE_MAX_OPERATIONS", "10")),

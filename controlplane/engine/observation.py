@@ -76,10 +76,16 @@ class TagView:
     ref: str
     digest: str
     annotations: Mapping[str, str] = field(default_factory=dict)
+    #: The manifest's signature as the observer checked it: ``""`` not checked (no trusted
+    #: key configured), ``"verified"``, or ``"refused: <why>"`` (docs/security.md).
+    signature: str = ""
 
     def to_json(self) -> JsonObject:
-        return {"tag": {"ref": self.ref, "digest": self.digest,
-                        "annotations": dict(self.annotations)}}
+        out: JsonObject = {"ref": self.ref, "digest": self.digest,
+                           "annotations": dict(self.annotations)}
+        if self.signature:
+            out["signature"] = self.signature
+        return {"tag": out}
 
 
 @dataclass(frozen=True)
@@ -230,7 +236,8 @@ def _tag_fact(value: JsonValue) -> TagFact:
         return _probe_error(obj["error"])
     t = _object(obj["tag"])
     return TagView(ref=str(t["ref"]), digest=str(t["digest"]),
-                   annotations=_str_map(t.get("annotations")))
+                   annotations=_str_map(t.get("annotations")),
+                   signature=str(t.get("signature") or ""))
 
 
 def _node_fact(value: JsonValue) -> NodeFact:

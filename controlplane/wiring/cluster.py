@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from controlplane.clock import Clock
@@ -55,8 +56,10 @@ async def run_product_worker(db: Database, args: argparse.Namespace, config: Wor
     the driver's watch cache (relisting as often as the door's resync). ``faults``: only
     a crash test passes any (:mod:`controlplane.wiring.faults`)."""
     settings = DoorSettings()
+    trusted = [await asyncio.to_thread(Path(path).read_bytes) for path in args.trusted_key]
     async with product(db, clock, registry=registry_from_args(args), config=config,
-                       run_worker=False, **connect_options(args)) as running:
+                       run_worker=False, trusted_keys=trusted,
+                       **connect_options(args)) as running:
         api = CustomResources(running.kube.api.client, settings=dataclasses.replace(
             running.kube.settings, resync_seconds=settings.resync_seconds))
         door = None if args.no_front_door else FrontDoor(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ from controlplane.worker.ports import ActionHandler
 from drivers.kube import KubeDriver, KubeSettings
 from drivers.registry import ManifestActions, RegistryObserver
 from drivers.registry.port import Registry
+from drivers.sealing.signatures import Verifier
 
 
 class RunsProduct:
@@ -73,7 +74,8 @@ async def _noop(_action: Any) -> None:
 async def product(db: Database, clock: Clock, *, registry: Registry, config: WorkerConfig,
                   kubeconfig: str | None = None, in_cluster: bool | None = None,
                   kube: KubeSettings | None = None,
-                  run_worker: bool = True) -> AsyncIterator[Product]:
+                  run_worker: bool = True,
+                  trusted_keys: Sequence[bytes] = ()) -> AsyncIterator[Product]:
     workers: list[Worker] = []
     drivers: list[KubeDriver] = []
 
@@ -95,10 +97,11 @@ async def product(db: Database, clock: Clock, *, registry: Registry, config: Wor
     drivers.append(driver)
     async with driver:
         children = StoreMachineObserver(db)
-        observer = CompositeObserver(cluster=driver.observer,
-                                     registry=RegistryObserver(registry), machines=children)
-        fresh = CompositeObserver(cluster=driver.fresh_observer,
-                                  registry=RegistryObserver(registry), machines=children)
+        verifier = Verifier.from_pems(trusted_keys) if trusted_keys else None
+        observer = CompositeObserver(cluster=driver.observer, machines=children,
+                                     registry=RegistryObserver(registry, verifier=verifier))
+        fresh = CompositeObserver(cluster=driver.fresh_observer, machines=children,
+                                  registry=RegistryObserver(registry, verifier=verifier))
         kinds = default_kinds()
         handlers: dict[str, ActionHandler] = {
             **driver.handlers(), **ManifestActions(registry).handlers(), WORK_ACTION: _noop,

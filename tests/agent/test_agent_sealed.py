@@ -17,11 +17,13 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from controlplane.engine.observation import TagView
 from controlplane.machines.contract import protocol
 from drivers.agent.sealing import Sealing, SealingSettings
 from drivers.registry.artifact import SEALED_FOR, Provenance
 from drivers.registry.checkpoints import Archive, push_checkpoint
 from drivers.registry.layout import OciLayout
+from drivers.registry.observer import RegistryObserver
 from drivers.sealing import signatures
 from tests.agent.test_agent_restore import restore_pod, restored
 from tests.agent.world import World, open_world
@@ -194,3 +196,28 @@ async def test_a_swapped_layer_blob_is_refused_before_anything_is_restored(
     blob.write_bytes(blob.read_bytes()[::-1])  # same name, same size, other bytes
     failure = await refusal(w, "r-swapped", digest)
     assert f"content does not match sha256:{layer}" in failure
+
+
+async def test_the_workers_observer_says_which_tags_a_trusted_key_signed(
+        sealed_world: World, keys: Keys, tmp_path: Path) -> None:
+    """What the capture step pins from (``--trusted-key`` on the worker): the agent's
+    signed push verifies; a forged push under a tag, with the right annotations, does not;
+    a manifest that is not a checkpoint is not checked at all."""
+    w = sealed_world
+    verifier = signatures.Verifier.from_pems([(keys.dir / "signing.pub").read_bytes()])
+    observer = RegistryObserver(w.backend.registry, verifier=verifier)
+    await sealed_capture(w, "app", "ck-1", keys.pub("new"))
+    ours = await observer.tag(f"{w.repo}:ck-1")
+    assert isinstance(ours, TagView)
+    assert ours.signature == "verified"
+    assert protocol.provenance_problem(ours, checkpoint_id="ck-1",
+                                       source_uid=w.uid(NS, "app")) is None
+
+    await forged_push(w, tmp_path, "ck-1")
+    forged = await observer.tag(f"{w.repo}:ck-1")
+    assert isinstance(forged, TagView)
+    assert forged.signature.startswith("refused: Unsigned")
+    problem = protocol.provenance_problem(forged, checkpoint_id="ck-1",
+                                          source_uid=w.uid(NS, "app"))
+    assert problem is not None
+    assert "signature did not verify" in problem

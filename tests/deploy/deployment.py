@@ -286,7 +286,7 @@ class DeployedRun:
             argv[i:i + 1] = ["--kubeconfig", self.kubeconfig(account)]
         argv = [f"{a.split('=')[0]}=127.0.0.1:0"
                 if a.startswith(("--listen=", "--metrics-listen=")) else a for a in argv]
-        return argv, env
+        return self.secret_mounts(deployment, c, argv), env
 
     def mounted(self, workload: Obj, c: Obj, env: dict[str, str]) -> dict[str, str]:
         """The container's configMap volumes as the kubelet projects them (one file per

@@ -131,6 +131,16 @@ def test_the_agent_runs_on_every_node_with_only_what_a_capture_needs_from_the_ho
     assert "--trusted-key=/etc/controlplane/signing/signing.pub" in agent["args"]
 
 
+def test_the_workers_verify_signatures_with_only_the_public_half_of_the_key() -> None:
+    """The workers pin only what the agents signed, and never hold the signing key."""
+    deployment = find(render("production"), "Deployment", "controlplane")
+    worker = container(deployment, "worker")
+    assert "--trusted-key=/etc/controlplane/trusted/signing.pub" in worker["args"]
+    [trusted] = [v for v in pod_spec(deployment)["volumes"] if v["name"] == "trusted"]
+    assert trusted["secret"] == {"secretName": "checkpoint-signing",
+                                 "items": [{"key": "signing.pub", "path": "signing.pub"}]}
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_referenced_object_is_rendered_or_created_out_of_band(overlay: str) -> None:
     """ConfigMaps, ServiceAccounts and Secrets a pod names exist in the render, except the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -318,3 +319,17 @@ def test_finishing_records_a_kubernetes_event_on_the_pod() -> None:
     assert notice.params["object"] == {"kind": "Pod", "name": POD, "uid": SRC_UID}
     assert CID in str(notice.params["message"])
 
+
+
+def test_a_tag_whose_signature_was_refused_is_never_pinned() -> None:
+    """Gate 1 with signatures: the right id and UID under the right tag, but no trusted key
+    signed it (a forged push): recorded as stale once, never verified; the real, signed
+    manifest that follows is."""
+    forged = dataclasses.replace(manifest(ART, digest_of("forged"), checkpoint_id=CID),
+                                 signature="refused: Unsigned: no signature")
+    then = requested().when(obs(tag=forged), at(5))
+    then.then_events("StaleArtifactSeen").then_phase("Requested")
+    assert "signature did not verify" in str(then.event("StaleArtifactSeen").data)
+    assert then.event("StaleArtifactSeen").facts["tag_signature"].startswith("refused")
+    signed = dataclasses.replace(GOOD, signature="verified")
+    then.and_then().when(obs(tag=signed), at(6)).then_events("ArtifactVerified")

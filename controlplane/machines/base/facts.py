@@ -34,8 +34,11 @@ def tag_facts(ref: str, fact: TagFact) -> JsonObject:
         return {"tag": ref, "tag_error_class": fact.error_class, "tag_error": fact.message}
     if fact is None:
         return {"tag": ref, "tag_present": False}
-    return {"tag": ref, "tag_present": True, "tag_digest": fact.digest,
-            "tag_annotations": dict(fact.annotations)}
+    out: JsonObject = {"tag": ref, "tag_present": True, "tag_digest": fact.digest,
+                       "tag_annotations": dict(fact.annotations)}
+    if fact.signature:
+        out["tag_signature"] = fact.signature
+    return out
 
 
 def node_facts(name: str, fact: NodeFact) -> JsonObject:

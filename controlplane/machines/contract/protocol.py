@@ -151,10 +151,14 @@ def provenance_problem(tag: TagView, *, checkpoint_id: str, source_uid: str) -> 
     """Why the manifest behind ``tag`` is not this checkpoint's artifact, or ``None``.
 
     Gate 1: a digest alone proves nothing; the manifest must name this checkpoint id and
-    this source pod UID, or it is a leftover of an earlier checkpoint.
+    this source pod UID, or it is a leftover of an earlier checkpoint. Where the observer
+    checks signatures, a manifest no trusted key signed is never this checkpoint's (a
+    forged push under the right tag, with the right annotations).
     """
     if not is_digest(tag.digest):
         return f"digest {tag.digest!r} is not a sha256 digest"
+    if tag.signature.startswith("refused"):
+        return f"the manifest's signature did not verify ({tag.signature})"
     seen_id = tag.annotations.get(MANIFEST_CHECKPOINT_ID)
     if seen_id is None:
         return (f"the manifest {tag.digest[:19]}... is not a checkpoint artifact (it carries "
