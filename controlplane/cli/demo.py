@@ -56,7 +56,8 @@ async def demo_cmd(args: argparse.Namespace) -> int:
     try:
         await migrate.upgrade(db)
         say(f"embedded default: SQLite {root / 'controlplane.db'}, simulated cluster "
-            f"(3 nodes), OCI layout {root / 'registry'}, a node agent per node")
+            f"(3 nodes), OCI layout {root / 'registry'}, a node agent per node; checkpoints "
+            f"sealed (encrypted and signed) with the keys in {root / 'keys'}")
         async with embedded(db, root, clock) as world:
             demo = Demo(db, world, started)
             await demo.run()
@@ -74,7 +75,8 @@ class Demo:
         self.db, self.world, self.started = db, world, started
         self.repo = world.repository("checkpoints/demo")
         self.klass: JsonObject = {"repository": self.repo, "timeouts": {
-            "capture": 60, "restore": 60, "schedule": 30, "gc": 60}}
+            "capture": 60, "restore": 60, "schedule": 30, "gc": 60},
+            "encryption": world.encryption()}
 
     async def run(self) -> None:
         cluster = self.world.cluster

@@ -11,6 +11,7 @@ pushed first. Needs ``scripts/ensure-criu`` and ``scripts/ensure-registry``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 from collections.abc import AsyncIterator, Sequence
@@ -20,6 +21,7 @@ from typing import Any
 
 from controlplane.clock import Clock
 from controlplane.store.database import Database
+from controlplane.wiring.embedded import make_keys
 from controlplane.wiring.product import Product, RunsProduct, product
 from controlplane.worker.loop import WorkerConfig
 from drivers.agent import AgentSettings, node_agent
@@ -79,6 +81,8 @@ async def runtime_world(db: Database, root: Path, clock: Clock, *,
                         nodes: Sequence[str] = NODES) -> AsyncIterator[RuntimeWorld]:
     runtime = RuntimeNodes.under(root / "nodes", nodes)
     builder = PodmanNode((root / "builder").resolve())
+    sealing = await asyncio.to_thread(make_keys, root / "keys")  # signed, as installed
+    trusted = [await asyncio.to_thread((root / "keys" / "signing.pub").read_bytes)]
     try:
         async with local_registry(root / "registry") as host, \
                 SimCluster(nodes=[], kubelets=False) as cluster:
@@ -87,7 +91,7 @@ async def runtime_world(db: Database, root: Path, clock: Clock, *,
             registry = registry_from_options(layout=None)
             config = WorkerConfig(worker_id="runtime", poll_seconds=0.05, settle_seconds=0.2)
             async with product(db, clock, registry=registry, config=config,
-                               kubeconfig=str(kubeconfig)) as running, \
+                               kubeconfig=str(kubeconfig), trusted_keys=trusted) as running, \
                     contextlib.AsyncExitStack() as stack:
                 role = KubeletRole(CoreV1(running.kube.client), RoleOptions(nodes=tuple(nodes)),
                                    runtime=runtime)
@@ -98,6 +102,7 @@ async def runtime_world(db: Database, root: Path, clock: Clock, *,
                         return CriuDumper(runtime.nodes[node])
                     await stack.enter_async_context(node_agent(
                         client=running.kube.client, registry=registry, dumper=dumper,
+                        sealing=sealing,
                         settings=AgentSettings(node, root / "agents" / node,
                                                capture_timeout=120, restore_timeout=120)))
                 yield RuntimeWorld(cluster, running, host, image, runtime)

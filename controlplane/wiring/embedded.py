@@ -1,11 +1,17 @@
 """The embedded default: a simulated cluster, a node agent per node, an OCI layout on
 disk, and the product (``wiring.product``) running against them, all in this process.
 
+Sealed as a fresh install is: keys generated under ``root/keys`` (0600, never logged),
+every agent signing what it pushes and verifying what it restores, the worker pinning
+only signed artifacts, and :meth:`Embedded.encryption` the block of a sealed class
+(encrypted for ``recipient.pub``, unsealed with the ``recipient.pem`` file).
+
 Used by ``cpctl demo``; a composition root (import-linter names its edges into drivers).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -17,8 +23,10 @@ from controlplane.store.database import Database
 from controlplane.wiring.product import Product, RunsProduct, product
 from controlplane.worker.loop import WorkerConfig
 from drivers.agent import AgentSettings, node_agent
+from drivers.agent.sealing import Sealing, SealingSettings
 from drivers.agent.sim import SimDumper
 from drivers.registry import OciLayout
+from drivers.sealing.keys import generate_keypair
 from drivers.sim import SimCluster
 
 #: How artifacts in the on-disk layout are named (``registry/repo``), as in a real one.
@@ -29,9 +37,24 @@ REGISTRY_HOST = "localhost:5000"
 class Embedded(RunsProduct):
     cluster: SimCluster
     product: Product
+    keys: Path
 
     def repository(self, name: str) -> str:
         return f"{REGISTRY_HOST}/{name}"
+
+    def encryption(self) -> dict[str, object]:
+        """A class's ``encryption`` block for this world's recipient key."""
+        return {"recipients": [f"file:{self.keys / 'recipient.pub'}"],
+                "keyFile": str(self.keys / "recipient.pem")}
+
+
+def make_keys(keys: Path) -> Sealing:
+    """The agents' signing key and the sealed class's recipient, made once per root."""
+    for name in ("signing", "recipient"):
+        if not (keys / f"{name}.pem").exists():
+            generate_keypair(keys / f"{name}.pem", keys / f"{name}.pub")
+    return Sealing.load(SealingSettings(signing_key=keys / "signing.pem",
+                                        trusted_keys=(keys / "signing.pub",)))
 
 
 @contextlib.asynccontextmanager
@@ -43,17 +66,21 @@ async def embedded(db: Database, root: Path, clock: Clock, *,
     ``limits``: admission limits; the worker then also admits held operations, as
     ``cpctl worker`` does (needed by drains, whose children may be queued).
     """
+    keys = root / "keys"
+    sealing = await asyncio.to_thread(make_keys, keys)
+    trusted = [await asyncio.to_thread((keys / "signing.pub").read_bytes)]
     async with SimCluster(nodes=nodes) as cluster:
         kubeconfig = cluster.write_kubeconfig(root / "sim-kubeconfig.yaml")
         registry = OciLayout(root / "registry")
         config = WorkerConfig(worker_id="embedded", poll_seconds=0.05, settle_seconds=0.2,
                               limits=limits)
         async with product(db, clock, registry=registry, config=config,
-                           kubeconfig=str(kubeconfig)) as running, \
+                           kubeconfig=str(kubeconfig), trusted_keys=trusted) as running, \
                 contextlib.AsyncExitStack() as agents:
             for node in cluster.node_names:
                 await agents.enter_async_context(node_agent(
                     client=running.kube.client, registry=registry, dumper=SimDumper,
+                    sealing=sealing,
                     settings=AgentSettings(node, root / "agents" / node,
                                            capture_timeout=60, restore_timeout=60)))
-            yield Embedded(cluster, running)
+            yield Embedded(cluster, running, keys)

@@ -253,7 +253,8 @@ def open_criu_world(tmp: Path) -> Iterator[CriuWorld]:
                 world._pump(f"agent-{node}", agent)
             world.ok("db", "upgrade", cluster=False)
             world.start("worker", "controlplane.cli.main", "--db", world.db, "worker",
-                        "--poll-seconds", "0.05", *world.cluster_args())
+                        "--poll-seconds", "0.05", "--trusted-key", str(keys / "signing.pub"),
+                        *world.cluster_args())
             yield world
         finally:
             world.stop()
