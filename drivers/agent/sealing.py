@@ -174,7 +174,8 @@ class Sealing:
                 await asyncio.to_thread(archive.path.unlink, True)
             sealed.append(Archive(archive.container, target, archive.image,
                                   media_type=archive.media_type + SEALED_SUFFIX,
-                                  annotations=made.annotations, diff_id=made.plain_digest))
+                                  annotations=made.annotations, diff_id=made.plain_digest,
+                                  digest=made.digest))
         return sealed
 
     @staticmethod

@@ -65,6 +65,7 @@ class Archive:
     media_type: str = LAYER_TYPE
     annotations: Mapping[str, str] = field(default_factory=dict)
     diff_id: str = ""
+    digest: str | None = None  # of the file at ``path``, when already known (sealed)
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ async def push_checkpoint(registry: Registry, repository: str, tag: str,
         if progress is not None:
             await progress(f"pushing archive {number}/{len(archives)} ({archive.container})")
         pushed = await registry.push_blob(repository, archive.path,
-                                          media_type=archive.media_type)
+                                          media_type=archive.media_type, digest=archive.digest)
         descriptor = Descriptor(archive.media_type, pushed.digest, pushed.size,
                                 dict(archive.annotations))
         layers.append(Layer(archive.container, descriptor, archive.image, archive.diff_id))

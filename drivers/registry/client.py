@@ -159,8 +159,12 @@ class RegistryClient:
     # --- writing -------------------------------------------------------------------------
 
     async def push_blob(self, repository: str, source: Path | bytes, *,
-                        media_type: str = "application/octet-stream") -> Descriptor:
-        digest, size = await _digest_of(source)
+                        media_type: str = "application/octet-stream",
+                        digest: str | None = None) -> Descriptor:
+        if digest is not None and isinstance(source, Path):  # the registry checks it
+            size = (await asyncio.to_thread(source.stat)).st_size
+        else:
+            digest, size = await _digest_of(source)
         descriptor = Descriptor(media_type, digest, size)
         # Concurrent uploads of one blob to one repository race inside distribution
         # (one of them can fail DIGEST_INVALID): within this client, one upload at a time

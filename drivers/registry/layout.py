@@ -107,14 +107,18 @@ class OciLayout:
         return await self._run(copy, f"read blob {repository}@{digest}")
 
     async def push_blob(self, repository: str, source: Path | bytes, *,
-                        media_type: str = "application/octet-stream") -> Descriptor:
+                        media_type: str = "application/octet-stream",
+                        digest: str | None = None) -> Descriptor:
         where = self.layout_dir(repository)
+        known = digest
 
         def store() -> Descriptor:
             _init_layout(where)
             if isinstance(source, bytes):
                 digest = "sha256:" + hashlib.sha256(source).hexdigest()
                 size = len(source)
+            elif known is not None:  # checked as it is copied (_copy_hashing)
+                digest, size = known, source.stat().st_size
             else:
                 digest, size = _hash_file(source)
             blob = _blob_path(where, digest)

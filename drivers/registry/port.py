@@ -90,8 +90,12 @@ class Registry(Protocol):
         ...
 
     async def push_blob(self, repository: str, source: Path | bytes, *,
-                        media_type: str = "application/octet-stream") -> Descriptor:
-        """Upload a blob (skipped when the registry already has it); its descriptor."""
+                        media_type: str = "application/octet-stream",
+                        digest: str | None = None) -> Descriptor:
+        """Upload a blob (skipped when the registry already has it); its descriptor.
+        ``digest``: the caller's sha256 of ``source`` when it has one (a sealed layer's,
+        computed while encrypting), so the file is not read twice; the upload still
+        checks it, and a wrong one fails."""
         ...
 
     async def push_manifest(self, repository: str, body: bytes, *, media_type: str,

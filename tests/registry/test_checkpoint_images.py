@@ -178,10 +178,12 @@ class Recording:
         return await self.inner.get_blob(repository, digest, dest)
 
     async def push_blob(self, repository: str, source: Path | bytes, *,
-                        media_type: str = "application/octet-stream") -> Descriptor:
+                        media_type: str = "application/octet-stream",
+                        digest: str | None = None) -> Descriptor:
         kind = f"archive {source.name}" if isinstance(source, Path) else f"blob {media_type}"
         self.calls.append(("push_blob", kind))
-        return await self.inner.push_blob(repository, source, media_type=media_type)
+        return await self.inner.push_blob(repository, source, media_type=media_type,
+                                          digest=digest)
 
     async def push_manifest(self, repository: str, body: bytes, *, media_type: str,
                             tag: str | None = None) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from drivers.registry.client import RegistryClient
-from drivers.registry.errors import RegistryNotFound, RegistryUnsupported
+from drivers.registry.errors import RegistryError, RegistryNotFound, RegistryUnsupported
 from drivers.registry.port import OCI_MANIFEST, Descriptor
 from tests.registry.backends import Backend
 
@@ -86,6 +86,25 @@ async def test_blobs_round_trip_monolithic_and_chunked(backend: Backend, tmp_pat
     assert sorted(p.name for p in out.iterdir()) == ["large", "small"]  # no partial files
     with pytest.raises(RegistryNotFound):
         await backend.registry.get_blob(repo, "sha256:" + "1" * 64, out / "none")
+
+
+async def test_a_blob_pushed_with_its_known_digest_lands_and_a_wrong_one_fails(
+        backend: Backend, tmp_path: Path) -> None:
+    """The caller's digest (a sealed layer's) spares a second read, never the check."""
+    repo = backend.repo()
+    source = tmp_path / "sealed"
+    source.write_bytes(b"ciphertext" * 1000)
+    digest = "sha256:" + hashlib.sha256(source.read_bytes()).hexdigest()
+    pushed = await backend.registry.push_blob(repo, source, digest=digest)
+    assert (pushed.digest, pushed.size) == (digest, 10000)
+    out = tmp_path / "out"
+    assert await backend.registry.get_blob(repo, digest, out) == 10000
+    other = tmp_path / "other"
+    other.write_bytes(b"not the same bytes")
+    with pytest.raises(RegistryError):
+        await backend.registry.push_blob(repo, other, digest="sha256:" + "2" * 64)
+    with pytest.raises(RegistryNotFound):
+        await backend.registry.get_blob(repo, "sha256:" + "2" * 64, tmp_path / "none")
 
 
 async def test_deleted_manifest_is_absent_by_tag_and_by_digest(backend: Backend) -> None:
