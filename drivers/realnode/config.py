@@ -83,6 +83,13 @@ class NodeSettings:
         return self.folder / "pods"
 
     @property
+    def decryption_keys(self) -> Path:
+        """CRI-O's ``decryption_keys_path``: the private keys (PEM) it decrypts ocicrypt
+        layers with while it pulls. Empty unless a test puts a key there
+        (:meth:`.node.RealNode.set_decryption_keys`); plain images pull as before."""
+        return self.folder / "crio" / "keys"
+
+    @property
     def checkpoints(self) -> Path:
         """Where the kubelet checkpoint API writes its archives."""
         return self.kubelet_root / "checkpoints"
@@ -141,6 +148,10 @@ def crio_conf(s: NodeSettings) -> str:
             "container_exits_dir": crio / "exits",
             "container_attach_socket_dir": crio / "attach",
             "default_runtime": "runc", "log_level": s.log_level,
+            # Read at every pull (server/image_pull.go, getDecryptionKeys): keys come and
+            # go without a restart. Only a pull by tag decrypts: by digest, containers/image
+            # refuses to rewrite the manifest ("Destination specifies a digest").
+            "decryption_keys_path": s.decryption_keys,
             # Not /etc/sysconfig: nothing of the host's is rewritten.
             "irqbalance_config_file": "", "irqbalance_config_restore_file": "",
             "hooks_dir": [],

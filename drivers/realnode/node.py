@@ -27,7 +27,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +69,22 @@ class RealNode:
                                *args], capture_output=True, text=True, timeout=timeout + 5,
                               check=False)
 
+    def set_decryption_keys(self, keys: Mapping[str, bytes]) -> None:
+        """Exactly ``keys`` (file name: private key PEM) in CRI-O's ``decryption_keys_path``;
+        none: the folder is left empty. CRI-O reads the folder at every pull, so this
+        applies from the next pull on, with no restart."""
+        folder = self.settings.decryption_keys
+        for name in keys:
+            if not name or "/" in name or name.startswith("."):
+                raise ValueError(f"not a key file name: {name!r}")
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for old in folder.iterdir():
+            old.unlink()
+        for name, pem in keys.items():
+            path = folder / name
+            path.touch(mode=0o600)
+            path.write_bytes(pem)
+
     # --- start ------------------------------------------------------------------------
 
     def write_files(self) -> None:
@@ -78,6 +94,7 @@ class RealNode:
                        s.folder / "upper" / "log", s.folder / "work" / "lib",
                        s.folder / "work" / "log"):
             folder.mkdir(parents=True, exist_ok=True)
+        s.decryption_keys.mkdir(mode=0o700, parents=True, exist_ok=True)
         s.crio_conf.write_text(config.crio_conf(s))
         s.registries_conf.write_text(config.registries_conf([s.registry]))
         (s.cni_conf_dir / "10-realnode.conflist").write_text(config.cni_conflist(s))

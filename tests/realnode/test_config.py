@@ -46,10 +46,18 @@ def test_crio_keeps_all_its_state_under_the_node_and_restores_with_criu_first_in
     paths = [conf["crio"][k] for k in ("root", "runroot", "log_dir", "version_file",
                                        "clean_shutdown_file")]
     paths += [runtime[k] for k in ("namespaces_dir", "container_exits_dir",
-                                   "container_attach_socket_dir")]
+                                   "container_attach_socket_dir", "decryption_keys_path")]
     paths += [conf["crio"]["api"]["listen"], runc["runtime_root"]]
     assert all(p.startswith(f"{s.folder}/") for p in paths), paths
     assert len(str(s.crio_socket)) < 108
+
+
+def test_crio_decrypts_with_the_keys_in_a_folder_of_the_nodes_own() -> None:
+    a, b = settings(), settings("node-b", 1)
+    keys = [tomllib.loads(config.crio_conf(n))["crio"]["runtime"]["decryption_keys_path"]
+            for n in (a, b)]
+    assert keys == [str(a.decryption_keys), str(b.decryption_keys)]
+    assert keys[0] != keys[1]  # a key put on one node is not on the other
 
 
 def test_the_loopback_registry_is_insecure_in_the_registries_conf() -> None:
