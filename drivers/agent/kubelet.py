@@ -29,6 +29,16 @@ the restore with the runtime's own message. With ``cri_endpoint`` set, it first 
 each container's base image through ``crictl`` (CRI-O restores onto it and does not pull
 it itself).
 
+A **sealed** checkpoint (ocicrypt layers, docs/security.md) is pulled by the agent first:
+CRI-O decrypts with the keys in its ``decryption_keys_path``, but containers/image will not
+decrypt into a destination named by digest — the form the restore pod names
+(containers/image#1768). So the agent pulls each checkpoint image by its ``cpimage-``
+tag, then proves the node now holds the pinned digest (``crictl inspecti
+repo@sha256:...``) — a tag moved to another image fails here, before anything runs. A
+node without the key fails that pull with ocicrypt's own words. Meanwhile the kubelet's
+own digest pull fails once (``ErrImagePull``, "Destination specifies a digest") and is
+retried after its back-off, when the image is there: the restore waits that out.
+
 Auth: a bearer token (a service account allowed ``nodes/checkpoint``) and/or a client
 certificate; the kubelet's serving certificate is checked against ``ca_file`` (the
 system's CAs when empty) unless ``insecure``. Every call is bounded by ``timeout`` (also
@@ -65,6 +75,7 @@ from drivers.agent.dumper import (
 )
 from drivers.agent.errors import DumpFailed, RestoreFailed, RestoreUnsupported
 from drivers.agent.stopper import signal_container, stop_when_dumped
+from drivers.registry.checkpoint_images import image_tag
 from drivers.registry.checkpoints import Archive
 
 log = get_logger("drivers.agent.kubelet")
@@ -160,7 +171,10 @@ class KubeletDumper:
         if request.latest is None:
             raise RestoreUnsupported("the agent gave no way to watch the pod")
         await self._pull_bases(request)
-        containers = await self._until_restored(request, set(images))
+        sealed = any(layer.sealed for layer in request.artifact.layers)
+        if sealed:
+            await self._pull_sealed(request, images)
+        containers = await self._until_restored(request, set(images), sealed=sealed)
         await self._signal(containers, signal.SIGCONT, "continue")
         return RestoreResult()
 
@@ -179,6 +193,34 @@ class KubeletDumper:
                 raise RestoreFailed(f"cannot pull {layer.image}, the base image CRI-O restores "
                                     f"container {layer.container} onto: {err[:400]}")
 
+    async def _pull_sealed(self, request: RestoreRequest, images: Mapping[str, str]) -> None:
+        """Each sealed checkpoint image pulled by tag, then proven to be the pinned one."""
+        if not self.settings.cri_endpoint:
+            raise RestoreFailed("the checkpoint is sealed and CRI-O decrypts only what is "
+                                "pulled by tag: the agent needs --cri-endpoint to pull it")
+        named = {c.name: c.image for c in request.workload.containers}
+        for container, digest in sorted(images.items()):
+            pinned = named.get(container, "")
+            repository = pinned.split("@", 1)[0]
+            if "@" not in pinned or not repository:
+                raise RestoreFailed(f"container {container} of {request.workload.key} names "
+                                    f"{pinned!r}, not its checkpoint image by digest")
+            present, _ = await self._crictl("inspecti", pinned)
+            if present:
+                continue
+            by_tag = f"{repository}:{image_tag(digest)}"
+            pulled, err = await self._crictl("pull", by_tag)
+            if not pulled:
+                # A Go error chain ends with its cause: keep the end, not the start.
+                cause = err if len(err) <= 400 else "..." + err[-400:]
+                raise RestoreFailed(f"Unsealable: CRI-O could not pull the sealed checkpoint "
+                                    f"image {by_tag}: {cause} (is the recipient's key in this "
+                                    "node's CRI-O decryption_keys_path?)")
+            present, err = await self._crictl("inspecti", pinned)
+            if not present:
+                raise RestoreFailed(f"{by_tag} is not the pinned {pinned} (the tag moved?): "
+                                    f"{err[:200]}")
+
     async def _crictl(self, *args: str) -> tuple[bool, str]:
         """Run crictl against the node's CRI socket: (succeeded, its stderr)."""
         s = self.settings
@@ -189,14 +231,14 @@ class KubeletDumper:
         _, err = await process.communicate()
         return process.returncode == 0, err.decode(errors="replace").strip()
 
-    async def _until_restored(self, request: RestoreRequest,
-                              names: set[str]) -> tuple[Container, ...]:
+    async def _until_restored(self, request: RestoreRequest, names: set[str], *,
+                              sealed: bool = False) -> tuple[Container, ...]:
         assert request.latest is not None
         while True:
             pod = await request.latest(1.0)
             if pod is None:
                 raise RestoreFailed(f"pod {request.workload.key} went away during the restore")
-            running = restored_containers(pod, names)
+            running = restored_containers(pod, names, sealed=sealed)
             if isinstance(running, str):
                 raise RestoreFailed(running)
             if running is not None:
@@ -295,10 +337,16 @@ def base_image(container: Container) -> str:
     return container.image
 
 
-def restored_containers(pod: Mapping[str, Any],
-                        names: set[str]) -> tuple[Container, ...] | str | None:
+#: What the kubelet's pull of a sealed image by digest says (containers/image#1768): the
+#: agent has pulled it by tag meanwhile, and the kubelet's retry finds it.
+DIGEST_DECRYPT = "Destination specifies a digest"
+
+
+def restored_containers(pod: Mapping[str, Any], names: set[str], *,
+                        sealed: bool = False) -> tuple[Container, ...] | str | None:
     """The checkpointed containers once all run (with their ids), the runtime's failure
-    as a sentence, or ``None`` while CRI-O is still restoring. Pure."""
+    as a sentence, or ``None`` while CRI-O is still restoring. ``sealed``: the kubelet's
+    failed digest pull of a sealed image is waited out (see the module docstring). Pure."""
     statuses = {str(s.get("name")): s for s in
                 ((pod.get("status") or {}).get("containerStatuses") or [])
                 if isinstance(s, dict)}
@@ -307,6 +355,12 @@ def restored_containers(pod: Mapping[str, Any],
         status = statuses.get(name) or {}
         state = status.get("state") or {}
         waiting = state.get("waiting") or {}
+        # The agent pulled and proved the sealed image before waiting: the kubelet's
+        # failed digest pull, and the back-off after it, are what it retries past.
+        if sealed and (waiting.get("reason") == "ImagePullBackOff" or (
+                waiting.get("reason") == "ErrImagePull" and
+                DIGEST_DECRYPT in str(waiting.get("message") or ""))):
+            return None
         if waiting.get("reason") in FAILED_WAITING:
             return (f"CRI-O did not restore container {name}: {waiting.get('reason')}: "
                     f"{str(waiting.get('message') or '').strip()[:600]}")

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import re
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -67,8 +68,13 @@ def split_repository(repository: str) -> tuple[str, str]:
     return host, name
 
 
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
 def is_digest(reference: str) -> bool:
-    return reference.startswith("sha256:") and len(reference) == 71
+    """A sha256 digest, strictly: 64 lowercase hex digits (a digest read from a manifest
+    becomes a path in a layout and a URL here, so nothing else may pass)."""
+    return _DIGEST.fullmatch(reference) is not None
 
 
 class RegistryClient:

@@ -118,6 +118,8 @@ class OciLayout:
                 digest = "sha256:" + hashlib.sha256(source).hexdigest()
                 size = len(source)
             elif known is not None:  # checked as it is copied (_copy_hashing)
+                if not is_digest(known):
+                    raise RegistryBadRequest(f"{known!r} is not a sha256 digest")
                 digest, size = known, source.stat().st_size
             else:
                 digest, size = _hash_file(source)

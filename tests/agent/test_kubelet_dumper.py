@@ -485,3 +485,22 @@ def test_the_base_image_is_recorded_by_digest_when_the_runtime_says_it(image_id:
     """A tag may move between capture and restore: CRI-O restores onto the image by ID,
     so the restoring node must pull exactly that image."""
     assert base_image(Container("main", "quay.io/app:1", "cri-o://x", image_id)) == base
+
+
+@pytest.mark.parametrize(("reason", "message", "verdict"), [
+    ("ErrImagePull", "layer sha256:1 should be decrypted, but we can't modify the manifest: "
+     "Destination specifies a digest", None),
+    ("ImagePullBackOff", 'Back-off pulling image "reg/ck@sha256:1"', None),
+    ("ErrImagePull", "decrypting layer sha256:1: missing private key needed for decryption",
+     "CRI-O did not restore container main: ErrImagePull: decrypting layer sha256:1: "
+     "missing private key needed for decryption"),
+])
+def test_a_sealed_restore_waits_out_only_the_kubelets_digest_pull(
+        reason: str, message: str, verdict: str | None) -> None:
+    """The agent pulled the sealed image by tag and proved its digest before waiting: the
+    kubelet's digest pull (which containers/image refuses to decrypt) and its back-off
+    are waited past; any other pull error still fails the restore."""
+    pod = {"status": {"containerStatuses": [
+        {"name": "main", "state": {"waiting": {"reason": reason, "message": message}}}]}}
+    assert restored_containers(pod, {"main"}, sealed=True) == verdict
+    assert isinstance(restored_containers(pod, {"main"}), str)  # not sealed: a failure

@@ -107,6 +107,20 @@ async def test_a_blob_pushed_with_its_known_digest_lands_and_a_wrong_one_fails(
         await backend.registry.get_blob(repo, "sha256:" + "2" * 64, tmp_path / "none")
 
 
+async def test_a_digest_that_is_not_64_hex_digits_never_becomes_a_path_or_a_url(
+        backend: Backend, tmp_path: Path) -> None:
+    """A digest read from a manifest someone else pushed reaches get_blob: ``../`` in it
+    must not walk out of the layout (or into another URL)."""
+    (tmp_path / "secret").write_bytes(b"outside the registry")
+    sneaky = "sha256:" + ("../" * 21 + "s")[:64]
+    assert len(sneaky) == 71
+    with pytest.raises(RegistryError):
+        await backend.registry.get_blob(backend.repo(), sneaky, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(RegistryError):
+        await backend.registry.push_blob(backend.repo(), tmp_path / "secret", digest=sneaky)
+
+
 async def test_deleted_manifest_is_absent_by_tag_and_by_digest(backend: Backend) -> None:
     repo = backend.repo()
     digest, _ = await push_image(backend, repo, tag="gc-me", payload=b"old", annotations={})
