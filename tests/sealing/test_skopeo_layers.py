@@ -15,7 +15,6 @@ of our tar; its sealed ``digest`` is the tar's, not the unsealed bytes' — why
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import gzip
 import hashlib
@@ -37,12 +36,12 @@ from drivers.sealing.errors import NotForUs
 from drivers.sealing.layers import KEYS_JWE, PUBOPTS, decrypt_layer, encrypt_layer, sealed_for
 from tests.registry.servers import run_registry
 from tests.sealing.parties import Party, party
+from tests.sealing.tools import run
 
 ENSURE = "scripts/ensure-skopeo"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 EC, RSA, STRANGER = party("ec"), party("rsa", "rsa"), party("stranger")
-SKOPEO_TIMEOUT = 60  # seconds; a copy here takes a fraction of one
 
 
 @dataclass
@@ -54,20 +53,9 @@ class Skopeo:
 
     async def copy(self, *args: str) -> tuple[int, str]:
         """``skopeo copy ARGS``: the exit code and the output (stdout and stderr), within
-        ``SKOPEO_TIMEOUT`` (killed and waited for after it)."""
-        proc = await asyncio.create_subprocess_exec(
-            "skopeo", "--registries.d", str(self.home / "registries.d"), "copy",
-            "--policy", str(self.home / "policy.json"), *args, env=self.env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-        try:
-            async with asyncio.timeout(SKOPEO_TIMEOUT):
-                out, _ = await proc.communicate()
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-        assert proc.returncode is not None
-        return proc.returncode, out.decode("utf-8", "replace")
+        ``tools.TIMEOUT`` (killed and waited for after it)."""
+        return await run("skopeo", "--registries.d", str(self.home / "registries.d"), "copy",
+                         "--policy", str(self.home / "policy.json"), *args, env=self.env)
 
     def key(self, who: Party, name: str) -> tuple[Path, Path]:
         return who.write(self.home / "keys", name)

@@ -24,7 +24,6 @@ and needs a cosign-encrypted key; not pinned here.)
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
@@ -49,31 +48,15 @@ from drivers.sealing.signatures import (
 )
 from tests.registry.servers import run_registry
 from tests.sealing.parties import party
+from tests.sealing.tools import run
 
 ENSURE = "scripts/ensure-skopeo"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
 OURS, ATTACKER = party("signing"), party("attacker")
-TIMEOUT = 60  # seconds for one subprocess; a copy here takes a fraction of one
 DEBIAN_STUB = "Debian-local change: sigstore disabled"
 NO_SIGNATURE = "A signature was required, but no signature exists"
 SIGSTORE_JSON = b"\0sigstore-json\n"  # containers/image's signature.Blob of a sigstore one
-
-
-async def run(*args: str, env: dict[str, str]) -> tuple[int, str]:
-    """The exit code and output (stdout and stderr) of ``args``, within ``TIMEOUT``
-    (killed and waited for after it)."""
-    proc = await asyncio.create_subprocess_exec(
-        *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            said, _ = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, said.decode("utf-8", "replace")
 
 
 @dataclass
