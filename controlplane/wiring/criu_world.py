@@ -21,7 +21,7 @@ from typing import Any
 
 from controlplane.clock import Clock
 from controlplane.store.database import Database
-from controlplane.wiring.embedded import make_keys
+from controlplane.wiring.embedded import make_keys, sealed_class
 from controlplane.wiring.product import Product, RunsProduct, product
 from controlplane.worker.loop import WorkerConfig
 from drivers.agent import AgentSettings, node_agent
@@ -54,9 +54,14 @@ class RuntimeWorld(RunsProduct):
     registry_host: str
     image: str
     nodes: RuntimeNodes
+    keys: Path
 
     def repository(self, name: str) -> str:
         return f"{self.registry_host}/{name}"
+
+    def encryption(self) -> dict[str, object]:
+        """A class's ``encryption`` block for this world's recipient key."""
+        return sealed_class(self.keys)
 
     def resumption(self, ticks: list[Tick]) -> Resumption | None:
         return resumption(ticks)
@@ -105,7 +110,7 @@ async def runtime_world(db: Database, root: Path, clock: Clock, *,
                         sealing=sealing,
                         settings=AgentSettings(node, root / "agents" / node,
                                                capture_timeout=120, restore_timeout=120)))
-                yield RuntimeWorld(cluster, running, host, image, runtime)
+                yield RuntimeWorld(cluster, running, host, image, runtime, root / "keys")
             await registry.close()
     finally:
         for podman in [builder, *runtime.nodes.values()]:

@@ -44,8 +44,13 @@ class Embedded(RunsProduct):
 
     def encryption(self) -> dict[str, object]:
         """A class's ``encryption`` block for this world's recipient key."""
-        return {"recipients": [f"file:{self.keys / 'recipient.pub'}"],
-                "keyFile": str(self.keys / "recipient.pem")}
+        return sealed_class(self.keys)
+
+
+def sealed_class(keys: Path) -> dict[str, object]:
+    """The ``encryption`` block sealing for ``keys/recipient.pub`` (:func:`make_keys`)."""
+    return {"recipients": [f"file:{keys / 'recipient.pub'}"],
+            "keyFile": str(keys / "recipient.pem")}
 
 
 def make_keys(keys: Path) -> Sealing:

@@ -240,10 +240,11 @@ def test_sealed_checkpoints_leave_no_plain_text_at_rest(world: CriuWorld) -> Non
     manifest = _registry_get(w, f"checkpoints/manifests/{tag}")
     assert all(layer["mediaType"].endswith("+encrypted") for layer in manifest["layers"])
     assert manifest["annotations"][SEALED_FOR], manifest["annotations"]
-    out = w.ok("resume", f"{w.namespace}/{slept}", "--node", "node-3", *w.sealed(), "--wait",
+    # node-2: the drain test above leaves node-3 cordoned.
+    out = w.ok("resume", f"{w.namespace}/{slept}", "--node", "node-2", *w.sealed(), "--wait",
                "--wait-seconds", "180")
     assert f"resume {w.namespace}/{slept}: Resumed" in out, out
-    _resumed(w, slept, "node-3", before[slept], time.time())
+    _resumed(w, slept, "node-2", before[slept], time.time())
 
     assert _holding(_at_rest(w), marker) == []
     private = {k: (w.keys / f"{k}.pem").read_text().splitlines()[1].encode()
