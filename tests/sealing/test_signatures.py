@@ -36,11 +36,10 @@ from drivers.sealing.signatures import (
     verify_manifest,
 )
 from tests.sealing.parties import party
+from tests.sealing.tools import OCI_CONFIG, push_image
 
 REPO = "localhost:5000/checkpoints/app"
 OURS, NEW, ATTACKER = party("signing"), party("signing-new"), party("attacker")
-OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
-OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
 
 
 def signer(who: str) -> Signer:
@@ -50,21 +49,6 @@ def signer(who: str) -> Signer:
 @pytest.fixture
 def registry(tmp_path: Path) -> OciLayout:
     return OciLayout(tmp_path / "oci", allow_delete=True, gc_grace=0)
-
-
-async def push_image(registry: OciLayout, name: str) -> str:
-    """A one-layer image tagged ``name`` (its layer differs per name); its digest."""
-    layer = await registry.push_blob(REPO, f"checkpoint {name}".encode(),
-                                     media_type=OCI_LAYER)
-    config = await registry.push_blob(REPO, json.dumps(
-        {"architecture": "amd64", "os": "linux", "config": {},
-         "rootfs": {"type": "layers", "diff_ids": [layer.digest]}}).encode(),
-        media_type=OCI_CONFIG)
-    manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
-                "config": Descriptor(OCI_CONFIG, config.digest, config.size).to_json(),
-                "layers": [Descriptor(OCI_LAYER, layer.digest, layer.size).to_json()]}
-    return await registry.push_manifest(REPO, json.dumps(manifest).encode(),
-                                        media_type=OCI_MANIFEST, tag=name)
 
 
 async def attachment(registry: OciLayout, digest: str) -> dict[str, Any]:
@@ -78,7 +62,7 @@ def blob(registry: OciLayout, digest: str) -> bytes:
 
 
 async def test_a_manifest_signed_by_a_trusted_key_verifies(registry: OciLayout) -> None:
-    digest = await push_image(registry, "ck-1")
+    digest = await push_image(registry, REPO, "ck-1")
     await sign_manifest(registry, REPO, digest, signer("signing"))
     verified = await verify_manifest(registry, REPO, digest, Verifier([OURS.public]))
     assert verified == Verified(digest, f"{REPO}@{digest}")
@@ -89,7 +73,7 @@ async def test_the_attachment_is_cosigns_layout_and_the_payload_simple_signing(
     """What containers/image's ``putSignaturesToSigstoreAttachments`` writes: an OCI
     manifest tagged ``sha256-<hex>.sig``, one simplesigning layer whose blob is the payload
     and whose annotation is the base64 DER signature over it, a config listing it."""
-    digest = await push_image(registry, "ck-1")
+    digest = await push_image(registry, REPO, "ck-1")
     stored = await sign_manifest(registry, REPO, digest, signer("signing"))
     assert signature_tag(digest) == "sha256-" + digest.removeprefix("sha256:") + ".sig"
     assert (await registry.get_manifest(REPO, signature_tag(digest))).digest == stored
@@ -112,14 +96,14 @@ async def test_the_attachment_is_cosigns_layout_and_the_payload_simple_signing(
 
 
 async def test_an_unsigned_manifest_is_refused_as_unsigned(registry: OciLayout) -> None:
-    digest = await push_image(registry, "ck-1")
+    digest = await push_image(registry, REPO, "ck-1")
     with pytest.raises(Unsigned, match=signature_tag(digest)):
         await verify_manifest(registry, REPO, digest, Verifier([OURS.public]))
 
 
 async def test_a_manifest_signed_by_another_key_is_refused_as_untrusted(
         registry: OciLayout) -> None:
-    digest = await push_image(registry, "ck-1")
+    digest = await push_image(registry, REPO, "ck-1")
     await sign_manifest(registry, REPO, digest, signer("attacker"))
     with pytest.raises(UntrustedSignature, match="no trusted key"):
         await verify_manifest(registry, REPO, digest, Verifier([OURS.public]))
@@ -128,8 +112,8 @@ async def test_a_manifest_signed_by_another_key_is_refused_as_untrusted(
 async def test_a_trusted_signature_of_another_manifest_is_refused_as_a_mismatch(
         registry: OciLayout) -> None:
     """The real signature copied onto a forged push: trusted, but it names the real digest."""
-    real = await push_image(registry, "ck-1")
-    forged = await push_image(registry, "forged")
+    real = await push_image(registry, REPO, "ck-1")
+    forged = await push_image(registry, REPO, "forged")
     await sign_manifest(registry, REPO, real, signer("signing"))
     ours = await registry.get_manifest(REPO, signature_tag(real))
     await registry.push_manifest(REPO, ours.body, media_type=ours.media_type,
@@ -140,7 +124,7 @@ async def test_a_trusted_signature_of_another_manifest_is_refused_as_a_mismatch(
 
 async def test_a_trusted_signature_for_another_repository_is_refused_as_a_mismatch(
         registry: OciLayout) -> None:
-    digest = await push_image(registry, "ck-1")
+    digest = await push_image(registry, REPO, "ck-1")
     ours = signer("signing")
     body = payload(f"localhost:5000/other/app@{digest}", digest)
     stored = await registry.push_blob(REPO, body, media_type=PAYLOAD_TYPE)
@@ -157,7 +141,7 @@ async def test_a_trusted_signature_for_another_repository_is_refused_as_a_mismat
 
 
 async def test_a_second_signature_is_added_and_the_first_kept(registry: OciLayout) -> None:
-    digest = await push_image(registry, "ck-1")
+    digest = await push_image(registry, REPO, "ck-1")
     await sign_manifest(registry, REPO, digest, signer("attacker"))
     first = (await attachment(registry, digest))["layers"]
     await sign_manifest(registry, REPO, digest, signer("signing"))
@@ -169,15 +153,15 @@ async def test_a_second_signature_is_added_and_the_first_kept(registry: OciLayou
 
 
 async def test_signing_again_with_the_same_key_adds_nothing(registry: OciLayout) -> None:
-    digest = await push_image(registry, "ck-1")
+    digest = await push_image(registry, REPO, "ck-1")
     once = await sign_manifest(registry, REPO, digest, signer("signing"))
     assert await sign_manifest(registry, REPO, digest, signer("signing")) == once
 
 
 async def test_during_key_rotation_old_and_new_signatures_both_verify(
         registry: OciLayout) -> None:
-    old = await push_image(registry, "ck-old")
-    new = await push_image(registry, "ck-new")
+    old = await push_image(registry, REPO, "ck-old")
+    new = await push_image(registry, REPO, "ck-new")
     await sign_manifest(registry, REPO, old, signer("signing"))
     await sign_manifest(registry, REPO, new, signer("signing-new"))
     rotating = Verifier([OURS.public, NEW.public])

@@ -36,7 +36,6 @@ from typing import Any
 import pytest
 
 from drivers.registry import RegistryClient, RegistrySettings
-from drivers.registry.port import OCI_MANIFEST, Descriptor
 from drivers.sealing.signatures import (
     PAYLOAD_TYPE,
     SIGNATURE_ANNOTATION,
@@ -48,11 +47,9 @@ from drivers.sealing.signatures import (
 )
 from tests.registry.servers import run_registry
 from tests.sealing.parties import party
-from tests.sealing.tools import run
+from tests.sealing.tools import push_image, run
 
 ENSURE = "scripts/ensure-skopeo"
-OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
-OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
 OURS, ATTACKER = party("signing"), party("attacker")
 DEBIAN_STUB = "Debian-local change: sigstore disabled"
 NO_SIGNATURE = "A signature was required, but no signature exists"
@@ -91,18 +88,7 @@ class World:
         return code, said, out
 
     async def push_image(self, repo: str, name: str) -> str:
-        """A one-layer image tagged ``name`` (its layer differs per name); its digest."""
-        layer = await self.client.push_blob(repo, f"checkpoint {name}".encode(),
-                                            media_type=OCI_LAYER)
-        config = await self.client.push_blob(repo, json.dumps(
-            {"architecture": "amd64", "os": "linux", "config": {},
-             "rootfs": {"type": "layers", "diff_ids": [layer.digest]}}).encode(),
-            media_type=OCI_CONFIG)
-        manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
-                    "config": Descriptor(OCI_CONFIG, config.digest, config.size).to_json(),
-                    "layers": [Descriptor(OCI_LAYER, layer.digest, layer.size).to_json()]}
-        return await self.client.push_manifest(repo, json.dumps(manifest).encode(),
-                                               media_type=OCI_MANIFEST, tag=name)
+        return await push_image(self.client, repo, name)
 
 
 @pytest.fixture
