@@ -48,7 +48,9 @@ class Embedded(RunsProduct):
 
 
 def sealed_class(keys: Path) -> dict[str, object]:
-    """The ``encryption`` block sealing for ``keys/recipient.pub`` (:func:`make_keys`)."""
+    """The ``encryption`` block sealing for ``keys/recipient.pub`` (:func:`make_keys`);
+    absolute, as a class's key sources must be (``cpctl demo`` runs in ``var/demo``)."""
+    keys = keys.resolve()
     return {"recipients": [f"file:{keys / 'recipient.pub'}"],
             "keyFile": str(keys / "recipient.pem")}
 

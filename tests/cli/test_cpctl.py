@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -158,16 +159,18 @@ def test_sim_up_serves_a_cluster_with_the_asked_nodes_until_sigterm(tmp_path: Pa
 
 
 def test_demo_migrates_suspends_and_resumes_with_the_markers_surviving(tmp_path: Path) -> None:
-    """README's first command: the product end to end on the embedded default."""
+    """README's first command: the product end to end on the embedded default, with a
+    relative work directory as ``make demo`` gives it (``var/demo``)."""
     result = subprocess.run(
-        [sys.executable, "-m", "controlplane.cli.main", "demo", "--workdir",
-         str(tmp_path / "demo")], cwd=ROOT, capture_output=True, text=True, timeout=120,
-        stdin=subprocess.DEVNULL)
+        [sys.executable, "-m", "controlplane.cli.main", "demo", "--workdir", "demo"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "marker 'counter=41' survived" in out
     assert "marker 'session=7' survived" in out
     assert "0 projection mismatches, 0 decisions that would now differ" in out
+    assert "checkpoints sealed (encrypted and signed)" in out
     for outcome in ("checkpoint  default/web", "migration   default/app", "Suspended",
                     "Resumed"):
         assert outcome in out
