@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,19 +132,8 @@ class Keyring:
                    public: Iterable[Path] = ()) -> Keyring:
         """From PEM files; ``ValueError`` naming the unusable file, ``OSError`` if one
         cannot be read."""
-        decryption = []
-        for path in private:
-            try:
-                decryption.append(load_private_key(path.read_bytes()))
-            except ValueError as exc:
-                raise ValueError(f"{path}: {exc}") from exc
-        recipients = []
-        for path in public:
-            try:
-                recipients.append(load_public_key(path.read_bytes()))
-            except ValueError as exc:
-                raise ValueError(f"{path}: {exc}") from exc
-        return cls(tuple(decryption), tuple(recipients))
+        return cls(tuple(_load_file(load_private_key, path) for path in private),
+                   tuple(_load_file(load_public_key, path) for path in public))
 
     def ids(self) -> tuple[str, ...]:
         """The key ids on the ring, decryption keys first, each once."""
@@ -164,3 +153,11 @@ def _each(load: Any, pems: Iterable[bytes | str], what: str) -> list[Any]:
         except ValueError as exc:
             raise ValueError(f"{what} {number}: {exc}") from exc
     return found
+
+
+def _load_file(load: Callable[[bytes], Any], path: Path) -> Any:
+    """``load`` of the file's bytes; a ``ValueError`` names the file."""
+    try:
+        return load(path.read_bytes())
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
