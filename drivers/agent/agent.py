@@ -262,7 +262,7 @@ class NodeAgent:
     async def _capture_steps(self, pod: PodView, request: CaptureRequest,
                              workdir: Path) -> str:
         ref = judge_capture(request, pod, node=self.node)
-        recipients = self._recipients(pod, request)  # before anything is frozen
+        recipients = await self._recipients(pod, request)  # before anything is frozen
         workload = self._workload(pod)
         wanted = _containers(workload, request.containers)
         await asyncio.to_thread(workdir.mkdir, mode=0o700, parents=True, exist_ok=True)
@@ -273,14 +273,14 @@ class NodeAgent:
             return await self._dump_and_push(pod, request, workdir, ref, workload, wanted,
                                              recipients)
 
-    def _recipients(self, pod: PodView, request: CaptureRequest) -> list[Any] | None:
+    async def _recipients(self, pod: PodView, request: CaptureRequest) -> list[Any] | None:
         """The keys to seal for (``None``: plain); a required seal that cannot be had is
         refused here, before the dump, and never falls back to plain text."""
         seal = read_seal(pod.annotations, request.checkpoint_id)
         if seal is None:
             return None
         try:
-            return self.sealing.recipients(seal)
+            return await asyncio.to_thread(self.sealing.recipients, seal)  # reads key files
         except RequestRefused:
             if seal.required:
                 raise
