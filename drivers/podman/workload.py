@@ -1,7 +1,10 @@
 """The workload image for real checkpoints: a counter whose state lives only in memory.
 
-``counter MIB INTERVAL_MS [SEED]`` allocates ``MIB`` MiB, writes every page of it, then ticks
-forever: each tick adds one to a counter held in memory and prints
+``counter MIB INTERVAL_MS [SEED [DIRTY_MIB_PER_S]]`` allocates ``MIB`` MiB, writes every page
+of it, then ticks forever: each tick rewrites the next ``DIRTY_MIB_PER_S * INTERVAL_MS /
+1000`` MiB of it (the same pattern again, cycling through the memory: the process keeps
+dirtying pages at a steady, stated rate, as a live workload does, so a checkpoint is never
+of idle memory), adds one to a counter held in memory and prints
 ``<count> <unix time with ns> <ok|corrupt>`` (``corrupt`` when a page lost its pattern).
 Nothing is on disk, so after a restore the count continues at the checkpointed value +
 1 only if CRIU carried the process's memory across, and the page check says the touched
@@ -41,13 +44,17 @@ int main(int argc, char **argv) {
     long mib = argc > 1 ? atol(argv[1]) : 0;
     long ms = argc > 2 ? atol(argv[2]) : 100;
     int seed = argc > 3 ? atoi(argv[3]) & 0xff : 0;
+    long dirty = argc > 4 ? atol(argv[4]) : 0;
     size_t size = (size_t)mib << 20;
+    size_t per_tick = (size_t)((dirty << 20) / 1000 * ms) & ~(size_t)4095, next = 0;
     unsigned char *mem = size ? malloc(size) : NULL;
     if (size && !mem) { fprintf(stderr, "cannot allocate %ld MiB\n", mib); return 1; }
     for (size_t i = 0; i < size; i += 4096) memset(mem + i, (int)(((i >> 12) & 0xff) ^ seed), 4096);
     struct timespec pause = {ms / 1000, (ms % 1000) * 1000000L}, now;
     unsigned long count = 0;
     for (;;) {
+        for (size_t done = 0; size && done < per_tick; done += 4096, next = (next + 4096) % size)
+            memset(mem + next, (int)(((next >> 12) & 0xff) ^ seed), 4096);
         int ok = 1;
         for (size_t i = 0; i < size; i += 4096)
             if (mem[i] != (unsigned char)(((i >> 12) & 0xff) ^ seed)) { ok = 0; break; }
@@ -170,10 +177,14 @@ async def build_image(builder: PodmanNode, registry_host: str, folder: Path) -> 
     return reference
 
 
-def command(mib: int = 0, interval_ms: int = 100, seed: int = 0) -> list[str]:
+def command(mib: int = 0, interval_ms: int = 100, seed: int = 0,
+            dirty_mib_per_s: int = 0) -> list[str]:
     """The container command of a counter touching ``mib`` MiB (page ``k`` filled with
-    ``(k & 0xff) ^ seed``: see :func:`memory_marker`)."""
-    return ["/bin/counter", str(mib), str(interval_ms), *([str(seed)] if seed else [])]
+    ``(k & 0xff) ^ seed``: see :func:`memory_marker`) and rewriting ``dirty_mib_per_s``
+    MiB of it every second, a tick's share at a time."""
+    tail = [str(seed), str(dirty_mib_per_s)] if dirty_mib_per_s else [str(seed)] if seed \
+        else []
+    return ["/bin/counter", str(mib), str(interval_ms), *tail]
 
 
 def memory_marker(seed: int) -> bytes:
