@@ -178,6 +178,8 @@ def document() -> dict[str, Any]:
                                    "name": {"type": "string"},
                                    "quiesce": {"type": "boolean"},
                                    "keepCheckpoint": {"type": "boolean"},
+                                   "mode": {"type": "string",
+                                            "enum": ["stop-and-copy", "precopy"]},
                                    "dryRun": {"type": "boolean"},
                                    "maxParallel": {"type": "integer", "minimum": 1},
                                    "targets": {"type": "array", "items": {"type": "string"}},

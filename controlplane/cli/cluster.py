@@ -38,7 +38,8 @@ from controlplane.wiring.cluster import access_from_args
 SPELLED = {"targetNode": "--to", "targets": "--to",
            "class": "--repository/--class", "name": "--name", "node": "--node",
            "checkpoint": "CHECKPOINT", "quiesce": "--quiesce", "selector": "--selector",
-           "maxParallel": "--max-parallel", "keepCheckpoint": "--keep-checkpoint"}
+           "maxParallel": "--max-parallel", "keepCheckpoint": "--keep-checkpoint",
+           "mode": "--mode"}
 
 
 def fields_of(args: argparse.Namespace) -> dict[str, object]:
@@ -55,7 +56,8 @@ def fields_of(args: argparse.Namespace) -> dict[str, object]:
             "checkpoint": getattr(args, "checkpoint", None),
             "selector": getattr(args, "selector", None),
             "maxParallel": getattr(args, "max_parallel", None),
-            "keepCheckpoint": getattr(args, "keep_checkpoint", None) or None}
+            "keepCheckpoint": getattr(args, "keep_checkpoint", None) or None,
+            "mode": getattr(args, "mode", None)}
 
 
 async def operation_cmd(args: argparse.Namespace) -> int:

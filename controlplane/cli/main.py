@@ -39,6 +39,9 @@ from controlplane.errors import ControlPlaneError
 
 Handler = Callable[[argparse.Namespace], Awaitable[int]]
 
+#: ``controlplane.machines.config.modes.MigrationMode``, spelled here so that parsing
+#: imports no verb (tests/machines/test_modes.py keeps the two equal).
+MIGRATION_MODES = ("stop-and-copy", "precopy")
 _CLUSTER_VERBS = "controlplane.cli.cluster"
 #: The function that runs each verb, as ``module:function``; imported when the verb runs.
 HANDLERS = {
@@ -357,6 +360,13 @@ def build_parser() -> argparse.ArgumentParser:
             op.add_argument("--keep-checkpoint", action="store_true",
                             help="keep the checkpoint in the registry after the verified "
                                  "restore (default: the class's retention decides)")
+            op.add_argument("--mode", default=None, choices=MIGRATION_MODES,
+                            help="how memory moves: 'stop-and-copy' freezes the pod, dumps "
+                                 "it whole and restores it; 'precopy' copies memory while it "
+                                 "runs, then a short last dump (needs the source kernel's "
+                                 "dirty-page tracking: refused before anything is frozen "
+                                 "where it is off). Default: the class's migration_mode, "
+                                 "else stop-and-copy")
         if name == "checkpoint":
             op.add_argument("--quiesce", action="store_true",
                             help="leave the workload stopped after the capture")

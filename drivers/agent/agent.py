@@ -49,6 +49,7 @@ from controlplane.machines.base.refs import ArtifactRef
 from controlplane.machines.contract import protocol
 from drivers.agent.dumper import Container, Dumper, DumpRequest, RestoreRequest, Workload
 from drivers.agent.errors import AgentError, RequestRefused, RestoreFailed
+from drivers.agent.modes import check_mode
 from drivers.agent.pods import PodPatcher
 from drivers.agent.requests import (
     CaptureRequest,
@@ -262,6 +263,11 @@ class NodeAgent:
     async def _capture_steps(self, pod: PodView, request: CaptureRequest,
                              workdir: Path) -> str:
         ref = judge_capture(request, pod, node=self.node)
+        try:  # before anything is frozen
+            mode = protocol.capture_mode(pod.annotations, request.checkpoint_id)
+        except ValueError as exc:
+            raise RequestRefused(f"{exc}; nothing was frozen") from exc
+        await check_mode(self.dumper, mode, node=self.node)
         recipients = await self._recipients(pod, request)  # before anything is frozen
         workload = self._workload(pod)
         wanted = _containers(workload, request.containers)

@@ -19,12 +19,21 @@ is :func:`~drivers.podman.podman.container_name`):
   under the new pod's container name. A container already running under that name (an
   agent restarted mid-restore) is kept; a dead one is replaced.
 
+Modes: stop-and-copy. Pre-copy is refused before anything is frozen
+(:meth:`CriuDumper.refuse_mode`): where the kernel has no dirty-page tracking, naming it
+(:func:`~drivers.agent.modes.dirty_tracking_refusal`); where it has, because this dumper
+has no pre-dump rounds yet.
+
 Failures (CRIU's, podman's, a missing container) become ``DumpFailed`` /
 ``RestoreFailed`` with podman's own message. Format: ``criu-archive/v1``; it also
 restores ``kubelet-checkpoint/v1`` artifacts, the same archive layout.
 """
 
 from __future__ import annotations
+
+import asyncio
+import os
+import shutil
 
 from drivers.agent.dumper import (
     DumpRequest,
@@ -35,6 +44,7 @@ from drivers.agent.dumper import (
 )
 from drivers.agent.errors import DumpFailed, RestoreFailed, RestoreUnsupported
 from drivers.agent.kubelet import FORMAT as KUBELET_FORMAT
+from drivers.agent.modes import dirty_tracking_refusal
 from drivers.podman.podman import PodmanNode, RuntimeFailed, container_name
 from drivers.registry.checkpoints import Archive
 
@@ -55,6 +65,17 @@ class CriuDumper:
     def __init__(self, runtime: PodmanNode) -> None:
         self.runtime = runtime
         self.dumps = 0
+        self._dirty_tracking: str | None = None  # the kernel's answer, asked once
+
+    async def refuse_mode(self, mode: str) -> str | None:
+        if mode != "precopy":
+            return f"the criu dumper does not migrate in mode {mode!r}"
+        if self._dirty_tracking is None:
+            self._dirty_tracking = await _ask_dirty_tracking() or ""
+        if self._dirty_tracking:
+            return self._dirty_tracking
+        return ("this node's kernel tracks dirty pages, but the criu dumper has no pre-dump "
+                "rounds yet")
 
     async def dump(self, request: DumpRequest) -> DumpResult:
         self.dumps += 1
@@ -112,3 +133,17 @@ class CriuDumper:
                 raise RestoreFailed(f"CRIU could not restore {w.key}/{container}: "
                                     f"{exc}") from exc
         return RestoreResult()
+
+
+async def _ask_dirty_tracking() -> str | None:
+    """``criu check --feature mem_dirty_track`` on this node: ``None`` when the kernel
+    tracks dirty pages, else why pre-copy cannot run."""
+    criu = os.environ.get("CONTROLPLANE_CRIU") or shutil.which("criu")
+    if not criu:
+        return "CRIU is not installed on this node (scripts/ensure-criu installs it)"
+    proc = await asyncio.create_subprocess_exec(
+        criu, "check", "--feature", "mem_dirty_track", stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate()
+    assert proc.returncode is not None
+    return dirty_tracking_refusal(proc.returncode, out.decode(errors="replace"))

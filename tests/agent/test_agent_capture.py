@@ -67,7 +67,12 @@ async def test_quiesced_capture_holds_the_workload_until_the_request_is_withdraw
     ("not-the-pods-uid", {}, "uid"),
     (None, {CAPTURE_NODE: "node-2"}, "node"),
     (None, {protocol.PROTOCOL: "v9"}, "protocol version"),
-], ids=["wrong-uid", "wrong-node", "unknown-version"])
+    (None, {protocol.CAPTURE_MODE: '{"checkpoint":"ck-x","mode":"precopy"}'},
+     "mode 'precopy' on node node-1: the sim dumper migrates by stop-and-copy only"),
+    (None, {protocol.CAPTURE_MODE: '{"checkpoint":"ck-x","mode":"teleport"}'},
+     "migration mode 'teleport' is not one this agent speaks"),
+], ids=["wrong-uid", "wrong-node", "unknown-version", "mode-the-dumper-cannot-do",
+        "unknown-mode"])
 async def test_request_not_for_this_pod_is_refused_with_a_reason(
         layout_world: World, uid: str | None, extra: dict[str, str], why: str) -> None:
     w = layout_world

@@ -43,6 +43,7 @@ from controlplane.machines.config.containers import (
     override_to_json,
     parse_override,
 )
+from controlplane.machines.config.modes import DEFAULT_MODE, MigrationMode, parse_mode
 from controlplane.machines.config.runtimes import RestorePath
 
 DEFAULT_CLASS_NAME = "default"
@@ -145,6 +146,9 @@ class CheckpointClass:
     runtimes: tuple[tuple[str, str], ...] = field(default=(), metadata=OMIT_DEFAULT)
     #: Sealed checkpoints: ``None`` pushes plain layers.
     encryption: Encryption | None = field(default=None, metadata=OMIT_DEFAULT)
+    #: How this class's migrations move memory unless a migration names its own
+    #: (:mod:`controlplane.machines.config.modes`).
+    migration_mode: MigrationMode = field(default=DEFAULT_MODE, metadata=OMIT_DEFAULT)
 
     def seal_annotation(self) -> str:
         """The capture request's ``capture-seal`` (empty: push plain layers)."""
@@ -183,7 +187,7 @@ DEFAULT_CLASS = CheckpointClass()
 
 _KEYS = {"name", "repository", "tag_scheme", "timeouts", "retention", "saver", "loader",
          "on_failure", "restore_attempts", "owners", "history_keep_days", "runtimes",
-         "encryption"}
+         "encryption", "migration_mode"}
 MAX_HISTORY_KEEP_DAYS = 100 * 366
 _OWNER_POLICIES = ("move", "refuse")
 
@@ -252,6 +256,8 @@ def _parse_class(data: JsonValue, *, field: str) -> CheckpointClass:
                                      field=f"{field}.history_keep_days"),
         runtimes=_runtimes(data.get("runtimes"), field=f"{field}.runtimes"),
         encryption=_encryption(data.get("encryption"), field=f"{field}.encryption"),
+        migration_mode=parse_mode(data.get("migration_mode", DEFAULT_MODE.value),
+                                  field=f"{field}.migration_mode"),
     )
 
 
@@ -374,6 +380,8 @@ def class_to_json(cls: CheckpointClass) -> JsonObject:
            if cls.history_keep_days is not None else {}),
         **({"runtimes": dict(cls.runtimes)} if cls.runtimes else {}),
         **({"encryption": cls.encryption.to_json()} if cls.encryption is not None else {}),
+        **({"migration_mode": cls.migration_mode.value}
+           if cls.migration_mode is not DEFAULT_MODE else {}),
     }
 
 

@@ -53,6 +53,10 @@ CAPTURE_SAVER = PREFIX + "capture-saver"
 #: the layers are encrypted for. It names its checkpoint, so a seal left on the pod by an
 #: earlier request never applies to a later one (docs/security.md).
 CAPTURE_SEAL = PREFIX + "capture-seal"
+#: A migration mode other than stop-and-copy: JSON ``{"checkpoint", "mode"}``, bound to
+#: its checkpoint like the seal (:mod:`controlplane.machines.config.modes`). An agent
+#: refuses a mode it cannot perform before anything is frozen.
+CAPTURE_MODE = PREFIX + "capture-mode"
 CAPTURE_REQUEST_KEYS = (CAPTURE_CHECKPOINT_ID, CAPTURE_ARTIFACT, CAPTURE_SOURCE_UID,
                         CAPTURE_CONTAINERS, CAPTURE_QUIESCE, CAPTURE_SAVER, PROTOCOL)
 
@@ -102,9 +106,10 @@ class ReportState(StrEnum):
 
 def capture_request(*, checkpoint_id: str, artifact: str, source_uid: str,
                     containers: tuple[str, ...], quiesce: bool, saver: str,
-                    seal: str = "") -> dict[str, str]:
+                    seal: str = "", mode: str = "") -> dict[str, str]:
     """The annotations that ask the node agent for one capture (``seal``: the class's
-    :meth:`~controlplane.machines.config.classes.Encryption.seal_annotation`, sealed only)."""
+    :meth:`~controlplane.machines.config.classes.Encryption.seal_annotation`, sealed only;
+    ``mode``: a migration mode other than stop-and-copy)."""
     out = {
         CAPTURE_CHECKPOINT_ID: checkpoint_id,
         CAPTURE_ARTIFACT: artifact,
@@ -117,7 +122,27 @@ def capture_request(*, checkpoint_id: str, artifact: str, source_uid: str,
     if seal:
         out[CAPTURE_SEAL] = json.dumps({"checkpoint": checkpoint_id, **json.loads(seal)},
                                        sort_keys=True, separators=(",", ":"))
+    if mode:
+        out[CAPTURE_MODE] = json.dumps({"checkpoint": checkpoint_id, "mode": mode},
+                                       sort_keys=True, separators=(",", ":"))
     return out
+
+
+def capture_mode(annotations: Mapping[str, str], checkpoint_id: str) -> str:
+    """The mode this checkpoint's request asks for (``""``: stop-and-copy); one naming
+    another checkpoint (left by an earlier request) does not apply. Unreadable: raises
+    ``ValueError`` naming the key."""
+    raw = annotations.get(CAPTURE_MODE, "")
+    if not raw:
+        return ""
+    try:
+        data = json.loads(raw)
+        named, mode = data["checkpoint"], data["mode"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{CAPTURE_MODE} {raw!r} is not a mode this agent reads") from exc
+    if not isinstance(mode, str):
+        raise ValueError(f"{CAPTURE_MODE} {raw!r}: the mode must be a string")
+    return mode if named == checkpoint_id else ""
 
 
 def has_capture_request(pod: PodView, checkpoint_id: str) -> bool:

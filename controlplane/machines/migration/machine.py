@@ -53,6 +53,7 @@ from controlplane.machines.base.codec import decode
 from controlplane.machines.base.commands import Cancel, Retarget
 from controlplane.machines.base.events import DomainEvent, Started
 from controlplane.machines.base.facts import with_facts
+from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.specs import (
     checkpoint_class,
     node_name,
@@ -64,6 +65,7 @@ from controlplane.machines.base.specs import (
 )
 from controlplane.machines.base.stepping import action_key, started
 from controlplane.machines.checkpoint.machine import capture_spec, validate_capture_fields
+from controlplane.machines.config.modes import DEFAULT_MODE, parse_mode
 from controlplane.machines.contract.actions import EventType, emit_event
 from controlplane.machines.migration.events import MigrationCancelRequested, Retargeted
 from controlplane.machines.migration.phases import decide_migration
@@ -89,7 +91,7 @@ class MigrationDecider:
     def validate_spec(self, spec: JsonObject) -> JsonObject:
         only_known(spec, ("pod", "source_node", "target_node", "template", "artifact",
                           "containers", "restore_name", "keep_name", "successor", "class",
-                          "keep_checkpoint"))
+                          "keep_checkpoint", "mode"))
         out = validate_capture_fields(spec)
         source = node_name(require(spec, "source_node"), field="spec.source_node")
         target = node_name(require(spec, "target_node"), field="spec.target_node")
@@ -106,6 +108,8 @@ class MigrationDecider:
         if optional_flag(spec, "keep_checkpoint", meaning="true keeps the checkpoint in the "
                          "registry after the verified restore"):
             out["keep_checkpoint"] = True
+        if spec.get("mode") is not None:
+            out["mode"] = parse_mode(spec["mode"], field="spec.mode").value
         keep = optional_flag(spec, "keep_name", meaning="true names the restored pod "
                              "restore_name (default: the source's name) once that name is free")
         if keep is not None:
@@ -126,6 +130,10 @@ class MigrationDecider:
     def initial_state(self, machine_id: str, spec: JsonObject) -> MigrationState:
         klass = checkpoint_class(spec.get("class"))
         cspec = capture_spec(machine_id, spec, klass, quiesce=True)
+        mode = parse_mode(spec["mode"], field="spec.mode") if spec.get("mode") is not None \
+            else klass.migration_mode
+        if mode is not DEFAULT_MODE:
+            cspec = replace(cspec, mode=mode.value)
         template = spec["template"]
         assert isinstance(template, dict)
         name = spec.get("restore_name")

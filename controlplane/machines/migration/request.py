@@ -1,7 +1,8 @@
 """A migration as asked for: the running pod ``workload`` (``namespace/name``) moved to
 ``targetNode`` with the class ``class``; the restored pod named ``name`` (by default the
 source's own, once the source is gone); ``keepCheckpoint`` keeps its checkpoint in the
-registry after the verified restore, whatever the class's retention. A pod whose
+registry after the verified restore, whatever the class's retention; ``mode`` says how
+memory moves (:mod:`controlplane.machines.config.modes`; default: the class's). A pod whose
 controller (ReplicaSet, StatefulSet) names the restored pod moves as its successor and
 takes no ``name``. Pure."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Interests, Observation
 from controlplane.machines.base import requests as rq
@@ -20,6 +22,7 @@ from controlplane.machines.base.checks import (
 )
 from controlplane.machines.base.specs import PodRef
 from controlplane.machines.config.classes import parse_class
+from controlplane.machines.config.modes import mode_refusal, parse_mode
 from controlplane.machines.owners import BARE, controller_of, how_moved
 
 
@@ -28,6 +31,7 @@ class MigrationRequest(rq.OnPod):
     target_node: str
     restore_name: str | None
     keep_checkpoint: bool
+    mode: str | None = None
 
     def build(self, seen: rq.Seen) -> rq.Built:
         pod = self.pod(seen)
@@ -42,6 +46,12 @@ class MigrationRequest(rq.OnPod):
         how = how_moved(pod, verb="migration", movable=movable)
         if self.keep_checkpoint:
             spec["keep_checkpoint"] = True
+        if self.mode is not None:
+            try:
+                spec["mode"] = parse_mode(self.mode, field="mode").value
+            except InvalidSpec as exc:
+                raise self.fields.reject("mode", str(exc).removeprefix("mode "),
+                                         hint="leave it out for the class's mode") from exc
         if how == BARE:
             spec["keep_name"] = True
         else:
@@ -62,7 +72,8 @@ class MigrationRequests(rq.OnPodRequests):
         request = MigrationRequest(
             ns, name, klass, fields,
             target_node=fields.required("targetNode", "name the node to move the pod to"),
-            restore_name=fields.text("name"), keep_checkpoint=fields.flag("keepCheckpoint"))
+            restore_name=fields.text("name"), keep_checkpoint=fields.flag("keepCheckpoint"),
+            mode=fields.text("mode"))
         fields.done()
         return request
 
@@ -77,8 +88,13 @@ class MigrationRequests(rq.OnPodRequests):
         target = str(spec["target_node"])
         path = check_destination(observation, target, field="spec.target_node",
                                  current=current, klass=spec.get("class"))
-        overrides = parse_class(spec.get("class")).runtime_paths()
-        check_same_path(observation, current, path, target, overrides)
+        klass = parse_class(spec.get("class"))
+        check_same_path(observation, current, path, target, klass.runtime_paths())
+        mode = parse_mode(spec["mode"], field="spec.mode") if "mode" in spec \
+            else klass.migration_mode
+        refusal = mode_refusal(mode, path, node=target)
+        if refusal is not None:
+            raise SubmissionRejected(f"spec.mode: {refusal}")
         if spec.get("source_node") != current:
             raise SubmissionRejected(
                 f"spec.source_node {spec.get('source_node')!r} is not where the pod runs "

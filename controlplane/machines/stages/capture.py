@@ -127,6 +127,8 @@ class CaptureSpec:
     saver: str  # the merged saver container, JSON
     timeout: int  # seconds from the first request to a verified artifact
     seal: str = field(default="", metadata=OMIT_DEFAULT)  # recipients, JSON ("": plain)
+    #: A migration mode other than stop-and-copy (:mod:`controlplane.machines.config.modes`).
+    mode: str = field(default="", metadata=OMIT_DEFAULT)
 
     @property
     def pod_key(self) -> str:
@@ -189,7 +191,8 @@ def _request(spec: CaptureSpec, cap: Capture, pod: PodFact, now: datetime, *,
     attempt = cap.attempt + 1
     annotations = protocol.capture_request(
         checkpoint_id=spec.checkpoint_id, artifact=spec.artifact, source_uid=spec.uid,
-        containers=spec.containers, quiesce=spec.quiesce, saver=spec.saver, seal=spec.seal)
+        containers=spec.containers, quiesce=spec.quiesce, saver=spec.saver, seal=spec.seal,
+        mode=spec.mode)
     event = CaptureRequested(
         at=now, attempt=attempt, checkpoint_id=spec.checkpoint_id, artifact=spec.artifact,
         containers=spec.containers, quiesce=spec.quiesce,
@@ -263,7 +266,8 @@ def _reissue(spec: CaptureSpec, cap: Capture, now: datetime, facts: JsonObject,
     attempt = cap.attempt + 1
     annotations = protocol.capture_request(
         checkpoint_id=spec.checkpoint_id, artifact=spec.artifact, source_uid=spec.uid,
-        containers=spec.containers, quiesce=spec.quiesce, saver=spec.saver, seal=spec.seal)
+        containers=spec.containers, quiesce=spec.quiesce, saver=spec.saver, seal=spec.seal,
+        mode=spec.mode)
     event = CaptureRequested(at=now, attempt=attempt, reissue=True).recorded(facts)
     action = annotate_pod(request_key(machine_id, attempt), namespace=spec.namespace,
                           name=spec.name, uid=spec.uid, annotations=annotations)

@@ -1,0 +1,57 @@
+"""How a migration moves memory: its mode, and which modes a node kind can take. Pure.
+
+- ``stop-and-copy`` (the default): the source is frozen, dumped whole, and restored on the
+  target from that dump. Every node kind takes it.
+- ``precopy``: pre-dump rounds copy memory while the process runs, then a last short dump
+  copies what changed since. It needs CRIU driven by the node agent (CRI-O restores whole
+  checkpoint images through the CRI, so a CRI-O node cannot) and the kernel's dirty-page
+  tracking on the source node, which only the node's agent can see: it refuses the capture
+  before anything is frozen when the kernel lacks it (``docs/runtime.md``).
+
+A migration names its mode in ``spec.mode`` (``cpctl migrate --mode``, the ``Migration``
+resource's ``spec.mode``); a checkpoint class may set the default for its migrations
+(``migration_mode``). The capture request carries a mode other than stop-and-copy to the
+agent (:data:`~controlplane.machines.contract.protocol.CAPTURE_MODE`).
+
+Used by the migration request and decider, the class parser and the submission checks.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from controlplane.engine.decider import InvalidSpec
+from controlplane.engine.jsonvalue import JsonValue
+from controlplane.machines.config.runtimes import RestorePath
+
+
+class MigrationMode(StrEnum):
+    STOP_AND_COPY = "stop-and-copy"
+    PRECOPY = "precopy"
+
+
+DEFAULT_MODE = MigrationMode.STOP_AND_COPY
+_MEANINGS = {
+    MigrationMode.STOP_AND_COPY: "freeze, dump whole, restore (the default)",
+    MigrationMode.PRECOPY: "copy memory while the process runs, then a short last dump",
+}
+
+
+def parse_mode(value: JsonValue, *, field: str) -> MigrationMode:
+    """``value`` as a mode, or a refusal naming ``field`` and the modes there are."""
+    if isinstance(value, str):
+        for mode in MigrationMode:
+            if value == mode.value:
+                return mode
+    known = "; ".join(f"{m.value!r}: {meaning}" for m, meaning in _MEANINGS.items())
+    raise InvalidSpec(f"{field} {value!r} is not a migration mode ({known})")
+
+
+def mode_refusal(mode: MigrationMode, path: RestorePath, *, node: str) -> str | None:
+    """Why ``node``, restoring on ``path``, cannot migrate in ``mode`` (``None``: it may;
+    the source node's agent still checks its kernel before anything is frozen)."""
+    if mode is MigrationMode.PRECOPY and path is RestorePath.RUNTIME:
+        return (f"mode 'precopy' needs CRIU driven by the node agent, and node {node} "
+                "restores through CRI-O, which takes whole checkpoint images only: migrate "
+                "with mode 'stop-and-copy'")
+    return None

@@ -1,0 +1,53 @@
+"""Whether this node's dumper can migrate in the mode a capture request asks for.
+
+A capture request may name a migration mode other than stop-and-copy
+(:data:`~controlplane.machines.contract.protocol.CAPTURE_MODE`). The agent answers before
+anything is frozen: a mode the agent does not speak, or one its dumper cannot perform
+here, refuses the capture (report ``Failed``, reason ``Refused: ...``), and the control
+plane ends the migration without having stopped the workload.
+
+A dumper that can do more than stop-and-copy says so with an optional
+``async def refuse_mode(mode: str) -> str | None`` (``None``: it can); one without it
+migrates by stop-and-copy only. :func:`dirty_tracking_refusal` reads ``criu check``'s
+answer about the kernel's dirty-page tracking, which pre-copy needs. Used by
+:mod:`drivers.agent.agent` and the dumpers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from drivers.agent.errors import RequestRefused
+
+#: The modes an agent speaks (``controlplane.machines.config.modes``; ``""``: the default).
+SPOKEN = ("", "stop-and-copy", "precopy")
+STOP_AND_COPY = "use mode 'stop-and-copy'"
+
+
+async def check_mode(dumper: Any, mode: str, *, node: str) -> None:
+    """``RequestRefused`` when ``dumper`` cannot migrate in ``mode`` on ``node``."""
+    if mode not in SPOKEN:
+        raise RequestRefused(f"migration mode {mode!r} is not one this agent speaks "
+                             f"({', '.join(m for m in SPOKEN if m)}); nothing was frozen")
+    if mode in ("", "stop-and-copy"):
+        return
+    refuse: Callable[[str], Awaitable[str | None]] | None = getattr(dumper, "refuse_mode",
+                                                                    None)
+    why = f"the {dumper.name} dumper migrates by stop-and-copy only" if refuse is None \
+        else await refuse(mode)
+    if why is not None:
+        raise RequestRefused(f"mode {mode!r} on node {node}: {why}; nothing was frozen: "
+                             f"{STOP_AND_COPY}")
+
+
+def dirty_tracking_refusal(returncode: int, output: str) -> str | None:
+    """Why pre-copy cannot run, from ``criu check --feature mem_dirty_track`` (its exit
+    status and output): ``None`` when the kernel tracks dirty pages."""
+    if returncode == 0:
+        return None
+    said = " ".join(line.split("):", 1)[-1].strip() for line in output.splitlines()
+                    if line.strip()) or f"exit {returncode}"
+    return ("pre-copy needs the kernel's dirty-page tracking (soft-dirty bits, "
+            "CONFIG_MEM_SOFT_DIRTY), which this node's kernel does not offer "
+            f"(criu check --feature mem_dirty_track: {said})")
