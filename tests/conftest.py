@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import shutil
 import tracemalloc
 from collections.abc import AsyncIterator, Generator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +72,57 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return url
 
 
+@pytest.fixture(scope="session")
+def migrated_templates(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MigratedTemplates]:
+    """Per test process, an empty database at the schema's head on each backend, made by
+    the migrations once: the ``db`` fixture copies it (a file copy; PostgreSQL's
+    ``CREATE DATABASE ... TEMPLATE``, 0.05 s against the migrations' 0.8 s). The
+    migrations themselves are tested from an empty database in ``tests/store``."""
+    templates = MigratedTemplates(tmp_path_factory.mktemp("migrated"))
+    yield templates
+    if "postgresql" in templates.made:
+        asyncio.run(_pg_admin(
+            f'DROP DATABASE IF EXISTS "{templates.made["postgresql"]}" WITH (FORCE)'))
+
+
+@dataclass
+class MigratedTemplates:
+    folder: Path
+    made: dict[str, str] = field(default_factory=dict)  # backend -> file or database name
+
+
+async def _migrated_copy(db_url: str, templates: MigratedTemplates) -> None:
+    """``db_url``'s database as a copy of the migrated template (made on first use)."""
+    backend = "sqlite" if db_url.startswith("sqlite") else "postgresql"
+    made = templates.made
+    if backend not in made:
+        if backend == "sqlite":
+            template = str(templates.folder / "migrated.db")
+            url = f"sqlite:///{template}"
+        else:
+            template = f"{PG_TEST_DB}_migrated"
+            await _pg_admin(f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)')
+            await _pg_admin(f'CREATE DATABASE "{template}"')
+            url = PG_TEST_URL.rsplit("/", 1)[0] + f"/{template}"
+        database = open_database(url)
+        try:
+            await migrate.upgrade(database)
+        finally:
+            await database.dispose()
+        made[backend] = template
+    if backend == "sqlite":
+        await asyncio.to_thread(shutil.copyfile, made[backend],
+                                db_url.removeprefix("sqlite:///"))
+    else:
+        await _pg_admin(f'DROP DATABASE IF EXISTS "{PG_TEST_DB}" WITH (FORCE)')
+        await _pg_admin(f'CREATE DATABASE "{PG_TEST_DB}" TEMPLATE "{made[backend]}"')
+
+
 @pytest.fixture
-async def db(db_url: str) -> AsyncIterator[Database]:
-    """A migrated database on each backend."""
+async def db(db_url: str, migrated_templates: MigratedTemplates) -> AsyncIterator[Database]:
+    """A migrated database on each backend (a copy of one the migrations made)."""
+    await _migrated_copy(db_url, migrated_templates)
     database = open_database(db_url, pool_size=40)
-    await migrate.upgrade(database)
     yield database
     await database.dispose()
 
