@@ -269,3 +269,24 @@ async def test_a_destination_that_is_not_empty_is_refused_and_left_alone(
         await fetch(server, dest)
     assert type(failed.value) is HandoffFailed  # neither refused by the source nor retryable
     assert [p.name for p in dest.iterdir()] == ["earlier"]
+
+
+async def test_a_source_that_stops_answers_its_held_requests_at_once(tmp_path: Path) -> None:
+    """Not at its shutdown timeout: the held request is told why, and nothing is left."""
+    async with HandoffServer(KEY, shutdown_timeout=30) as stopping:
+        fetching = asyncio.create_task(fetch(stopping, tmp_path / "dest"))
+        await eventually(lambda: stopping.waiting("c1") == 1, what="the fetch held")
+    with pytest.raises(HandoffRefused, match="handoff server stopped"):
+        await asyncio.wait_for(fetching, 10)
+    assert not (tmp_path / "dest").exists()
+
+
+async def test_an_offer_whose_archive_is_gone_is_refused_naming_it(
+        server: HandoffServer, tmp_path: Path) -> None:
+    gone = archive(tmp_path, "app", b"x")
+    gone.path.unlink()
+    server.offer("c1", [gone], source_uid="u", target_node=TARGET)
+    with pytest.raises(HandoffRefused, match="cannot read checkpoint c1's archives") as failed:
+        await fetch(server, tmp_path / "dest")
+    assert failed.value.status == 500
+    assert not (tmp_path / "dest").exists()

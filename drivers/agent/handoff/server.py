@@ -1,12 +1,13 @@
 """The source side of a handoff: the source agent's HTTP server that streams a dumped
 checkpoint, sealed, to the one node it is offered to.
 
-The source agent opens one :class:`HandoffServer` and, for each migration, ``offer``\\ s
-the archives it dumped to the target node and awaits :meth:`Offer.delivered` (the target
-verified the stream's end and acknowledged it) or ``withdraw``\\ s it with a reason. A
-request that comes before the offer (the target asks while the source still dumps) is
-held until the offer, a withdrawal or its wait ends. Wire format and signatures:
-:mod:`~drivers.agent.handoff.frames`; the other side: :mod:`~drivers.agent.handoff.client`.
+The source agent opens one :class:`HandoffServer`; for each migration it offers the
+archives it dumped to the target node (:meth:`HandoffServer.offer`) and awaits
+:meth:`Offer.delivered` (the target verified the stream to its end and acknowledged it),
+or withdraws the offer with a reason. A request that comes before the offer (the target
+asks while the source still dumps) is held until the offer, a withdrawal or the end of
+its wait. Wire format and signatures: :mod:`~drivers.agent.handoff.frames`; the other
+side: :mod:`~drivers.agent.handoff.client`.
 """
 
 from __future__ import annotations
@@ -360,7 +361,7 @@ class HandoffServer:
                     ending = f"the source agent withdrew it: {offer.withdrawn}"
             if ending:
                 log.warning("handoff aborted", checkpoint=offer.checkpoint_id, reason=ending)
-                for part in sealer.seal(Kind.ABORT, ending.encode()):
+                for part in sealer.seal(Kind.ABORT, ending.encode()[:4096]):
                     await response.write(part)
             else:
                 # Known before FINAL goes out: its acknowledgement may arrive before
