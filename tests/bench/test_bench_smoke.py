@@ -221,14 +221,32 @@ def test_kube_api_counts_and_times_every_verb_per_migration_on_the_simulator(
     assert sim["of_ceiling"] > 0
 
 
-def test_criu_migration_times_every_step_of_a_real_process_that_went_on(
+def test_criu_migration_divides_the_products_downtime_by_criu_alone_measured_alongside(
         tmp_path: Path) -> None:
+    """One run at 1 MiB: every path moved a process that went on (its restored log says
+    so, or the run fails), each row gives downtime and total as median [min-max] over the
+    runs it keeps, the product's row is per mode, and the headline divides the product's
+    downtime by CRIU alone's."""
     from tests.criu.world import require_runtime
     require_runtime()
-    results = bench(tmp_path, "criu_migration", "--sizes", "1")
+    results = bench(tmp_path, "criu_migration", "--sizes", "1", "--runs", "1")
+    assert results["runs"] == 1
+    assert results["dirty_mib_per_s"] == 4
     [row] = results["rows"]
     assert row["mib"] == 1
-    for way in ("ours", "floor", "criu"):  # each way's restored process counted on
-        assert set(row[way]) >= {"capture", "push", "pull", "restore", "downtime", "bytes"}
-        assert row[way]["bytes"] > 1 << 20  # the touched MiB is in the checkpoint
-    assert set(row["product"]) >= {"checkpoint", "restore", "downtime"}
+    paths = row["paths"]
+    assert set(paths) == {"criu_alone", "product:stop-and-copy", "ours", "reference"}
+    assert paths["reference"]["label"].startswith("reference: podman by hand")
+    for path in paths.values():
+        [one] = path["runs"]
+        assert {"downtime", "total", "bytes", "tick_s"} <= set(one)
+        assert one["bytes"] > 1 << 20  # the touched MiB is in the checkpoint
+        for figure in ("downtime", "total"):
+            s = path["summary"][figure]
+            assert s["min"] <= s["median"] <= s["max"]
+    for way in ("criu_alone", "ours", "reference"):
+        assert {"capture", "push", "pull", "restore"} <= set(paths[way]["runs"][0])
+    assert {"checkpoint", "restore"} <= set(paths["product:stop-and-copy"]["runs"][0])
+    floor = paths["criu_alone"]["summary"]["downtime"]["median"]
+    product = paths["product:stop-and-copy"]["summary"]["downtime"]["median"]
+    assert row["headline"] == {"product:stop-and-copy": pytest.approx(product / floor)}
