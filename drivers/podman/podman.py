@@ -93,13 +93,18 @@ def is_loopback(image: str) -> bool:
 
 
 class PodmanNode:
-    """podman for one node: ``root`` holds its images, containers and state."""
+    """podman for one node: ``root`` holds its images, containers and state.
+
+    ``runtime``: the OCI runtime, ``runc`` or the path of a runc wrapper (podman records
+    it in each container it creates, which keeps it for life; :mod:`drivers.podman.lazy`
+    passes its lazy-pages wrapper)."""
 
     def __init__(self, root: Path, *, podman: str | None = None,
-                 timeout: float = 300.0) -> None:
+                 timeout: float = 300.0, runtime: str = "runc") -> None:
         self.root = Path(root)
         self.podman = podman or shutil.which("podman") or "podman"
         self.timeout = timeout
+        self.runtime = runtime
 
     @property
     def runroot(self) -> Path:
@@ -112,7 +117,7 @@ class PodmanNode:
         return [self.podman, "--root", str(self.root / "storage"),
                 "--runroot", str(self.runroot), "--tmpdir", str(self.root / "tmp"),
                 "--cgroup-manager", "cgroupfs", "--events-backend", "file",
-                "--runtime", "runc"]
+                "--runtime", self.runtime]
 
     async def run(self, *args: str) -> str:
         """Run ``podman <args>`` on this node; its stdout, or :class:`RuntimeFailed`."""
