@@ -21,7 +21,7 @@ is :func:`~drivers.podman.podman.container_name`):
 
 Modes: stop-and-copy. Pre-copy is refused before anything is frozen
 (:meth:`CriuDumper.refuse_mode`): where the kernel has no dirty-page tracking, naming it
-(:func:`~drivers.agent.modes.dirty_tracking_refusal`); where it has, because this dumper
+(:func:`~drivers.podman.lazy_checks.dirty_tracking_available`); where it has, because this dumper
 has no pre-dump rounds yet.
 
 Failures (CRIU's, podman's, a missing container) become ``DumpFailed`` /
@@ -32,8 +32,6 @@ restores ``kubelet-checkpoint/v1`` artifacts, the same archive layout.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 
 from drivers.agent.dumper import (
     DumpRequest,
@@ -44,7 +42,7 @@ from drivers.agent.dumper import (
 )
 from drivers.agent.errors import DumpFailed, RestoreFailed, RestoreUnsupported
 from drivers.agent.kubelet import FORMAT as KUBELET_FORMAT
-from drivers.agent.modes import dirty_tracking_refusal
+from drivers.podman.lazy_checks import dirty_tracking_available
 from drivers.podman.podman import PodmanNode, RuntimeFailed, container_name
 from drivers.registry.checkpoints import Archive
 
@@ -71,7 +69,7 @@ class CriuDumper:
         if mode != "precopy":
             return f"the criu dumper does not migrate in mode {mode!r}"
         if self._dirty_tracking is None:
-            self._dirty_tracking = await _ask_dirty_tracking() or ""
+            self._dirty_tracking = await asyncio.to_thread(dirty_tracking_available) or ""
         if self._dirty_tracking:
             return self._dirty_tracking
         return ("this node's kernel tracks dirty pages, but the criu dumper has no pre-dump "
@@ -134,16 +132,3 @@ class CriuDumper:
                                     f"{exc}") from exc
         return RestoreResult()
 
-
-async def _ask_dirty_tracking() -> str | None:
-    """``criu check --feature mem_dirty_track`` on this node: ``None`` when the kernel
-    tracks dirty pages, else why pre-copy cannot run."""
-    criu = os.environ.get("CONTROLPLANE_CRIU") or shutil.which("criu")
-    if not criu:
-        return "CRIU is not installed on this node (scripts/ensure-criu installs it)"
-    proc = await asyncio.create_subprocess_exec(
-        criu, "check", "--feature", "mem_dirty_track", stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    out, _ = await proc.communicate()
-    assert proc.returncode is not None
-    return dirty_tracking_refusal(proc.returncode, out.decode(errors="replace"))

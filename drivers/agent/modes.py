@@ -8,9 +8,8 @@ plane ends the migration without having stopped the workload.
 
 A dumper that can do more than stop-and-copy says so with an optional
 ``async def refuse_mode(mode: str) -> str | None`` (``None``: it can); one without it
-migrates by stop-and-copy only. :func:`dirty_tracking_refusal` reads ``criu check``'s
-answer about the kernel's dirty-page tracking, which pre-copy needs. Used by
-:mod:`drivers.agent.agent` and the dumpers.
+migrates by stop-and-copy only (the criu dumper asks CRIU about the kernel:
+:mod:`drivers.podman.lazy_checks`). Used by :mod:`drivers.agent.agent`.
 """
 
 from __future__ import annotations
@@ -39,15 +38,3 @@ async def check_mode(dumper: Any, mode: str, *, node: str) -> None:
     if why is not None:
         raise RequestRefused(f"mode {mode!r} on node {node}: {why}; nothing was frozen: "
                              f"{STOP_AND_COPY}")
-
-
-def dirty_tracking_refusal(returncode: int, output: str) -> str | None:
-    """Why pre-copy cannot run, from ``criu check --feature mem_dirty_track`` (its exit
-    status and output): ``None`` when the kernel tracks dirty pages."""
-    if returncode == 0:
-        return None
-    said = " ".join(line.split("):", 1)[-1].strip() for line in output.splitlines()
-                    if line.strip()) or f"exit {returncode}"
-    return ("pre-copy needs the kernel's dirty-page tracking (soft-dirty bits, "
-            "CONFIG_MEM_SOFT_DIRTY), which this node's kernel does not offer "
-            f"(criu check --feature mem_dirty_track: {said})")

@@ -25,7 +25,7 @@ async def test_precopy_is_refused_with_what_this_kernel_lacks(tmp_path: Path) ->
     code, said = await asyncio.to_thread(_criu_says)
     assert why is not None
     if code != 0:  # this machine: "Dirty tracking is OFF"
-        assert "dirty-page tracking" in why
+        assert "soft-dirty page tracking" in why
         assert "CONFIG_MEM_SOFT_DIRTY" in why
         assert said.strip().rsplit("):", 1)[-1].strip() in why
     else:
