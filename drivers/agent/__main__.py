@@ -8,6 +8,8 @@ requests with the chosen dumper, pushes to the chosen registry (an OCI layout di
 or registries over HTTP), prints one line when it serves, and runs until SIGTERM/SIGINT.
 Its ``--workdir`` is its own (:func:`claim_workdir`): by default one per node under the
 working directory, created, checked writable and locked before anything else starts.
+With ``--handoff-key`` it also streams checkpoints straight to other nodes' agents
+(:func:`handoff_from`; docs/protocol.md, "Handoff"); a key it cannot use stops it at start.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import IO
 
 from drivers.agent.agent import AgentSettings
 from drivers.agent.criu import CriuDumper
+from drivers.agent.handoffs import HandoffKeyUnusable, HandoffSettings, read_handoff_key
 from drivers.agent.kubelet import KubeletDumper, KubeletSettings, token_from_file
 from drivers.agent.pods import PodPatcher
 from drivers.agent.runner import DumperFactory, node_agent
@@ -40,6 +43,11 @@ from drivers.registry.port import Registry
 #: several nodes on one host never share one. A DaemonSet passes its mounted path instead.
 DEFAULT_WORKDIRS = "var/checkpoint-agent"
 WORKDIR_ENV = "CONTROLPLANE_AGENT_WORKDIR"
+#: Every interface, one fixed port: the target agent connects over the pod network to the
+#: address the source advertises, and a NetworkPolicy or a node firewall can only let a
+#: known port through (port 0 would be a new one at every start). Listening widely exposes
+#: nothing to a peer without the shared key: requests are authenticated, streams sealed.
+DEFAULT_HANDOFF_LISTEN = "0.0.0.0:9447"
 
 
 class WorkdirUnusable(Exception):
@@ -110,7 +118,30 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     keys.add_argument("--decryption-key", action="append", default=[], metavar="PEM",
                       help="this node's own private key(s) for sealed checkpoints, tried after "
                       "the one the class names (repeatable)")
+    handoff = p.add_argument_group("checkpoint handoff to other nodes' agents "
+                                   "(docs/protocol.md)")
+    handoff.add_argument("--handoff-key", default="", metavar="FILE",
+                         help="the agents' shared key (at least 32 bytes, the same file on "
+                         "every node): serve and fetch handoffs. Without it the agent refuses "
+                         "captures and restores that ask for one")
+    handoff.add_argument("--handoff-listen", default=DEFAULT_HANDOFF_LISTEN,
+                         metavar="HOST:PORT", help="where the handoff server listens "
+                         f"(default {DEFAULT_HANDOFF_LISTEN}: every interface, a port a "
+                         "NetworkPolicy can name; 127.0.0.1:0 for tests)")
+    handoff.add_argument("--handoff-advertise", default=os.environ.get("POD_IP", ""),
+                         metavar="HOST", help="the host other agents reach this one at, "
+                         "written into report-handoff (default: $POD_IP, from the downward "
+                         "API, else the --handoff-listen host)")
     args = p.parse_args(argv)
+    try:
+        args.handoff_host, args.handoff_port = parse_listen(args.handoff_listen)
+    except ValueError as exc:
+        p.error(f"--handoff-listen {args.handoff_listen!r}: {exc}")
+    if args.handoff_key and not args.handoff_advertise and \
+            args.handoff_host in ("0.0.0.0", "::", ""):
+        p.error(f"--handoff-advertise: the handoff server listens on every interface "
+                f"({args.handoff_listen}) and $POD_IP is unset: give --handoff-advertise "
+                "HOST, the address other nodes' agents reach this one at")
     if not args.node:
         p.error("--node (or $NODE_NAME) is required")
     if args.dumper == "criu" and not args.runtime_root:
@@ -118,6 +149,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 "to `cpctl sim nodes --runtime-root`)")
     args.workdir = args.workdir or str(Path(DEFAULT_WORKDIRS) / args.node)
     return args
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT``) as a host and a port; ``ValueError`` saying why not."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError("not HOST:PORT (e.g. 0.0.0.0:9447, [::]:9447, 127.0.0.1:0)")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+def handoff_from(args: argparse.Namespace) -> HandoffSettings | None:
+    """The handoff from the flags (``None``: no ``--handoff-key``); a key file that cannot
+    be used raises :class:`HandoffKeyUnusable` (the agent does not start)."""
+    if not args.handoff_key:
+        return None
+    return HandoffSettings(read_handoff_key(Path(args.handoff_key)), args.handoff_host,
+                           args.handoff_port, advertise=args.handoff_advertise)
 
 
 def claim_workdir(path: Path) -> tuple[Path, IO[str]]:
@@ -192,7 +240,7 @@ def sealing_from(args: argparse.Namespace) -> Sealing:
         decryption_keys=tuple(Path(k) for k in args.decryption_key)))
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def serve(args: argparse.Namespace, handoff: HandoffSettings | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -207,9 +255,9 @@ async def serve(args: argparse.Namespace) -> None:
     try:
         async with node_agent(client=kube.client, settings=settings, registry=registry,
                               dumper=dumper_from(args), kube=kube_settings,
-                              sealing=sealing_from(args)):
+                              sealing=sealing_from(args), handoff=handoff):
             print(f"node agent serving {args.node} with the {args.dumper} dumper; workdir "
-                  f"{args.workdir}", flush=True)
+                  f"{args.workdir}" + ("; handoff on" if handoff else ""), flush=True)
             await stop.wait()
     finally:
         await registry.close()
@@ -220,12 +268,17 @@ async def serve(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        handoff = handoff_from(args)
+    except HandoffKeyUnusable as exc:
+        sys.stderr.write(f"python -m drivers.agent: error: {exc}\n")
+        return 2
+    try:
         args.workdir, lock = claim_workdir(Path(args.workdir))
     except WorkdirUnusable as exc:
         sys.stderr.write(f"python -m drivers.agent: error: {exc}\n")
         return 2
     with lock:
-        asyncio.run(serve(args))
+        asyncio.run(serve(args, handoff))
     return 0
 
 

@@ -26,6 +26,13 @@ the request names, let the dumper restore, and mark the pod with ``restored-from
 and a fresh ``instance-id`` (``<pod uid>.<random>``: bound to this pod, so marks copied
 from a template never count), or ``restore-failure``.
 
+**Handoff** (with a handoff key, :mod:`drivers.agent.handoffs`): a capture whose request
+carries ``capture-handoff`` also offers its archives to the target node's agent, beside
+the push, and announces it in ``report-handoff``; after ``Pushed`` the job keeps the
+offer open until it is delivered, the request is withdrawn or the deadline passes. A pod
+created with ``restore-handoff`` is restored from that stream and marked
+``restored-from-handoff``.
+
 Built by :mod:`drivers.agent.runner` (kube connection, registry, dumper) or by tests.
 """
 
@@ -48,7 +55,9 @@ from controlplane.logs import get_logger
 from controlplane.machines.base.refs import ArtifactRef
 from controlplane.machines.contract import protocol
 from drivers.agent.dumper import Container, Dumper, DumpRequest, RestoreRequest, Workload
-from drivers.agent.errors import AgentError, RequestRefused, RestoreFailed
+from drivers.agent.errors import AgentError, RequestRefused, RestoreFailed, RestoreUnsupported
+from drivers.agent.handoff import HandoffFailed, Offer, Received, frames
+from drivers.agent.handoffs import Handoff
 from drivers.agent.modes import check_mode
 from drivers.agent.pods import PodPatcher
 from drivers.agent.requests import (
@@ -62,10 +71,15 @@ from drivers.agent.sealing import Sealing, read_seal
 from drivers.kube.client import KubeObject
 from drivers.kube.errors import KubeApiError
 from drivers.kube.views import pod_view
-from drivers.registry.artifact import Provenance, read_checkpoint_manifest
-from drivers.registry.checkpoints import pull_checkpoint, push_checkpoint
+from drivers.registry.artifact import (
+    CheckpointArtifact,
+    Layer,
+    Provenance,
+    read_checkpoint_manifest,
+)
+from drivers.registry.checkpoints import Archive, Pushed, pull_checkpoint, push_checkpoint
 from drivers.registry.errors import RegistryError
-from drivers.registry.port import Registry
+from drivers.registry.port import Descriptor, Registry
 
 log = get_logger("drivers.agent")
 REMEMBERED = 4096  # finished captures kept in memory (the pod's report covers the rest)
@@ -92,6 +106,11 @@ class _Capture:
     #: Failed report makes the control plane withdraw the request at once; cancelling
     #: then interrupted the release and left a quiesced workload stopped.)
     unsticking: bool = False
+    #: A handed-off capture: its offer on this agent's handoff server (until delivered,
+    #: withdrawn or the deadline), and whether the push already ended in ``Pushed``.
+    offer: Offer | None = None
+    target: str = ""
+    pushed: bool = False
 
 
 @dataclass
@@ -114,8 +133,9 @@ class NodeAgent:
 
     def __init__(self, settings: AgentSettings, *, patcher: PodPatcher, registry: Registry,
                  dumper: Dumper, clock: Clock | None = None,
-                 sealing: Sealing | None = None) -> None:
+                 sealing: Sealing | None = None, handoff: Handoff | None = None) -> None:
         self.settings = settings
+        self.handoff = handoff  # None: started without --handoff-key
         self.sealing = sealing or Sealing()
         self.node = settings.node
         self.patcher = patcher
@@ -130,6 +150,7 @@ class NodeAgent:
         self._seen: set[str] = set()
         self._restoring: dict[str, asyncio.Task[None]] = {}  # pod uid -> the job in flight
         self._restored: dict[str, str] = {}  # pod uid -> "restored" | "failed"
+        self._restore_stage: dict[str, str] = {}  # pod uid -> what a restore waits for
         self._changed: dict[str, asyncio.Event] = {}  # pod uid -> set on each change
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
@@ -180,7 +201,10 @@ class NodeAgent:
         request = capture_request(pod)
         running = self._captures.get(pod.uid)
         if request is None:
-            if running is not None:
+            if running is not None and running.pushed:
+                self._cancel_capture(pod.uid, f"Withdrawn: the capture request was removed "
+                                              f"before {running.target} fetched the checkpoint")
+            elif running is not None:
                 self._cancel_capture(pod.uid, "Withdrawn: the request was removed before the "
                                               "capture finished; the capture was aborted")
             elif pod.uid in self._held or (first_sight and _reported(pod) in (
@@ -235,38 +259,81 @@ class NodeAgent:
             if record.previous is not None:  # its release must not undo this capture's freeze
                 await asyncio.wait({record.previous})
             async with asyncio.timeout(self.settings.capture_timeout):
-                digest = await self._capture_steps(pod, request, workdir)
+                digest = await self._capture_steps(pod, request, workdir, record)
             outcome = "pushed"
             self.stats.pushed += 1
             log.info("checkpoint pushed", pod=f"{pod.namespace}/{pod.name}",
                      checkpoint=request.checkpoint_id, digest=digest)
         except asyncio.CancelledError:
             if not record.cancel_reason:  # the agent is stopping: the next one takes it over
+                self._end_offer(record, "the source agent stopped")
                 raise
-            outcome = "cancelled"
-            await self._unstick(pod, request, record.cancel_reason)
+            self._end_offer(record, record.cancel_reason)
+            if record.pushed:  # Pushed stands; only the offer was still open
+                outcome = "pushed"
+                self.stats.pushed += 1
+                self._held.pop(pod.uid, None)
+                await self._release(pod)
+            else:
+                outcome = "cancelled"
+                await self._unstick(pod, request, record.cancel_reason)
         except TimeoutError:
-            record.unsticking = True
-            await self._unstick(pod, request, f"Timeout: the capture did not finish within "
-                                              f"{self.settings.capture_timeout:g}s")
+            if record.pushed:  # Pushed stands; the workload stays held if quiesced
+                outcome = "pushed"
+                self.stats.pushed += 1
+                self._end_offer(record, f"Timeout: the capture deadline "
+                                        f"({self.settings.capture_timeout:g}s) passed before "
+                                        f"{record.target} fetched the checkpoint")
+            else:
+                record.unsticking = True
+                reason = (f"Timeout: the capture did not finish within "
+                          f"{self.settings.capture_timeout:g}s")
+                self._end_offer(record, reason)
+                await self._unstick(pod, request, reason)
         except (AgentError, RegistryError, KubeApiError, OSError) as exc:
             record.unsticking = True
             reason = exc.report() if isinstance(exc, AgentError) else \
                 f"{type(exc).__name__}: {exc}"
+            self._end_offer(record, reason)
             await self._unstick(pod, request, reason)
         finally:
+            self._end_offer(record, "the capture job ended")
             if self._captures.get(pod.uid) is record:
                 del self._captures[pod.uid]
             self._finish(key, outcome)
             await asyncio.to_thread(shutil.rmtree, workdir, True)
 
+    def _end_offer(self, record: _Capture, reason: str) -> None:
+        """Withdraw the capture's offer with ``reason`` unless delivered (then: done)."""
+        offer, record.offer = record.offer, None
+        if offer is not None and self.handoff is not None:
+            self.handoff.server.withdraw(offer.checkpoint_id, "delivered" if
+                                         offer.is_delivered else reason)
+
+    def _handoff_target(self, pod: PodView, request: CaptureRequest) -> str:
+        """The node the capture is also handed to (``""``: none); refused before anything
+        is frozen when malformed or when this agent has no handoff key."""
+        try:
+            target = protocol.capture_handoff(pod.annotations, request.checkpoint_id)
+            if target:
+                frames.check_name(target, what="the handoff's target node")
+        except ValueError as exc:
+            raise RequestRefused(f"{exc}; nothing was frozen") from exc
+        if target and self.handoff is None:
+            raise RequestRefused(f"this agent has no --handoff-key: it cannot hand checkpoint "
+                                 f"{request.checkpoint_id} to {target}; nothing was frozen "
+                                 "(start the agents with --handoff-key FILE, their shared "
+                                 "key, or capture without a handoff)")
+        return target
+
     async def _capture_steps(self, pod: PodView, request: CaptureRequest,
-                             workdir: Path) -> str:
+                             workdir: Path, record: _Capture) -> str:
         ref = judge_capture(request, pod, node=self.node)
         try:  # before anything is frozen
             mode = protocol.capture_mode(pod.annotations, request.checkpoint_id)
         except ValueError as exc:
             raise RequestRefused(f"{exc}; nothing was frozen") from exc
+        record.target = self._handoff_target(pod, request)
         await check_mode(self.dumper, mode, node=self.node)
         recipients = await self._recipients(pod, request)  # before anything is frozen
         workload = self._workload(pod)
@@ -277,7 +344,7 @@ class NodeAgent:
                                reason="queued: waiting for a capture slot on this node")
         async with self._slots:
             return await self._dump_and_push(pod, request, workdir, ref, workload, wanted,
-                                             recipients)
+                                             recipients, record)
 
     async def _recipients(self, pod: PodView, request: CaptureRequest) -> list[Any] | None:
         """The keys to seal for (``None``: plain); a required seal that cannot be had is
@@ -298,7 +365,7 @@ class NodeAgent:
     async def _dump_and_push(self, pod: PodView, request: CaptureRequest, workdir: Path,
                              ref: ArtifactRef, workload: Workload,
                              wanted: tuple[Container, ...],
-                             recipients: list[Any] | None) -> str:
+                             recipients: list[Any] | None, record: _Capture) -> str:
         await self._report(pod, request.checkpoint_id, protocol.ReportState.CAPTURING,
                            reason=f"dumping {', '.join(c.name for c in wanted)} with the "
                                   f"{self.dumper.name} dumper")
@@ -313,12 +380,57 @@ class NodeAgent:
                           format=result.format, dumper=self.dumper.name,
                           created=self.clock.now(), engine=result.engine)
 
+        if not record.target:
+            pushed, how = await self._push(pod, request, ref, result.archives, prov,
+                                           recipients, target="")
+        else:
+            pushed, how = await self._push_and_offer(pod, request, ref, result.archives,
+                                                     prov, recipients, record)
+        record.pushed = record.offer is not None  # from here on, Pushed stands
+        await self._report(pod, request.checkpoint_id, protocol.ReportState.PUSHED,
+                           digest=pushed.digest,
+                           reason=f"pushed {len(result.archives)} archive(s), "
+                                  f"{pushed.archive_bytes} bytes ({how}), to {ref}")
+        if record.offer is not None:
+            # The offer stays until the target has it, the request is withdrawn or the
+            # capture's deadline passes (the archives are removed with the job).
+            delivery = await record.offer.delivered()
+            log.info("checkpoint handed off", pod=f"{pod.namespace}/{pod.name}",
+                     checkpoint=request.checkpoint_id, target=record.target,
+                     seconds=round(delivery.seconds, 3))
+        return pushed.digest
+
+    async def _push_and_offer(self, pod: PodView, request: CaptureRequest, ref: ArtifactRef,
+                              archives: tuple[Archive, ...], prov: Provenance,
+                              recipients: list[Any] | None,
+                              record: _Capture) -> tuple[Pushed, str]:
+        """The push and the offer side by side: neither waits for the other. The
+        ``report-handoff`` is written as soon as the offer is made."""
+        assert self.handoff is not None
+        push = asyncio.ensure_future(self._push(pod, request, ref, archives, prov, recipients,
+                                                target=record.target))
+        try:
+            record.offer, report = await self.handoff.offer(
+                request.checkpoint_id, archives, source_uid=pod.uid, target_node=record.target,
+                format=prov.format)
+            await self.patcher.annotate(pod.namespace, pod.name, pod.uid, report.annotation())
+            return await push
+        finally:
+            if not push.done():
+                push.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await push
+
+    async def _push(self, pod: PodView, request: CaptureRequest, ref: ArtifactRef,
+                    archives_in: tuple[Archive, ...], prov: Provenance,
+                    recipients: list[Any] | None, *, target: str) -> tuple[Pushed, str]:
+        """Seal (if asked), sign (if a key) and push; the pushed artifact and how."""
         async def progress(stage: str) -> None:
             await self._report(pod, request.checkpoint_id, protocol.ReportState.CAPTURING,
                                reason=stage)
 
         assert ref.tag is not None
-        archives, sealed_for = list(result.archives), []
+        archives, sealed_for = list(archives_in), []
         if recipients is not None:
             await progress(f"sealing {len(archives)} archive(s) for {len(recipients)} "
                            "recipient(s)")
@@ -327,14 +439,12 @@ class NodeAgent:
         sign = (functools.partial(self.sealing.sign, self.registry, ref.repo)
                 if self.sealing.signer is not None else None)
         pushed = await push_checkpoint(self.registry, ref.repo, ref.tag, archives, prov,
-                                       progress=progress, sealed_for=sealed_for, sign=sign)
+                                       progress=progress, sealed_for=sealed_for, sign=sign,
+                                       archive_digests=bool(target))
         how = (f"sealed for {', '.join(sealed_for)}" if sealed_for else "plain") + \
-            (", signed" if sign is not None else "")
-        await self._report(pod, request.checkpoint_id, protocol.ReportState.PUSHED,
-                           digest=pushed.digest,
-                           reason=f"pushed {len(result.archives)} archive(s), "
-                                  f"{pushed.archive_bytes} bytes ({how}), to {ref}")
-        return pushed.digest
+            (", signed" if sign is not None else "") + \
+            (f", also handed to {target}" if target else "")
+        return pushed, how
 
     async def _unstick(self, pod: PodView, request: CaptureRequest, reason: str) -> None:
         """Report the failure and let the workload run again (never left stopped)."""
@@ -370,8 +480,9 @@ class NodeAgent:
 
     def _reconcile_restore(self, pod: PodView) -> None:
         # In memory: a job's own patch may arrive after other changes of the pod.
-        if pod.uid in self._restoring or pod.uid in self._restored or restore_done(pod) or \
-                protocol.RESTORE_ARTIFACT not in pod.annotations:
+        if pod.uid in self._restoring or pod.uid in self._restored or restore_done(pod) or (
+                protocol.RESTORE_ARTIFACT not in pod.annotations and
+                protocol.RESTORE_HANDOFF not in pod.annotations):
             return
         task = self._spawn(self._restore(pod), f"restore {pod.namespace}/{pod.name}")
         self._restoring[pod.uid] = task
@@ -389,21 +500,33 @@ class NodeAgent:
             await self.patcher.annotate(pod.namespace, pod.name, pod.uid, marks)
             self._restored[pod.uid] = "restored"
             log.info("pod restored", pod=f"{pod.namespace}/{pod.name}",
-                     digest=marks[protocol.RESTORED_FROM_DIGEST])
+                     digest=marks.get(protocol.RESTORED_FROM_DIGEST),
+                     handoff=marks.get(protocol.RESTORED_FROM_HANDOFF))
         except asyncio.CancelledError:
             raise
         except TimeoutError:
+            stage = self._restore_stage.get(pod.uid)
             await self._restore_failed(pod, f"Timeout: the restore did not finish within "
-                                            f"{self.settings.restore_timeout:g}s")
+                                            f"{self.settings.restore_timeout:g}s" +
+                                            (f" ({stage})" if stage else ""))
+        except HandoffFailed as exc:
+            await self._restore_failed(pod, f"{type(exc).__name__}: {exc.reason}")
         except (AgentError, RegistryError, KubeApiError, OSError) as exc:
             await self._restore_failed(pod, exc.report() if isinstance(exc, AgentError)
                                        else f"{type(exc).__name__}: {exc}")
         finally:
+            self._restore_stage.pop(pod.uid, None)
             self._restoring.pop(pod.uid, None)
             self._changed.pop(pod.uid, None)
             await asyncio.to_thread(shutil.rmtree, workdir, True)
 
     async def _restore_steps(self, pod: PodView, workdir: Path) -> dict[str, str | None]:
+        if protocol.RESTORE_HANDOFF in pod.annotations:
+            if protocol.RESTORE_ARTIFACT in pod.annotations:
+                raise RequestRefused(f"the pod carries both {protocol.RESTORE_ARTIFACT} and "
+                                     f"{protocol.RESTORE_HANDOFF}: ambiguous; the control "
+                                     "plane asks for one of them")
+            return await self._restore_from_handoff(pod, workdir)
         request = restore_request(pod)
         assert request is not None
         assert request.artifact.digest is not None
@@ -427,6 +550,40 @@ class NodeAgent:
         marks: dict[str, str | None] = dict(result.annotations)
         marks.update({protocol.RESTORED_FROM_DIGEST: digest,
                       protocol.INSTANCE_ID: f"{pod.uid}.{new_id()[:8]}",
+                      protocol.RESTORE_FAILURE: None})
+        return marks
+
+    async def _restore_from_handoff(self, pod: PodView,
+                                    workdir: Path) -> dict[str, str | None]:
+        """Restore from the source agent's stream (``restore-handoff``)."""
+        try:
+            request = protocol.restore_handoff(pod.annotations)
+        except ValueError as exc:
+            raise RequestRefused(str(exc)) from exc
+        assert request is not None
+        source = f"{request.namespace}/{request.name}"
+        if self.handoff is None:
+            raise RequestRefused(f"this agent has no --handoff-key: it cannot receive "
+                                 f"checkpoint {request.checkpoint_id} from {source} (start "
+                                 "the agents with --handoff-key FILE, their shared key)")
+        if getattr(self.dumper, "runtime_restores", False):
+            raise RestoreUnsupported(f"the {self.dumper.name} dumper's runtime restores from "
+                                     "the registry's checkpoint images, not from a handoff")
+        self._restore_stage[pod.uid] = (f"waiting for {source} to offer checkpoint "
+                                        f"{request.checkpoint_id} in "
+                                        f"{protocol.REPORT_HANDOFF}, then fetching it")
+        received = await self.handoff.receive(
+            self.patcher.api, request, node=self.node, dest=workdir / "handoff",
+            within=self.settings.restore_timeout)
+        self._restore_stage[pod.uid] = f"restoring checkpoint {request.checkpoint_id}"
+        digests = {a.container: a.digest for a in received.archives}
+        result = await self.dumper.restore(RestoreRequest(
+            self._workload(pod), "", _received_artifact(received, request.source_uid),
+            received.paths, pod.annotations.get(protocol.RESTORE_LOADER, ""),
+            latest=functools.partial(self._latest, pod.uid)))
+        marks: dict[str, str | None] = dict(result.annotations)
+        marks.update(protocol.restored_from_handoff(request.checkpoint_id, digests))
+        marks.update({protocol.INSTANCE_ID: f"{pod.uid}.{new_id()[:8]}",
                       protocol.RESTORE_FAILURE: None})
         return marks
 
@@ -511,6 +668,18 @@ def prepare_workdir(workdir: Path) -> int:
             shutil.rmtree(entry, ignore_errors=True)
             removed += 1
     return removed
+
+
+def _received_artifact(received: Received, source_uid: str) -> CheckpointArtifact:
+    """What a dumper reads of an artifact, from a handoff stream's HEAD (the format travels
+    in it) instead of a manifest."""
+    return CheckpointArtifact(
+        {protocol.MANIFEST_CHECKPOINT_ID: received.checkpoint_id,
+         protocol.MANIFEST_SOURCE_POD_UID: source_uid,
+         protocol.MANIFEST_FORMAT: received.format},
+        tuple(Layer(a.container, Descriptor(a.media_type, a.digest, a.size,
+                                            dict(a.annotations)), a.image, a.diff_id)
+              for a in received.archives))
 
 
 def _uid(obj: KubeObject | None) -> str:

@@ -109,4 +109,5 @@ def restore_done(pod: PodView) -> bool:
     """
     instance = pod.annotations.get(protocol.INSTANCE_ID, "")
     return instance.startswith(pod.uid + ".") and bool(
-        pod.annotations.get(protocol.RESTORED_FROM_DIGEST))
+        pod.annotations.get(protocol.RESTORED_FROM_DIGEST) or
+        pod.annotations.get(protocol.RESTORED_FROM_HANDOFF))

@@ -10,8 +10,10 @@
 The pod watch (:class:`~drivers.agent.pods.NodePods`) lists the node's pods, then
 watches them; every change reaches :meth:`NodeAgent.on_change`. Leaving the block stops
 the watch and cancels the jobs in flight (their requests stay on the pods, for the next
-agent to take). Before it watches, the work directory is made private (0700) and the job
-directories a killed agent left (plain-text dumps) are removed. Used by
+agent to take). With ``handoff`` (the agents' shared key) the agent's handoff server
+listens while the agent serves, and closes after its jobs ended. Before it watches, the
+work directory is made private (0700) and the job directories a killed agent left
+(plain-text dumps) are removed. Used by
 ``python -m drivers.agent`` and the tests.
 """
 
@@ -25,6 +27,8 @@ from controlplane.clock import Clock
 from controlplane.logs import get_logger
 from drivers.agent.agent import AgentSettings, NodeAgent, prepare_workdir
 from drivers.agent.dumper import Dumper
+from drivers.agent.handoff import HandoffServer
+from drivers.agent.handoffs import Handoff, HandoffSettings
 from drivers.agent.pods import NodePods, PodPatcher
 from drivers.agent.sealing import Sealing
 from drivers.kube.client import KubeClient
@@ -40,19 +44,29 @@ DumperFactory = Callable[[PodPatcher], Dumper]
 async def node_agent(*, client: KubeClient, settings: AgentSettings, registry: Registry,
                      dumper: DumperFactory, kube: KubeSettings | None = None,
                      clock: Clock | None = None,
-                     sealing: Sealing | None = None) -> AsyncIterator[NodeAgent]:
+                     sealing: Sealing | None = None,
+                     handoff: HandoffSettings | None = None) -> AsyncIterator[NodeAgent]:
     left = await asyncio.to_thread(prepare_workdir, settings.workdir)
     if left:
         log.warning("removed job directories a stopped agent left behind", count=left,
                     workdir=str(settings.workdir))
-    patcher = PodPatcher(CoreV1(client))
-    agent = NodeAgent(settings, patcher=patcher, registry=registry, dumper=dumper(patcher),
-                      clock=clock, sealing=sealing)
-    pods = NodePods(client, settings.node, settings=kube or KubeSettings(),
-                    on_change=agent.on_change)
-    try:
-        await pods.start()
-        yield agent
-    finally:
-        await pods.stop()
-        await agent.stop()
+    async with contextlib.AsyncExitStack() as stack:
+        server = None
+        if handoff is not None:
+            server = await stack.enter_async_context(HandoffServer(
+                handoff.key, handoff.host, handoff.port,
+                max_wait=max(settings.restore_timeout, settings.capture_timeout)))
+            log.info("handoff server listening", address=server.address,
+                     advertised=handoff.advertise or server.host)
+        patcher = PodPatcher(CoreV1(client))
+        agent = NodeAgent(settings, patcher=patcher, registry=registry,
+                          dumper=dumper(patcher), clock=clock, sealing=sealing,
+                          handoff=Handoff(handoff, server) if handoff and server else None)
+        pods = NodePods(client, settings.node, settings=kube or KubeSettings(),
+                        on_change=agent.on_change)
+        try:
+            await pods.start()
+            yield agent
+        finally:
+            await pods.stop()
+            await agent.stop()

@@ -3,7 +3,8 @@
 With ``cpctl sim nodes --runtime podman --runtime-root DIR`` every node of the role is
 its own podman storage root (``DIR/<node>``, :class:`~drivers.podman.podman.PodmanNode`):
 
-- **start**: a pod that asks to be restored (``restore-artifact``) is not started cold —
+- **start**: a pod that asks to be restored (``restore-artifact``, or ``restore-handoff``
+  from the source agent's stream) is not started cold —
   the node agent restores its containers from the checkpoint, and the pod is reported
   ``Running`` once they run; any other pod's containers are pulled and started
   (``command``/``args``/plain ``env`` from the spec) and reported ``Running`` when they do;
@@ -47,7 +48,10 @@ def _env(container: Obj) -> dict[str, str]:
 
 
 def awaits_restore(pod: Obj) -> bool:
-    return protocol.RESTORE_ARTIFACT in (meta(pod).get("annotations") or {})
+    """The pod asks the node agent to restore it (from the registry or a handoff): its
+    containers come from the checkpoint, never from a cold start."""
+    annotations = meta(pod).get("annotations") or {}
+    return protocol.RESTORE_ARTIFACT in annotations or protocol.RESTORE_HANDOFF in annotations
 
 
 class RuntimeNodes:

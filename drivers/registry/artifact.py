@@ -129,7 +129,10 @@ def image_config(layers: Sequence[Layer], *, architecture: str, created: datetim
 
 def manifest_annotations(prov: Provenance, layers: Sequence[Layer],
                          container_images: Mapping[str, str] | None = None,
-                         sealed_for: Sequence[str] = ()) -> dict[str, str]:
+                         sealed_for: Sequence[str] = (),
+                         archive_digests: bool = False) -> dict[str, str]:
+    """``archive_digests``: also list each plain archive's digest (a handed-off capture,
+    whose target compares what it received with what the registry holds)."""
     total = sum(layer.descriptor.size for layer in layers)
     out = {
         protocol.MANIFEST_CHECKPOINT_ID: prov.checkpoint_id,
@@ -152,6 +155,9 @@ def manifest_annotations(prov: Provenance, layers: Sequence[Layer],
     if container_images:
         out[protocol.MANIFEST_CONTAINER_IMAGES] = protocol.format_container_images(
             dict(container_images))
+    if archive_digests:
+        out[protocol.MANIFEST_ARCHIVE_DIGESTS] = protocol.format_archive_digests(
+            {layer.container: layer.plain_digest for layer in layers})
     if len(layers) == 1:
         out[CRIU_CONTAINER_NAME] = layers[0].container
         if layers[0].image:
@@ -161,7 +167,7 @@ def manifest_annotations(prov: Provenance, layers: Sequence[Layer],
 
 def checkpoint_manifest(prov: Provenance, config: Descriptor, layers: Sequence[Layer], *,
                         container_images: Mapping[str, str] | None = None,
-                        sealed_for: Sequence[str] = ()) -> bytes:
+                        sealed_for: Sequence[str] = (), archive_digests: bool = False) -> bytes:
     """The pod-level manifest's canonical bytes; ``container_images``: container -> digest
     of its checkpoint image, one for every layer or none."""
     if not layers:
@@ -181,7 +187,7 @@ def checkpoint_manifest(prov: Provenance, config: Descriptor, layers: Sequence[L
                 "config": Descriptor(CONFIG_TYPE, config.digest, config.size).to_json(),
                 "layers": listed,
                 "annotations": manifest_annotations(prov, layers, container_images,
-                                                    sealed_for)}
+                                                    sealed_for, archive_digests)}
     return canonical_json(manifest)
 
 

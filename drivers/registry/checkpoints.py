@@ -91,10 +91,11 @@ class Pulled:
 async def push_checkpoint(registry: Registry, repository: str, tag: str,
                           archives: Sequence[Archive], prov: Provenance, *,
                           progress: Progress | None = None, sealed_for: Sequence[str] = (),
-                          sign: Sign | None = None) -> Pushed:
+                          sign: Sign | None = None, archive_digests: bool = False) -> Pushed:
     """Push ``archives`` as one checkpoint under ``tag``; ``sign`` (given the manifest
     digest) runs after the manifest is in the registry and before the tag names it, so a
-    tag never names an unsigned checkpoint of ours."""
+    tag never names an unsigned checkpoint of ours. ``archive_digests``: the manifest
+    also lists each plain archive's digest (a handed-off capture)."""
     layers: list[Layer] = []
     for number, archive in enumerate(archives, 1):
         if progress is not None:
@@ -116,7 +117,7 @@ async def push_checkpoint(registry: Registry, repository: str, tag: str,
             images[layer.container] = await _push_container_image(
                 registry, repository, layer, prov, architecture=architecture)
     body = checkpoint_manifest(prov, config, layers, container_images=images,
-                               sealed_for=sealed_for)
+                               sealed_for=sealed_for, archive_digests=archive_digests)
     if sign is not None:
         digest = await registry.push_manifest(repository, body, media_type=OCI_MANIFEST)
         if progress is not None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from controlplane.machines.contract import protocol
 from drivers.agent import AgentSettings, NodeAgent, node_agent
+from drivers.agent.handoffs import HandoffSettings
 from drivers.agent.pods import PodPatcher
 from drivers.agent.runner import DumperFactory
 from drivers.agent.sealing import Sealing
@@ -110,7 +111,10 @@ async def open_world(tmp_path: Path, *, registry: str = "layout",
                      capture_timeout: float = 30, restore_timeout: float = 30,
                      allow_delete: bool = True, parallel: int = 4, kubelets: bool = True,
                      watch_clock: Callable[[], float] | None = None,
-                     sealing: Mapping[str, Sealing] | None = None) -> AsyncIterator[World]:
+                     sealing: Mapping[str, Sealing] | None = None,
+                     handoff: Mapping[str, HandoffSettings] | None = None
+                     ) -> AsyncIterator[World]:
+    """``handoff``: per node, the agent's handoff (none: started without --handoff-key)."""
     async with SimCluster(nodes=2, kubelets=kubelets) as cluster:
         cluster.hub.clock = watch_clock  # the watches' deadlines (before any is opened)
         kubeconfig = cluster.write_kubeconfig(tmp_path / "sim.kubeconfig")
@@ -129,7 +133,8 @@ async def open_world(tmp_path: Path, *, registry: str = "layout",
                                                  parallel=parallel)
                         agents[node] = await stack.enter_async_context(node_agent(
                             client=kube.client, settings=settings, registry=backend.registry,
-                            dumper=factory, kube=KUBE, sealing=(sealing or {}).get(node)))
+                            dumper=factory, kube=KUBE, sealing=(sealing or {}).get(node),
+                            handoff=(handoff or {}).get(node)))
                     yield World(cluster, backend, agents,
                                 {n: a.dumper for n, a in agents.items()}, history)
         finally:

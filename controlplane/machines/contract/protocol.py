@@ -23,6 +23,11 @@ The control plane asks, the node agent does, the registry proves:
    ``restore-loader`` (the loader container, JSON).
 5. **Restore report** (agent -> control plane) on the restored pod: ``restored-from-digest``
    and ``instance-id`` (a fresh identity for every restore), or ``restore-failure``.
+6. **Handoff** (agent -> agent, used by the agents, not yet by the migration machine): a
+   capture asked with ``capture-handoff`` is also offered to the target node's agent,
+   which the source announces in ``report-handoff``; a pod created with
+   ``restore-handoff`` is restored from that stream and marked ``restored-from-handoff``.
+   The manifest of such a capture lists ``archive-digests``.
 
 Used by the capture and restore steps, the actions and the node agent. Pure constants and
 parsers; the node agent imports the same names.
@@ -57,6 +62,10 @@ CAPTURE_SEAL = PREFIX + "capture-seal"
 #: its checkpoint like the seal (:mod:`controlplane.machines.config.modes`). An agent
 #: refuses a mode it cannot perform before anything is frozen.
 CAPTURE_MODE = PREFIX + "capture-mode"
+#: A capture also handed straight to the target node's agent: JSON ``{"checkpoint",
+#: "target"}``, bound to its checkpoint like the seal (used by the agents; the migration
+#: machine does not ask for it yet).
+CAPTURE_HANDOFF = PREFIX + "capture-handoff"
 CAPTURE_REQUEST_KEYS = (CAPTURE_CHECKPOINT_ID, CAPTURE_ARTIFACT, CAPTURE_SOURCE_UID,
                         CAPTURE_CONTAINERS, CAPTURE_QUIESCE, CAPTURE_SAVER, PROTOCOL)
 
@@ -64,6 +73,9 @@ REPORT_CHECKPOINT_ID = PREFIX + "report-checkpoint-id"
 REPORT_STATE = PREFIX + "report-state"
 REPORT_DIGEST = PREFIX + "report-digest"
 REPORT_REASON = PREFIX + "report-reason"
+#: The source agent's offer of a handed-off capture: JSON ``{"checkpoint", "address",
+#: "archives": {container: "sha256:..."}}`` (the plain archives' digests).
+REPORT_HANDOFF = PREFIX + "report-handoff"
 
 MANIFEST_CHECKPOINT_ID = PREFIX + "checkpoint-id"
 MANIFEST_SOURCE_POD_UID = PREFIX + "source-pod-uid"
@@ -77,6 +89,9 @@ MANIFEST_SEALED_FOR = PREFIX + "sealed-for"
 #: manifest lists them as ``container=sha256:...`` pairs, comma-separated, each a
 #: manifest in the same repository (see :func:`container_images`).
 MANIFEST_CONTAINER_IMAGES = PREFIX + "container-images"
+#: Handed-off captures: JSON ``{container: "sha256:..."}`` of each PLAIN archive, so what a
+#: target restored from the stream can be compared with what the registry holds.
+MANIFEST_ARCHIVE_DIGESTS = PREFIX + "archive-digests"
 
 RESTORE_ARTIFACT = PREFIX + "restore-artifact"
 RESTORE_KEY = PREFIX + "restore-key"
@@ -85,10 +100,16 @@ RESTORE_LOADER = PREFIX + "restore-loader"
 #: Sealed classes only: where the key that unseals the layers is (``secret:NAME/KEY`` or
 #: ``file:/path``, resolved by the agent on its node).
 RESTORE_UNSEAL = PREFIX + "restore-unseal"
+#: Instead of ``restore-artifact``: restore from the source agent's stream, JSON
+#: ``{"checkpoint", "source": "namespace/name", "uid"}`` (the source pod and its UID).
+RESTORE_HANDOFF = PREFIX + "restore-handoff"
 
 RESTORED_FROM_DIGEST = PREFIX + "restored-from-digest"
 INSTANCE_ID = PREFIX + "instance-id"
 RESTORE_FAILURE = PREFIX + "restore-failure"
+#: Restored from a handoff: JSON ``{"checkpoint", "archives": {container: "sha256:..."}}``,
+#: the digests the target received and verified.
+RESTORED_FROM_HANDOFF = PREFIX + "restored-from-handoff"
 #: The scheduling gate the control plane's admission webhook puts on a StatefulSet's
 #: successor pod while a migration of that pod is in flight; the migration removes it
 #: when the restore request is on the pod (``steps.restore``, claim mode).
@@ -106,10 +127,11 @@ class ReportState(StrEnum):
 
 def capture_request(*, checkpoint_id: str, artifact: str, source_uid: str,
                     containers: tuple[str, ...], quiesce: bool, saver: str,
-                    seal: str = "", mode: str = "") -> dict[str, str]:
+                    seal: str = "", mode: str = "", handoff_to: str = "") -> dict[str, str]:
     """The annotations that ask the node agent for one capture (``seal``: the class's
     :meth:`~controlplane.machines.config.classes.Encryption.seal_annotation`, sealed only;
-    ``mode``: a migration mode other than stop-and-copy)."""
+    ``mode``: a migration mode other than stop-and-copy; ``handoff_to``: the node whose
+    agent the archives are also streamed to)."""
     out = {
         CAPTURE_CHECKPOINT_ID: checkpoint_id,
         CAPTURE_ARTIFACT: artifact,
@@ -125,7 +147,135 @@ def capture_request(*, checkpoint_id: str, artifact: str, source_uid: str,
     if mode:
         out[CAPTURE_MODE] = json.dumps({"checkpoint": checkpoint_id, "mode": mode},
                                        sort_keys=True, separators=(",", ":"))
+    if handoff_to:
+        out[CAPTURE_HANDOFF] = _json({"checkpoint": checkpoint_id, "target": handoff_to})
     return out
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _object(key: str, raw: str, fields: tuple[str, ...]) -> dict[str, object]:
+    """``raw`` as a JSON object whose ``fields`` are strings; ``ValueError`` naming ``key``."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not all(isinstance(data.get(f), str) and data.get(f)
+                                             for f in fields):
+        raise ValueError(f"{key} {raw[:200]!r} is not a JSON object with the string "
+                         f"field(s) {', '.join(fields)}")
+    return data
+
+
+def _digests(key: str, value: object) -> dict[str, str]:
+    if not isinstance(value, dict) or not value or not all(
+            isinstance(k, str) and k and isinstance(v, str) and is_digest(v)
+            for k, v in value.items()):
+        raise ValueError(f"{key}: the archives must be a non-empty object of container -> "
+                         "sha256 digest")
+    return dict(value)
+
+
+def capture_handoff(annotations: Mapping[str, str], checkpoint_id: str) -> str:
+    """The node this checkpoint's capture is also handed to (``""``: none); one naming
+    another checkpoint does not apply. Unreadable: ``ValueError`` naming the key."""
+    raw = annotations.get(CAPTURE_HANDOFF, "")
+    if not raw:
+        return ""
+    data = _object(CAPTURE_HANDOFF, raw, ("checkpoint", "target"))
+    return str(data["target"]) if data["checkpoint"] == checkpoint_id else ""
+
+
+@dataclass(frozen=True)
+class HandoffReport:
+    """The source agent's offer: where the target fetches, and the plain archives' digests."""
+
+    checkpoint_id: str
+    address: str  # host:port of the source agent's handoff server
+    archives: Mapping[str, str]  # container -> sha256 of the plain archive
+
+    def annotation(self) -> dict[str, str]:
+        return {REPORT_HANDOFF: _json({"checkpoint": self.checkpoint_id,
+                                       "address": self.address,
+                                       "archives": dict(self.archives)})}
+
+
+def handoff_report(annotations: Mapping[str, str], checkpoint_id: str) -> HandoffReport | None:
+    """The offer of ``checkpoint_id`` on the source pod (``None``: none, or another
+    checkpoint's); unreadable: ``ValueError`` naming the key."""
+    raw = annotations.get(REPORT_HANDOFF, "")
+    if not raw:
+        return None
+    data = _object(REPORT_HANDOFF, raw, ("checkpoint", "address"))
+    if data["checkpoint"] != checkpoint_id:
+        return None
+    return HandoffReport(checkpoint_id, str(data["address"]),
+                         _digests(REPORT_HANDOFF, data.get("archives")))
+
+
+@dataclass(frozen=True)
+class RestoreHandoff:
+    """A restore from the source agent's stream: which checkpoint, from which pod."""
+
+    checkpoint_id: str
+    namespace: str
+    name: str
+    source_uid: str
+
+
+def restore_handoff(annotations: Mapping[str, str]) -> RestoreHandoff | None:
+    """The pod's ``restore-handoff`` request (``None``: none); ``ValueError`` if malformed."""
+    raw = annotations.get(RESTORE_HANDOFF, "")
+    if not raw:
+        return None
+    data = _object(RESTORE_HANDOFF, raw, ("checkpoint", "source", "uid"))
+    namespace, _, name = str(data["source"]).partition("/")
+    if not namespace or not name or "/" in name:
+        raise ValueError(f"{RESTORE_HANDOFF}: source {data['source']!r} is not namespace/name")
+    return RestoreHandoff(str(data["checkpoint"]), namespace, name, str(data["uid"]))
+
+
+def restore_handoff_request(*, checkpoint_id: str, source: str, source_uid: str,
+                            restore_key: str, loader: str | None) -> dict[str, str]:
+    """The annotations of a pod restored from the source agent's stream (``source``:
+    ``namespace/name`` of the source pod) instead of the registry."""
+    out = {RESTORE_KEY: restore_key, PROTOCOL: PROTOCOL_VERSION,
+           RESTORE_HANDOFF: _json({"checkpoint": checkpoint_id, "source": source,
+                                   "uid": source_uid})}
+    if loader is not None:
+        out[RESTORE_LOADER] = loader
+    return out
+
+
+def restored_from_handoff(checkpoint_id: str, archives: Mapping[str, str]) -> dict[str, str]:
+    """The target's mark: the checkpoint and the digests it received and verified."""
+    return {RESTORED_FROM_HANDOFF: _json({"checkpoint": checkpoint_id,
+                                          "archives": dict(archives)})}
+
+
+def handoff_restored(annotations: Mapping[str, str]) -> tuple[str, dict[str, str]] | None:
+    """``(checkpoint, archives)`` the pod was restored from by handoff, or ``None``."""
+    raw = annotations.get(RESTORED_FROM_HANDOFF, "")
+    if not raw:
+        return None
+    data = _object(RESTORED_FROM_HANDOFF, raw, ("checkpoint",))
+    return str(data["checkpoint"]), _digests(RESTORED_FROM_HANDOFF, data.get("archives"))
+
+
+def format_archive_digests(digests: Mapping[str, str]) -> str:
+    """``{"app": "sha256:..."}`` as the manifest's ``archive-digests`` value."""
+    return _json(dict(digests))
+
+
+def archive_digests(annotations: Mapping[str, str]) -> dict[str, str]:
+    """The plain archives' digests a manifest lists (empty: none, or malformed)."""
+    try:
+        return _digests(MANIFEST_ARCHIVE_DIGESTS,
+                        json.loads(annotations.get(MANIFEST_ARCHIVE_DIGESTS, "")))
+    except ValueError:
+        return {}
 
 
 def capture_mode(annotations: Mapping[str, str], checkpoint_id: str) -> str:

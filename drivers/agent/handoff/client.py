@@ -61,6 +61,7 @@ class Received:
     size: int  # plain bytes
     seconds: float  # from the request to the last byte verified
     acknowledged: bool  # the source took the acknowledgement (its ``delivered``)
+    format: str = ""  # the source dumper's archive format, as its HEAD stated it
 
     @property
     def paths(self) -> dict[str, Path]:
@@ -335,7 +336,7 @@ async def fetch_checkpoint(address: str, checkpoint_id: str, *, key: bytes, targ
     log.info("checkpoint received", checkpoint=checkpoint_id, source=address,
              bytes=head.total, seconds=round(seconds, 3), acknowledged=acknowledged)
     return Received(checkpoint_id, head.source_uid, tuple(received), head.total, seconds,
-                    acknowledged)
+                    acknowledged, head.format)
 
 
 async def _acknowledge(session: aiohttp.ClientSession, url: str, mac_key: bytes,

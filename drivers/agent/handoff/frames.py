@@ -305,6 +305,9 @@ class Head:
     source_uid: str
     target_node: str
     entries: tuple[Entry, ...]
+    #: The dumper's archive format (``sim-marker/v1``): what the target's dumper restores
+    #: from; empty when the source did not say (a stream of this version without it).
+    format: str = ""
 
     @property
     def total(self) -> int:
@@ -314,7 +317,7 @@ class Head:
 def encode_head(head: Head) -> bytes:
     data = json.dumps({
         "checkpoint": head.checkpoint_id, "source_uid": head.source_uid,
-        "target_node": head.target_node,
+        "target_node": head.target_node, "format": head.format,
         "archives": [{"container": e.container, "size": e.size, "image": e.image,
                       "media_type": e.media_type, "annotations": dict(e.annotations),
                       "diff_id": e.diff_id} for e in head.entries],
@@ -336,13 +339,14 @@ def decode_head(plain: bytes) -> Head:
         entries = tuple(
             Entry(a["container"], a["size"], a["image"], a["media_type"], a["annotations"],
                   a["diff_id"]) for a in data["archives"])
-        head = Head(data["checkpoint"], data["source_uid"], data["target_node"], entries)
+        head = Head(data["checkpoint"], data["source_uid"], data["target_node"], entries,
+                    data.get("format", ""))
     except (ValueError, KeyError, TypeError) as exc:
         raise HandoffFailed(f"the stream's HEAD is not one {VERSION} reads ({exc})",
                             hint="run the same agent version on both nodes") from exc
     names = [e.container for e in entries]
     if not all(isinstance(v, str) for v in (head.checkpoint_id, head.source_uid,
-                                            head.target_node)) or \
+                                            head.target_node, head.format)) or \
             not all(isinstance(n, str) and NAME.fullmatch(n) for n in names) or \
             len(set(names)) != len(names) or \
             not all(type(e.size) is int and e.size >= 0 and _strings(e.annotations) and

@@ -61,9 +61,9 @@ class Offer:
     """A checkpoint made available to one node, until withdrawn."""
 
     def __init__(self, checkpoint_id: str, archives: Sequence[Archive], *, source_uid: str,
-                 target_node: str) -> None:
+                 target_node: str, format: str = "") -> None:
         self.checkpoint_id, self.archives = checkpoint_id, tuple(archives)
-        self.source_uid, self.target_node = source_uid, target_node
+        self.source_uid, self.target_node, self.format = source_uid, target_node, format
         self.streaming = False  # a fetch holds it: another is refused (409)
         self.withdrawn: str | None = None  # the reason
         self._settled = asyncio.Event()
@@ -215,8 +215,9 @@ class HandoffServer:
     # --- the source agent's side -----------------------------------------------------------
 
     def offer(self, checkpoint_id: str, archives: Sequence[Archive], *, source_uid: str,
-              target_node: str) -> Offer:
-        """Make ``archives`` (dumped, complete) available to ``target_node`` only."""
+              target_node: str, format: str = "") -> Offer:
+        """Make ``archives`` (dumped, complete) available to ``target_node`` only;
+        ``format`` (the dumper's) travels in the stream's HEAD."""
         frames.check_name(checkpoint_id, what="the checkpoint id")
         frames.check_name(target_node, what="the target node")
         names = [frames.check_name(a.container, what="the container") for a in archives]
@@ -225,7 +226,8 @@ class HandoffServer:
         if checkpoint_id in self._offers:
             raise ValueError(f"checkpoint {checkpoint_id} is offered already; withdraw it "
                              "first")
-        offer = Offer(checkpoint_id, archives, source_uid=source_uid, target_node=target_node)
+        offer = Offer(checkpoint_id, archives, source_uid=source_uid, target_node=target_node,
+                      format=format)
         self._withdrawn.pop(checkpoint_id, None)
         self._offers[checkpoint_id] = offer
         log.info("checkpoint offered", checkpoint=checkpoint_id, target_node=target_node,
@@ -329,7 +331,8 @@ class HandoffServer:
             request_nonce=signed.nonce))
         head = frames.Head(offer.checkpoint_id, offer.source_uid, offer.target_node, tuple(
             frames.Entry(a.container, size, a.image, a.media_type, dict(a.annotations),
-                         a.diff_id) for a, size in zip(offer.archives, sizes, strict=True)))
+                         a.diff_id) for a, size in zip(offer.archives, sizes, strict=True)),
+            offer.format)
         response = web.StreamResponse(headers={"Content-Type": frames.MEDIA_TYPE,
                                                "Cache-Control": "no-store"})
         await response.prepare(request)
