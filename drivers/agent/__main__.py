@@ -255,9 +255,10 @@ async def serve(args: argparse.Namespace, handoff: HandoffSettings | None = None
     try:
         async with node_agent(client=kube.client, settings=settings, registry=registry,
                               dumper=dumper_from(args), kube=kube_settings,
-                              sealing=sealing_from(args), handoff=handoff):
+                              sealing=sealing_from(args), handoff=handoff) as agent:
+            offers = f"; handoff offered at {agent.handoff.address}" if agent.handoff else ""
             print(f"node agent serving {args.node} with the {args.dumper} dumper; workdir "
-                  f"{args.workdir}" + ("; handoff on" if handoff else ""), flush=True)
+                  f"{args.workdir}{offers}", flush=True)
             await stop.wait()
     finally:
         await registry.close()

@@ -4,8 +4,9 @@ Source side: :meth:`Handoff.offer` hashes the dumped (plain) archives, offers th
 target node on the agent's :class:`~drivers.agent.handoff.HandoffServer` and returns
 the ``report-handoff`` the capture job writes on the source pod. Target side:
 :meth:`Handoff.receive` reads the source pod named by a ``restore-handoff`` request
-(GET: it may run on another node), waits for its ``report-handoff``, checks the source's
-UID, fetches the stream and checks it carries the digests the source reported.
+(a list by name: it may run on another node, outside the agent's watch), waits for its
+``report-handoff``, checks the source's UID, fetches the stream and checks it carries
+the digests the source reported.
 
 Built by :mod:`drivers.agent.runner` from :class:`HandoffSettings` (``python -m
 drivers.agent --handoff-key ...``); used by :class:`~drivers.agent.agent.NodeAgent`.
@@ -22,7 +23,6 @@ from pathlib import Path
 from controlplane.machines.contract import protocol
 from drivers.agent.errors import AgentError, RequestRefused
 from drivers.agent.handoff import HandoffServer, Offer, Received, fetch_checkpoint, frames
-from drivers.kube.errors import ApiNotFound
 from drivers.kube.resources import PODS, CoreV1
 from drivers.registry.checkpoints import Archive
 
@@ -125,11 +125,14 @@ class Handoff:
         loop = asyncio.get_running_loop()
         source = f"{request.namespace}/{request.name}"
         while True:
-            try:
-                pod = await api.get(PODS, request.name, namespace=request.namespace)
-            except ApiNotFound:
-                raise HandoffUnavailable(f"the source pod {source} does not exist") from None
-            meta = pod.get("metadata") or {}
+            # A list by name, not a get: the agent's role lists pods already (its watch),
+            # and needs no other verb for this.
+            page = await api.list_page(PODS, namespace=request.namespace,
+                                       field_selector=f"metadata.name={request.name}")
+            pods = [p for p in page.get("items") or [] if isinstance(p, dict)]
+            if not pods:
+                raise HandoffUnavailable(f"the source pod {source} does not exist")
+            meta = pods[0].get("metadata") or {}
             uid = str(meta.get("uid") or "")
             if uid != request.source_uid:
                 raise RequestRefused(f"the source pod {source} is uid {uid!r}, not "

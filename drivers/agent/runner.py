@@ -56,8 +56,6 @@ async def node_agent(*, client: KubeClient, settings: AgentSettings, registry: R
             server = await stack.enter_async_context(HandoffServer(
                 handoff.key, handoff.host, handoff.port,
                 max_wait=max(settings.restore_timeout, settings.capture_timeout)))
-            log.info("handoff server listening", address=server.address,
-                     advertised=handoff.advertise or server.host)
         patcher = PodPatcher(CoreV1(client))
         agent = NodeAgent(settings, patcher=patcher, registry=registry,
                           dumper=dumper(patcher), clock=clock, sealing=sealing,

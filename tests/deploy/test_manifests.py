@@ -126,7 +126,10 @@ def test_the_agent_runs_on_every_node_with_only_what_a_capture_needs_from_the_ho
         assert mounts[path]["readOnly"] is True
     modes = {v["secret"]["secretName"]: v["secret"]["defaultMode"] for v in spec["volumes"]
              if "secret" in v}
-    assert modes == {"checkpoint-signing": 0o400, "checkpoint-keys": 0o400}
+    assert modes == {"checkpoint-signing": 0o400, "checkpoint-keys": 0o400,
+                     "checkpoint-handoff": 0o400}
+    assert mounts["/etc/controlplane/handoff"]["readOnly"] is True
+    assert "--handoff-key=/etc/controlplane/handoff/handoff.key" in agent["args"]
     assert "--signing-key=/etc/controlplane/signing/signing.pem" in agent["args"]
     assert "--trusted-key=/etc/controlplane/signing/signing.pub" in agent["args"]
 
@@ -150,7 +153,7 @@ def test_every_referenced_object_is_rendered_or_created_out_of_band(overlay: str
     # The keys of sealed checkpoints and the webhook's TLS: never rendered (a key in git is
     # a key for everyone); docs/install.md and docs/webhook.md say how they are made.
     keys = {("Secret", "checkpoint-signing"), ("Secret", "checkpoint-keys"),
-            ("Secret", "controlplane-webhook-tls")}
+            ("Secret", "checkpoint-handoff"), ("Secret", "controlplane-webhook-tls")}
     out_of_band = {("Secret", "controlplane-database"), ("Secret", "controlplane-api")}
     if overlay == "dev":
         out_of_band = set()
