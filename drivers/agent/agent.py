@@ -57,7 +57,7 @@ from controlplane.machines.contract import protocol
 from drivers.agent.dumper import Container, Dumper, DumpRequest, RestoreRequest, Workload
 from drivers.agent.errors import AgentError, RequestRefused, RestoreFailed, RestoreUnsupported
 from drivers.agent.handoff import HandoffFailed, Offer, Received, frames
-from drivers.agent.handoffs import Handoff
+from drivers.agent.handoffs import Handoff, HandoffUnavailable
 from drivers.agent.modes import check_mode
 from drivers.agent.pods import PodPatcher
 from drivers.agent.requests import (
@@ -317,6 +317,7 @@ class NodeAgent:
             target = protocol.capture_handoff(pod.annotations, request.checkpoint_id)
             if target:
                 frames.check_name(target, what="the handoff's target node")
+                frames.check_name(request.checkpoint_id, what="the checkpoint id")
         except ValueError as exc:
             raise RequestRefused(f"{exc}; nothing was frozen") from exc
         if target and self.handoff is None:
@@ -410,9 +411,13 @@ class NodeAgent:
         push = asyncio.ensure_future(self._push(pod, request, ref, archives, prov, recipients,
                                                 target=record.target))
         try:
-            record.offer, report = await self.handoff.offer(
-                request.checkpoint_id, archives, source_uid=pod.uid, target_node=record.target,
-                format=prov.format)
+            try:
+                record.offer, report = await self.handoff.offer(
+                    request.checkpoint_id, archives, source_uid=pod.uid,
+                    target_node=record.target, format=prov.format)
+            except ValueError as exc:  # a container name the stream cannot carry
+                raise HandoffUnavailable(f"checkpoint {request.checkpoint_id} cannot be "
+                                         f"offered: {exc}") from exc
             await self.patcher.annotate(pod.namespace, pod.name, pod.uid, report.annotation())
             return await push
         finally:
@@ -434,7 +439,8 @@ class NodeAgent:
         if recipients is not None:
             await progress(f"sealing {len(archives)} archive(s) for {len(recipients)} "
                            "recipient(s)")
-            archives = await self.sealing.seal_archives(archives, recipients)
+            archives = await self.sealing.seal_archives(archives, recipients,
+                                                        keep_plain=bool(target))
             sealed_for = self.sealing.key_ids(recipients)
         sign = (functools.partial(self.sealing.sign, self.registry, ref.repo)
                 if self.sealing.signer is not None else None)

@@ -161,9 +161,11 @@ class Sealing:
 
     # --- capture ---------------------------------------------------------------------------
 
-    async def seal_archives(self, archives: Sequence[Archive],
-                            recipients: Sequence[Any]) -> list[Archive]:
-        """Each archive encrypted beside it; the plain file removed at once."""
+    async def seal_archives(self, archives: Sequence[Archive], recipients: Sequence[Any],
+                            *, keep_plain: bool = False) -> list[Archive]:
+        """Each archive encrypted beside it; the plain file removed at once, unless
+        ``keep_plain``: a handed-off capture streams the plain archives to the target (the
+        job removes its private work directory when the offer ends)."""
         sealed = []
         for archive in archives:
             target = archive.path.with_name(archive.path.name + ".sealed")
@@ -171,7 +173,8 @@ class Sealing:
                 made = await asyncio.to_thread(layers.encrypt_layer, archive.path, target,
                                                list(recipients))
             finally:
-                await asyncio.to_thread(archive.path.unlink, True)
+                if not keep_plain:
+                    await asyncio.to_thread(archive.path.unlink, True)
             sealed.append(Archive(archive.container, target, archive.image,
                                   media_type=archive.media_type + SEALED_SUFFIX,
                                   annotations=made.annotations, diff_id=made.plain_digest,
