@@ -4,7 +4,9 @@ Pins: a push that fails while the handoff succeeds leaves the target restored, r
 ``Failed`` (the registry copy is what gate 1 needs), closes the offer and releases the
 workload; a push that fails first withdraws the offer with the registry's reason, which
 the target reports; a request withdrawn before the target fetched withdraws the offer
-with that reason and releases the workload; an agent without ``--handoff-key`` refuses
+with that reason and releases the workload (``Pushed`` stands after the push, ``Failed:
+Withdrawn`` during it); the capture deadline withdraws an unfetched offer, ``Pushed``
+standing; an agent without ``--handoff-key`` refuses
 a capture asking for a handoff before anything is frozen, and a ``restore-handoff`` pod
 naming the flag; a ``restore-handoff`` naming another source UID fetches nothing.
 """
@@ -115,6 +117,46 @@ async def test_a_request_withdrawn_before_the_target_fetched_withdraws_the_offer
         assert ("withdrawn by the source agent: Withdrawn: the capture request was removed "
                 "before node-2 fetched the checkpoint") in failure
         assert MARKER not in notes
+
+
+class HeldPushes:
+    """A registry whose manifest pushes wait until the test lets them go."""
+
+    def __init__(self, inner: Registry) -> None:
+        self.inner = inner
+        self.entered = asyncio.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    async def push_manifest(self, repository: str, body: bytes, *, media_type: str,
+                            tag: str | None = None) -> str:
+        self.entered.set()
+        await asyncio.Event().wait()  # until cancelled
+        raise AssertionError("unreachable")
+
+
+async def test_a_request_withdrawn_during_the_push_fails_the_capture_and_the_offer(
+        tmp_path: Path) -> None:
+    """Before ``Pushed``, a withdrawal is what it always was (``Failed: Withdrawn``, the
+    workload released), and the offer goes with the same reason."""
+    async with handoff_world(tmp_path) as w:
+        held = HeldPushes(w.backend.registry)
+        w.agents["node-1"].registry = held  # type: ignore[assignment]
+        await source(w)
+        capture_with_handoff(w, "ck-h")
+        await held.entered.wait()
+        await w.cluster.wait_for(lambda: protocol.REPORT_HANDOFF in w.annotations(NS, "app"),
+                                 what="the offer announced while the push runs")
+        w.withdraw(NS, "app")
+        assert await w.report(NS, "app", "Pushed", "Failed") == "Failed"
+        assert w.annotations(NS, "app")[protocol.REPORT_REASON].startswith("Withdrawn: ")
+        await w.cluster.wait_for(lambda: FROZEN not in w.annotations(NS, "app"),
+                                 what="the source released after the withdrawal")
+        restore_pod(w, "app-r", "ck-h")
+        failure = (await restored(w, "app-r"))[protocol.RESTORE_FAILURE]
+        assert "withdrawn by the source agent: Withdrawn: the request was removed before " \
+               "the capture finished" in failure
 
 
 async def test_without_a_handoff_key_both_sides_refuse_naming_the_flag(

@@ -3,6 +3,7 @@ it answers; a request verifies only as signed, fresh and once."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -133,6 +134,14 @@ def test_head_round_trips_and_unsafe_container_names_are_refused() -> None:
     twice = frames.Head("c1", "uid-1", "node-b", (frames.Entry("a", 1), frames.Entry("a", 1)))
     with pytest.raises(HandoffFailed, match="unique"):
         frames.decode_head(frames.encode_head(twice))
+
+
+def test_the_head_carries_the_dump_format_and_one_without_it_reads_as_unknown() -> None:
+    head = frames.Head("c1", "uid-1", "node-b", (frames.Entry("app", 5),), "sim-marker/v1")
+    assert frames.decode_head(frames.encode_head(head)).format == "sim-marker/v1"
+    older = json.loads(frames.encode_head(head))
+    del older["format"]
+    assert frames.decode_head(json.dumps(older).encode()).format == ""
 
 
 # --- requests --------------------------------------------------------------------------------
