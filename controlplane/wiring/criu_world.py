@@ -21,7 +21,7 @@ from typing import Any
 
 from controlplane.clock import Clock
 from controlplane.store.database import Database
-from controlplane.wiring.embedded import make_keys, sealed_class
+from controlplane.wiring.embedded import make_handoff, make_keys, sealed_class
 from controlplane.wiring.product import Product, RunsProduct, product
 from controlplane.worker.loop import WorkerConfig
 from drivers.agent import AgentSettings, node_agent
@@ -87,6 +87,7 @@ async def runtime_world(db: Database, root: Path, clock: Clock, *,
     runtime = RuntimeNodes.under(root / "nodes", nodes)
     builder = PodmanNode((root / "builder").resolve())
     sealing = await asyncio.to_thread(make_keys, root / "keys")  # signed, as installed
+    handoff = await asyncio.to_thread(make_handoff, root / "keys")
     trusted = [await asyncio.to_thread((root / "keys" / "signing.pub").read_bytes)]
     try:
         async with local_registry(root / "registry") as host, \
@@ -107,7 +108,7 @@ async def runtime_world(db: Database, root: Path, clock: Clock, *,
                         return CriuDumper(runtime.nodes[node])
                     await stack.enter_async_context(node_agent(
                         client=running.kube.client, registry=registry, dumper=dumper,
-                        sealing=sealing,
+                        sealing=sealing, handoff=handoff,
                         settings=AgentSettings(node, root / "agents" / node,
                                                capture_timeout=120, restore_timeout=120)))
                 yield RuntimeWorld(cluster, running, host, image, runtime, root / "keys")

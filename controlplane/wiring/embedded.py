@@ -4,7 +4,9 @@ disk, and the product (``wiring.product``) running against them, all in this pro
 Sealed as a fresh install is: keys generated under ``root/keys`` (0600, never logged),
 every agent signing what it pushes and verifying what it restores, the worker pinning
 only signed artifacts, and :meth:`Embedded.encryption` the block of a sealed class
-(encrypted for ``recipient.pub``, unsealed with the ``recipient.pem`` file).
+(encrypted for ``recipient.pub``, unsealed with the ``recipient.pem`` file). The agents
+share a handoff key (``keys/handoff.key``) and listen on loopback, so a migration whose
+class asks for ``transfer: stream`` streams between them (docs/protocol.md, "Handoff").
 
 Used by ``cpctl demo``; a composition root (import-linter names its edges into drivers).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +26,7 @@ from controlplane.store.database import Database
 from controlplane.wiring.product import Product, RunsProduct, product
 from controlplane.worker.loop import WorkerConfig
 from drivers.agent import AgentSettings, node_agent
+from drivers.agent.handoffs import HandoffSettings, read_handoff_key
 from drivers.agent.sealing import Sealing, SealingSettings
 from drivers.agent.sim import SimDumper
 from drivers.registry import OciLayout
@@ -64,6 +68,17 @@ def make_keys(keys: Path) -> Sealing:
                                         trusted_keys=(keys / "signing.pub",)))
 
 
+def make_handoff(keys: Path) -> HandoffSettings:
+    """The agents' shared handoff key (``keys/handoff.key``, made once per root, as the
+    ``checkpoint-handoff`` Secret is in a cluster); each agent listens on loopback."""
+    path = keys / "handoff.key"
+    if not path.exists():
+        keys.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_bytes(os.urandom(32))
+    return HandoffSettings(read_handoff_key(path))
+
+
 @contextlib.asynccontextmanager
 async def embedded(db: Database, root: Path, clock: Clock, *,
                    nodes: int | Sequence[str] = 3,
@@ -75,6 +90,7 @@ async def embedded(db: Database, root: Path, clock: Clock, *,
     """
     keys = root / "keys"
     sealing = await asyncio.to_thread(make_keys, keys)
+    handoff = await asyncio.to_thread(make_handoff, keys)
     trusted = [await asyncio.to_thread((keys / "signing.pub").read_bytes)]
     async with SimCluster(nodes=nodes) as cluster:
         kubeconfig = cluster.write_kubeconfig(root / "sim-kubeconfig.yaml")
@@ -87,7 +103,7 @@ async def embedded(db: Database, root: Path, clock: Clock, *,
             for node in cluster.node_names:
                 await agents.enter_async_context(node_agent(
                     client=running.kube.client, registry=registry, dumper=SimDumper,
-                    sealing=sealing,
+                    sealing=sealing, handoff=handoff,
                     settings=AgentSettings(node, root / "agents" / node,
                                            capture_timeout=60, restore_timeout=60)))
             yield Embedded(cluster, running, keys)
