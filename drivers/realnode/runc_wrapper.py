@@ -11,6 +11,15 @@ arguments on. Before ``create``, ``run`` and ``restore`` it edits the bundle's
   denied": a negative value becomes 0;
 - cgroups are v1 with hugetlb only on the v2 mount, so ``linux.resources.hugepageLimits``
   fails with "cannot set hugetlb limit": it is dropped when no v1 hugetlb hierarchy exists.
+
+Lazy pages (:mod:`drivers.realnode.lazy`): a ``checkpoint`` or ``restore`` whose work path
+holds a request is run by :mod:`drivers.podman.lazy_runc` instead, which adds CRIU's lazy
+flags. CRI-O passes runc nothing else of ours, so a restore learns it from the checkpoint
+image: CRI-O copies its ``checkpoint/`` folder to runc's ``--image-path``, and a
+:data:`LAZY_IMAGES` file there (``{"serve": "ADDR:PORT"}``: the images lack the memory)
+becomes a request to fetch from the ``criu lazy-pages`` daemon registered for that page
+server beside runc's root (:func:`lazy_fetches`). With none registered the restore fails:
+restoring those images without their memory would not be the same process.
 """
 
 from __future__ import annotations
@@ -24,6 +33,9 @@ from typing import Any
 EDITED = ("create", "run", "restore")
 #: runc's global options that take a value (``runc --root R --log L create ...``).
 GLOBAL_WITH_VALUE = ("--root", "--log", "--log-format", "--criu", "--rootless")
+LAZY_IMAGES = "lazy-pages.json"  # in a checkpoint's images: their memory is served lazily
+LAZY_REQUEST = "lazy-pages.json"  # in runc's work path: drivers.podman.lazy_runc.REQUEST
+LAZY_RUNC = Path(__file__).resolve().parents[1] / "podman" / "lazy_runc.py"
 
 
 def fit_spec(spec: dict[str, Any], *, v1_hugetlb: bool) -> dict[str, Any]:
@@ -64,6 +76,38 @@ def has_v1_hugetlb(mounts: str) -> bool:
     return False
 
 
+def option(argv: list[str], name: str) -> str | None:
+    """The value of ``--name VALUE`` or ``--name=VALUE`` in ``argv``."""
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def lazy_fetches(runc_root: str | Path) -> Path:
+    """Where a node's ``criu lazy-pages`` daemons are registered (``ADDR:PORT.socket``, a
+    link to the daemon's socket): beside runc's root, the node-local place every call names."""
+    return Path(runc_root).parent / "lazy-pages"
+
+
+def request_lazy_restore(argv: list[str]) -> None:
+    """For a restore from images without memory, the work path's request to fetch it from
+    the registered daemon; :class:`SystemExit` (the restore fails) when none is."""
+    images, work, root = (option(argv, "--image-path"), option(argv, "--work-path"),
+                          option(argv, "--root"))
+    marker = Path(images) / LAZY_IMAGES if images else None
+    if marker is None or not marker.is_file():
+        return
+    serve = json.loads(marker.read_text())["serve"]
+    socket = lazy_fetches(root or "/run/runc") / f"{serve}.socket"
+    if work is None or not socket.exists():
+        raise SystemExit(f"these checkpoint images lack their memory (served by {serve}) and "
+                         f"no lazy-pages daemon is registered at {socket}: not restored")
+    (Path(work) / LAZY_REQUEST).write_text(json.dumps({"fetch": str(socket.resolve())}))
+
+
 def script(*, python: str, runc: str) -> str:
     """The executable CRI-O runs as its runtime (``runtime_path``)."""
     return (f"#!/bin/sh\nREALNODE_RUNC={runc} exec {python} -I -S {Path(__file__).resolve()}"
@@ -81,6 +125,12 @@ def main(argv: list[str]) -> None:
             partial = config.with_suffix(".json.fitting")
             partial.write_text(json.dumps(fitted))
             partial.replace(config)
+    if command == "restore":
+        request_lazy_restore(argv)
+    work = option(argv, "--work-path")
+    if command in ("checkpoint", "restore") and work and (Path(work) / LAZY_REQUEST).is_file():
+        os.environ["LAZY_RUNC"] = runc
+        os.execv(sys.executable, [sys.executable, "-I", "-S", str(LAZY_RUNC), *argv])
     os.execv(runc, [runc, *argv])
 
 
