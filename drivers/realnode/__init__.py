@@ -6,7 +6,8 @@ Modules, leaves first: ``config`` (every file a node runs with, pure), ``runc_wr
 the kubelets' certificates), ``host`` (slots, sysctls, cgroups, bridges: taken and given
 back), ``images`` (pause, busybox and checkpoint images pushed to a loopback registry),
 ``registry`` (that registry), ``kubeapi`` (Node reads), ``node`` (one node's processes),
-``world`` (N nodes against one API server).
+``world`` (N nodes against one API server), ``lazy`` (post-copy through the kubelet's
+checkpoint API and CRI-O's restore, by way of ``runc_wrapper``; driver level).
 """
 
 from drivers.realnode.node import NodeFailed, RealNode
