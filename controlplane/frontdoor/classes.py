@@ -36,7 +36,8 @@ SPEC = {"repository": "repository", "tagScheme": "tag_scheme", "timeouts": "time
         "retention": "retention", "saver": "saver", "loader": "loader",
         "onFailure": "on_failure", "restoreAttempts": "restore_attempts", "owners": "owners",
         "historyKeepDays": "history_keep_days", "runtimes": "runtimes",
-        "encryption": "encryption", "migrationMode": "migration_mode"}
+        "encryption": "encryption", "migrationMode": "migration_mode",
+        "transfer": "transfer"}
 RETENTION = {"keepLast": "keep_last", "maxAgeSeconds": "max_age_seconds",
              "deleteAfterMigration": "delete_after_migration"}
 _CAMEL = {snake: camel for table in (SPEC, RETENTION) for camel, snake in table.items()

@@ -49,10 +49,13 @@ SENTENCES: dict[str, dict[str, str]] = {
     },
     "migration": {
         "Checkpointing": CHECKPOINTING,
-        "Unsticking": UNSTICKING,
-        "WakingInPlace": WAKING_IN_PLACE,
-        "DeletingSource": DELETING_SOURCE,
-        "Restoring": RESTORING,
+        # A streamed migration restores beside its frozen source: the sentences say so.
+        "Unsticking": UNSTICKING + ", after any restore pod is removed",
+        "WakingInPlace": WAKING_IN_PLACE + ", after any restore pod beside it is removed",
+        "DeletingSource": DELETING_SOURCE + " (streamed: the restored pod already runs "
+                                            "verified)",
+        "Restoring": RESTORING + " (streamed: restored from the source's agent and proven "
+                                 "equal to the registry's checkpoint, the source kept frozen)",
         "Adopting": "the ReplicaSet to adopt the restored pod, and the source to be gone",
         "RollingBack": "the workload to be restored on its source node",
         "CollectingGarbage": "the checkpoint artifact to be deleted from the registry",

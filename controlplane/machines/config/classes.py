@@ -8,6 +8,7 @@ delete after a successful migration), the saver/loader container overrides (see
 capture (``Resume`` the workload or ``Kill`` it), how many restore attempts a
 migration or resume makes, ``encryption`` (the recipients a checkpoint's layers are
 sealed for and where the key that unseals them lives: :class:`Encryption`), and
+``transfer`` (``registry`` or ``stream``: how a migration carries the checkpoint), and
 ``history_keep_days``: how long the history of a settled operation of this class is kept
 before ``cpctl history prune`` summarises it
 (``store/retention.py``; unset: the prune's ``--keep-days`` policy decides).
@@ -43,7 +44,14 @@ from controlplane.machines.config.containers import (
     override_to_json,
     parse_override,
 )
-from controlplane.machines.config.modes import DEFAULT_MODE, MigrationMode, parse_mode
+from controlplane.machines.config.modes import (
+    DEFAULT_MODE,
+    DEFAULT_TRANSFER,
+    MigrationMode,
+    Transfer,
+    parse_mode,
+    parse_transfer,
+)
 from controlplane.machines.config.runtimes import RestorePath
 
 DEFAULT_CLASS_NAME = "default"
@@ -149,6 +157,9 @@ class CheckpointClass:
     #: How this class's migrations move memory unless a migration names its own
     #: (:mod:`controlplane.machines.config.modes`).
     migration_mode: MigrationMode = field(default=DEFAULT_MODE, metadata=OMIT_DEFAULT)
+    #: How this class's migrations carry the checkpoint to the target: through the
+    #: registry, or streamed agent to agent beside the push (:mod:`...config.modes`).
+    transfer: Transfer = field(default=DEFAULT_TRANSFER, metadata=OMIT_DEFAULT)
 
     def seal_annotation(self) -> str:
         """The capture request's ``capture-seal`` (empty: push plain layers)."""
@@ -187,7 +198,7 @@ DEFAULT_CLASS = CheckpointClass()
 
 _KEYS = {"name", "repository", "tag_scheme", "timeouts", "retention", "saver", "loader",
          "on_failure", "restore_attempts", "owners", "history_keep_days", "runtimes",
-         "encryption", "migration_mode"}
+         "encryption", "migration_mode", "transfer"}
 MAX_HISTORY_KEEP_DAYS = 100 * 366
 _OWNER_POLICIES = ("move", "refuse")
 
@@ -258,6 +269,8 @@ def _parse_class(data: JsonValue, *, field: str) -> CheckpointClass:
         encryption=_encryption(data.get("encryption"), field=f"{field}.encryption"),
         migration_mode=parse_mode(data.get("migration_mode", DEFAULT_MODE.value),
                                   field=f"{field}.migration_mode"),
+        transfer=parse_transfer(data.get("transfer", DEFAULT_TRANSFER.value),
+                                field=f"{field}.transfer"),
     )
 
 
@@ -382,6 +395,7 @@ def class_to_json(cls: CheckpointClass) -> JsonObject:
         **({"encryption": cls.encryption.to_json()} if cls.encryption is not None else {}),
         **({"migration_mode": cls.migration_mode.value}
            if cls.migration_mode is not DEFAULT_MODE else {}),
+        **({"transfer": cls.transfer.value} if cls.transfer is not DEFAULT_TRANSFER else {}),
     }
 
 

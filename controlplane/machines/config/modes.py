@@ -13,6 +13,13 @@ resource's ``spec.mode``); a checkpoint class may set the default for its migrat
 (``migration_mode``). The capture request carries a mode other than stop-and-copy to the
 agent (:data:`~controlplane.machines.contract.protocol.CAPTURE_MODE`).
 
+A class also says how the checkpoint travels (``transfer``): ``registry`` (the default:
+the target's agent pulls the pushed artifact after the source is deleted) or ``stream``
+(the source's agent hands the archives straight to the target's while it pushes; the
+source stays frozen until the target runs verified against the registry's copy:
+``docs/protocol.md``, *Handoff*). Only a stop-and-copy migration between agent nodes of a
+bare pod or a ReplicaSet's pod streams; the others keep the registry path.
+
 Used by the migration request and decider, the class parser and the submission checks.
 """
 
@@ -45,6 +52,29 @@ def parse_mode(value: JsonValue, *, field: str) -> MigrationMode:
                 return mode
     known = "; ".join(f"{m.value!r}: {meaning}" for m, meaning in _MEANINGS.items())
     raise InvalidSpec(f"{field} {value!r} is not a migration mode ({known})")
+
+
+class Transfer(StrEnum):
+    REGISTRY = "registry"
+    STREAM = "stream"
+
+
+DEFAULT_TRANSFER = Transfer.REGISTRY
+_TRANSFERS = {
+    Transfer.REGISTRY: "push, delete the source, then pull on the target (the default)",
+    Transfer.STREAM: "hand the archives to the target's agent beside the push; the source "
+                     "is deleted once the target runs verified",
+}
+
+
+def parse_transfer(value: JsonValue, *, field: str) -> Transfer:
+    """``value`` as a transfer, or a refusal naming ``field`` and the transfers there are."""
+    if isinstance(value, str):
+        for transfer in Transfer:
+            if value == transfer.value:
+                return transfer
+    known = "; ".join(f"{t.value!r}: {meaning}" for t, meaning in _TRANSFERS.items())
+    raise InvalidSpec(f"{field} {value!r} is not a transfer ({known})")
 
 
 def mode_refusal(mode: MigrationMode, path: RestorePath, *, node: str) -> str | None:

@@ -86,7 +86,28 @@ class AdoptionAbandoned(DomainEvent):
     message: str
 
 
+@dataclass(frozen=True)
+class StreamDeclined(DomainEvent):
+    """(``transfer: stream``) The target cannot take the stream (its runtime restores
+    checkpoint images itself): this migration goes through the registry instead."""
+
+    at: datetime
+    reason: str
+
+
+@dataclass(frozen=True)
+class HandoffAbandoned(DomainEvent):
+    """(``transfer: stream``) The restore from the source's stream failed before it was
+    verified: the capture request is withdrawn (the source thaws in place) and the target
+    pod removed."""
+
+    at: datetime
+    reason: str
+    message: str
+
+
 MIGRATION_EVENTS = EventSet(
     ENGINE_EVENTS, (Started, MigrationFinished, Retargeted, MigrationCancelRequested,
-                    RollbackStarted, AdoptionRequested, Adopted, AdoptionAbandoned),
+                    RollbackStarted, AdoptionRequested, Adopted, AdoptionAbandoned,
+                    StreamDeclined, HandoffAbandoned),
     CAPTURE_EVENTS, SOURCE_EVENTS, RESTORE_EVENTS, COLLECT_EVENTS)

@@ -10,7 +10,13 @@ One machine, one history; it composes the capture, source, restore and collectio
     (successor: adopt) Checkpointing --ArtifactVerified--> Restoring (beside the source)
         --RestoreVerified--> Adopting --Adopted, SourceDeleted--> CollectingGarbage ...;
         out of restore attempts --AdoptionAbandoned--> WakingInPlace --> Failed
-    Checkpointing --CaptureFailed--> Unsticking --> Failed
+    (transfer: stream) Checkpointing (capture with capture-handoff + restore pod with
+        restore-handoff, one decision) --ArtifactVerified--> Restoring (beside the frozen
+        source) --RestoreVerified (equal archive-digests)--> DeletingSource
+        --SourceDeleted--> CollectingGarbage ...; a streamed restore failing before
+        verified --HandoffAbandoned--> WakingInPlace (target pod removed) --> Failed;
+        a CRI-O target --StreamDeclined--> the registry path above
+    Checkpointing --CaptureFailed--> Unsticking (any restore pod removed first) --> Failed
     Checkpointing/DeletingSource --Retarget(source node) | Cancel | abort--> WakingInPlace
         --SourceReleased--> Cancelled | Failed
     CollectingGarbage --GarbageCollectionAbandoned--> GarbageCollectionFailed
@@ -65,11 +71,12 @@ from controlplane.machines.base.specs import (
 )
 from controlplane.machines.base.stepping import action_key, started
 from controlplane.machines.checkpoint.machine import capture_spec, validate_capture_fields
-from controlplane.machines.config.modes import DEFAULT_MODE, parse_mode
+from controlplane.machines.config.modes import DEFAULT_MODE, Transfer, parse_mode
 from controlplane.machines.contract.actions import EventType, emit_event
 from controlplane.machines.migration.events import MigrationCancelRequested, Retargeted
 from controlplane.machines.migration.phases import decide_migration
 from controlplane.machines.migration.state import (
+    GATED,
     KIND,
     SUCCESSORS,
     MigrationPhase,
@@ -137,11 +144,19 @@ class MigrationDecider:
         template = spec["template"]
         assert isinstance(template, dict)
         name = spec.get("restore_name")
+        successor = str(spec.get("successor") or "")
+        # Streamed only where the source can stay until the target is verified: not a
+        # StatefulSet's successor (same name: the source must go first), not precopy.
+        # Decided here, from the spec and class alone, so replay chooses the same path;
+        # a CRI-O target is declined at the first decision (StreamDeclined, recorded).
+        stream = klass.transfer is Transfer.STREAM and mode is DEFAULT_MODE and \
+            successor != GATED
         mspec = MigrationSpec(cspec, str(spec["source_node"]), template,
                               name if isinstance(name, str) else cspec.name,
-                              keep_name=spec.get("keep_name") is True,
+                              # a restored pod cannot take the name the source still holds
+                              keep_name=spec.get("keep_name") is True and not stream,
                               keep_checkpoint=spec.get("keep_checkpoint") is True,
-                              successor=str(spec.get("successor") or ""))
+                              successor=successor, stream=stream)
         return MigrationState(machine_id, mspec, klass, target=str(spec["target_node"]))
 
     def interests(self, state: MigrationState) -> Interests:
@@ -151,6 +166,16 @@ class MigrationDecider:
             return Interests()
         # The artifact's tag is asked for by the decision that needs it (needs_tags): a
         # wake while the agent works or the source goes needs only the pod.
+        r = state.restore
+        if s is MigrationPhase.CHECKPOINTING and state.streams:
+            if r is None:  # which runtime the target runs decides whether it streams
+                return Interests(pods=source, nodes=frozenset({state.target}))
+            nodes = frozenset({r.plan.node}) if r.plan.node else frozenset()
+            return Interests(pods=source | {r.plan.key}, nodes=nodes)
+        if s in (MigrationPhase.UNSTICKING, MigrationPhase.WAKING_IN_PLACE) and \
+                r is not None and r.status not in (rs_.RestoreStatus.CLEANED,
+                                                   rs_.RestoreStatus.VERIFIED):
+            return Interests(pods=source | {r.plan.key})  # its pod is removed first
         if s in (MigrationPhase.CHECKPOINTING, MigrationPhase.UNSTICKING,
                  MigrationPhase.WAKING_IN_PLACE, MigrationPhase.DELETING_SOURCE):
             return Interests(pods=source)
@@ -159,7 +184,6 @@ class MigrationDecider:
         if s is MigrationPhase.ADOPTING:
             assert state.restore is not None
             return Interests(pods=source | {state.restore.plan.key})
-        r = state.restore
         if r is None or r.status is rs_.RestoreStatus.CLEANED:
             # The next attempt's node (the target, or the source for a rollback): which
             # runtime it runs decides how it restores (rs_.runtime_plan).
@@ -192,7 +216,10 @@ class MigrationDecider:
         typed_command = _COMMANDS.decode(command)
         if state.terminal:
             raise CommandRejected(f"migration {state.machine_id} is already {state.phase}")
-        if state.status in (MigrationPhase.COLLECTING_GARBAGE, MigrationPhase.ADOPTING):
+        restored = state.restore is not None and \
+            state.restore.status is rs_.RestoreStatus.VERIFIED
+        if state.status in (MigrationPhase.COLLECTING_GARBAGE, MigrationPhase.ADOPTING) or \
+                restored:
             raise CommandRejected(f"migration {state.machine_id} already restored the workload "
                                   f"on {state.target}; start a new migration to move it")
         ending = state.status in (MigrationPhase.UNSTICKING, MigrationPhase.WAKING_IN_PLACE)
@@ -216,6 +243,10 @@ class MigrationDecider:
         if node == state.target:
             return ()
         wake = node == state.spec.source_node and not state.deletion_requested
+        if state.streams and not state.source_gone and not wake:
+            raise CommandRejected(f"migration {state.machine_id} streams its checkpoint to "
+                                  f"{state.target}: cancel it and migrate again to move the "
+                                  "pod elsewhere")
         return (Retargeted(at=now, node=node, previous=state.target,
                            wake_in_place=wake).recorded(facts),)
 

@@ -10,6 +10,11 @@ into the engine's ``Decision``. The source deletion guard is
   out of attempts, the source is woken in place instead.
 - ``_adopt``: hand a verified restored pod to the source's ReplicaSet, then delete the
   source (see :class:`~controlplane.machines.migration.state.Adoption`).
+- ``_stream_*`` (``transfer: stream``): the capture request (with ``capture-handoff``) and
+  the restore pod (``restore-handoff``, labels parked) in one decision; the restore is
+  verified only once the registry proved the artifact (gate 1) and lists the archives
+  the target restored; then the frozen source is deleted. A failure before that wakes
+  the source in place and removes the target pod: never two live copies.
 
 Called by :class:`controlplane.machines.migration.machine.MigrationDecider`. Pure.
 """
@@ -20,16 +25,21 @@ from datetime import datetime
 
 from controlplane.engine.observation import Observation, PodView, ProbeError
 from controlplane.machines.base.facts import merge_facts, pod_facts
+from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.stepping import Step, action_key, emit, wait
 from controlplane.machines.base.timing import REISSUE_AFTER, next_poll, seconds
 from controlplane.machines.config.classes import OnFailure
+from controlplane.machines.config.runtimes import RestorePath, restore_path
+from controlplane.machines.contract import protocol
 from controlplane.machines.contract.actions import EventType, annotate_pod, emit_event
 from controlplane.machines.migration.events import (
     Adopted,
     AdoptionAbandoned,
     AdoptionRequested,
+    HandoffAbandoned,
     MigrationFinished,
     RollbackStarted,
+    StreamDeclined,
 )
 from controlplane.machines.migration.state import (
     MigrationPhase,
@@ -49,6 +59,13 @@ _NOT_OBSERVED = ProbeError("NotObserved", "not observed")
 
 def decide_migration(state: MigrationState, obs: Observation, now: datetime) -> Step:
     s = state.status
+    if s is MigrationPhase.CHECKPOINTING and state.streams:
+        return _stream_capture(state, obs, now)
+    if s is MigrationPhase.RESTORING and state.streams and not state.source_gone:
+        return _stream_restore(state, obs, now)
+    if s is MigrationPhase.DELETING_SOURCE and state.streams and state.restore is not None \
+            and state.restore.status is RestoreStatus.VERIFIED:
+        return _stream_retire_source(state, obs, now)
     if s is MigrationPhase.CHECKPOINTING:
         assert state.started_at is not None
         return cap_.decide_capture(state.spec.capture, state.capture, obs, now,
@@ -84,6 +101,9 @@ def _finish(state: MigrationState, now: datetime, phase: MigrationPhase, reason:
 def _unstick(state: MigrationState, obs: Observation, now: datetime) -> Step:
     failure = state.failure
     assert failure is not None
+    removing = _remove_restore(state, obs, now, "the capture failed")
+    if removing is not None:
+        return removing
     since = state.capture.failed_at or state.started_at
     assert since is not None
     result = src_.decide_unstick(
@@ -101,12 +121,9 @@ def _unstick(state: MigrationState, obs: Observation, now: datetime) -> Step:
 def _wake(state: MigrationState, obs: Observation, now: datetime) -> Step:
     since = state.started_at
     assert since is not None
-    r = state.restore
-    if r is not None and r.status not in (RestoreStatus.CLEANED, RestoreStatus.VERIFIED):
-        # An adoption's restore beside the source: take its pod away first.
-        if r.in_flight:
-            return rs_.abandon_restore(r, now, "the source is woken in place")
-        return rs_.decide_restore(r, state.context(), obs, now, machine_id=state.machine_id)
+    removing = _remove_restore(state, obs, now, "the source is woken in place")
+    if removing is not None:
+        return removing
     result = src_.decide_unstick(
         state.source_op, state.source, obs, now, machine_id=state.machine_id, kill=False,
         timeout=state.klass.timeouts.release, since=since, reason="wake the workload in place")
@@ -134,6 +151,118 @@ def _wake(state: MigrationState, obs: Observation, now: datetime) -> Step:
     return _finish(state, now, MigrationPhase.CANCELLED, reason,
                    "workload resumed in place on " + state.spec.source_node,
                    final_node=state.spec.source_node)
+
+
+def _remove_restore(state: MigrationState, obs: Observation, now: datetime,
+                    why: str) -> Step | None:
+    """A restore beside the source (adoption, stream) not verified: take its pod away
+    before the source is woken, so two copies never run (``None``: nothing to remove)."""
+    r = state.restore
+    if r is None or r.status in (RestoreStatus.CLEANED, RestoreStatus.VERIFIED):
+        return None
+    if r.in_flight:
+        return rs_.abandon_restore(r, now, why)
+    return rs_.decide_restore(r, state.context(), obs, now, machine_id=state.machine_id)
+
+
+def _stream_capture(state: MigrationState, obs: Observation, now: datetime) -> Step:
+    """Checkpointing with ``transfer: stream``: the agent dumps, pushes and hands off while
+    the target's agent restores from the stream; both are watched."""
+    assert state.started_at is not None
+    r = state.restore
+    if r is not None and not r.in_flight:
+        return _handoff_failed(state, now)
+    if r is None:
+        return _stream_start(state, obs, now)
+    capture = cap_.decide_capture(state.spec.capture, state.capture, obs, now,
+                                  machine_id=state.machine_id, started_at=state.started_at,
+                                  handoff_to=r.plan.node or state.target)
+    if not capture.idle or capture.needs_tags:
+        return capture
+    # The registry has not proven the artifact yet: the restore is watched (its pod, a
+    # failure, its deadline) but cannot be verified.
+    restore = rs_.decide_restore(r, state.context(), obs, now, machine_id=state.machine_id)
+    if not restore.idle or restore.needs_tags:
+        return restore
+    return wait(capture.wake_at, restore.wake_at)
+
+
+def _stream_start(state: MigrationState, obs: Observation, now: datetime) -> Step:
+    """The one decision that asks for the capture (handed off to the target) and creates
+    the restore pod on the target, so no control-loop round trip sits between the dump
+    and the restore. A target whose runtime restores images itself takes the registry."""
+    assert state.started_at is not None
+    target = obs.nodes.get(state.target)
+    if isinstance(target, ProbeError):
+        return wait(now + rs_.PROBE_RETRY)
+    path = restore_path(target.runtime if target is not None else "",
+                        state.klass.runtime_paths())
+    if path is not RestorePath.AGENT:
+        how = f"restores through {path.value}" if isinstance(path, RestorePath) else \
+            f"cannot restore ({path})"
+        return emit(StreamDeclined(
+            at=now, reason=f"node {state.target} {how}, so it cannot take the agents' "
+                           "stream: the checkpoint goes through the registry").recorded())
+    capture = cap_.decide_capture(state.spec.capture, state.capture, obs, now,
+                                  machine_id=state.machine_id, started_at=state.started_at,
+                                  handoff_to=state.target)
+    if capture.idle or capture.confirm:
+        return capture  # the source not observed (wait) or not capturable (fail)
+    start = rs_.start_restore(_plan(state, state.target, None), state.context(), now,
+                              machine_id=state.machine_id)
+    return Step(events=(*capture.events, *start.events),
+                actions=(*capture.actions, *start.actions))
+
+
+def _stream_restore(state: MigrationState, obs: Observation, now: datetime) -> Step:
+    """The artifact is verified (gate 1): the streamed restore is verified only if the
+    manifest lists exactly the archives the target restored."""
+    r = state.restore
+    assert r is not None
+    assert state.capture.digest is not None
+    if not r.in_flight:
+        return _handoff_failed(state, now)
+    archives = protocol.archive_digests(
+        {protocol.MANIFEST_ARCHIVE_DIGESTS: state.capture.archives})
+    ctx = replace(state.context(), proof=rs_.HandoffProof(state.capture.digest, archives))
+    return rs_.decide_restore(r, ctx, obs, now, machine_id=state.machine_id)
+
+
+def _handoff_failed(state: MigrationState, now: datetime) -> Step:
+    r = state.restore
+    assert r is not None
+    assert r.failure is not None
+    return emit(HandoffAbandoned(
+        at=now, reason="StreamedRestoreFailed",
+        message=f"the restore on {r.plan.node} from the source's stream failed before it "
+                f"was verified ({r.failure.reason}: {r.failure.message}); the capture "
+                "request was withdrawn and the target pod removed").recorded())
+
+
+def _stream_retire_source(state: MigrationState, obs: Observation, now: datetime) -> Step:
+    """The target runs verified: delete the frozen source (gate 1 re-checked in this very
+    observation by the deletion step), and give the restored bare pod its labels back.
+    A delete that cannot be done ends Failed with the source left frozen, never woken
+    beside the running target."""
+    r = state.restore
+    assert r is not None
+    assert r.uid is not None
+    op = state.source_op if state.deletion_requested else None
+    failure = state.abort or (op.failure if op is not None else None)
+    if failure is not None:
+        return _finish(state, now, MigrationPhase.FAILED, "SourceNotDeleted",
+                       f"the restored pod {r.plan.key} runs verified on {state.final_node}, "
+                       f"but the frozen source {state.spec.capture.pod_key} was not deleted: "
+                       f"{failure.message}; delete it (the target holds its state)",
+                       final_node=state.final_node)
+    step = _delete_source(state, obs, now)
+    labels = template_labels(state.spec.template)
+    if op is None and step.actions and labels:
+        handback = annotate_pod(action_key(state.machine_id, "stream", "labels"),
+                                namespace=r.plan.namespace, name=r.plan.pod_name, uid=r.uid,
+                                annotations={}, labels=labels)
+        step = replace(step, actions=(*step.actions, handback))
+    return step
 
 
 def _delete_source(state: MigrationState, obs: Observation, now: datetime) -> Step:
@@ -173,15 +302,17 @@ def _kept_name(state: MigrationState, obs: Observation, now: datetime) -> str | 
 def _plan(state: MigrationState, node: str, name: str | None) -> RestorePlan:
     attempt = state.attempts + 1
     c = state.spec.capture
+    streamed = state.streams and not state.source_gone  # from the source's agent
     if state.spec.claims:  # the StatefulSet's successor: its name, claimed, not created
         name = c.name
     return RestorePlan(
         attempt=attempt, namespace=c.namespace,
         pod_name=name or rs_.restore_pod_name(state.spec.restore_name, state.machine_id,
                                               attempt),
-        node=node, artifact=state.pinned, checkpoint_id=c.checkpoint_id,
+        node=node, artifact=None if streamed else state.pinned, checkpoint_id=c.checkpoint_id,
         not_fresh=(state.capture.source_instance,) if state.capture.source_instance else (),
-        claim_from=c.uid if state.spec.claims else "")
+        claim_from=c.uid if state.spec.claims else "",
+        handoff_source=c.pod_key if streamed else "", handoff_uid=c.uid if streamed else "")
 
 
 def _restore(state: MigrationState, obs: Observation, now: datetime) -> Step:

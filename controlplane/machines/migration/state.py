@@ -25,10 +25,12 @@ from controlplane.machines.migration.events import (
     Adopted,
     AdoptionAbandoned,
     AdoptionRequested,
+    HandoffAbandoned,
     MigrationCancelRequested,
     MigrationFinished,
     Retargeted,
     RollbackStarted,
+    StreamDeclined,
 )
 from controlplane.machines.stages import capture as cap_
 from controlplane.machines.stages import collect as gc_
@@ -106,6 +108,10 @@ class MigrationSpec:
     #: Keep the checkpoint in the registry after the verified restore, whatever the
     #: class's retention says (false for every history recorded before it existed).
     keep_checkpoint: bool = field(default=False, metadata=OMIT_DEFAULT)
+    #: ``transfer: stream`` chosen (``initial_state``, from the class and the successor):
+    #: the capture is also handed to the target's agent, the restore pod created at once
+    #: beside the frozen source, which is deleted only once the target runs verified.
+    stream: bool = field(default=False, metadata=OMIT_DEFAULT)
 
     @property
     def adopts(self) -> bool:
@@ -164,6 +170,18 @@ class MigrationState(PhasedState):
     restore_due_at: datetime | None = field(default=None, metadata=OMIT_DEFAULT)
     #: Adoption (``successor: adopt``): the labels handed back, and who took the pod.
     adoption: Adoption | None = field(default=None, metadata=OMIT_DEFAULT)
+    #: Why a streamed migration went through the registry after all (its target's runtime).
+    stream_declined: str = field(default="", metadata=OMIT_DEFAULT)
+
+    @property
+    def streams(self) -> bool:
+        """The checkpoint is streamed to the target (and the source kept until verified)."""
+        return self.spec.stream and not self.stream_declined
+
+    @property
+    def beside_source(self) -> bool:
+        """The restore runs while the (frozen) source still exists: adoption or a stream."""
+        return (self.spec.adopts or self.streams) and not self.source_gone
 
     @property
     def wake_keys(self) -> frozenset[str]:
@@ -193,7 +211,7 @@ class MigrationState(PhasedState):
     def context(self) -> RestoreContext:
         t = self.klass.timeouts
         template = self.spec.template
-        if self.spec.adopts and not self.source_gone:
+        if self.beside_source:
             template = parked(template)
         return RestoreContext(template=template,
                               loader=self.klass.loader_annotation(),
@@ -235,7 +253,7 @@ def evolve_migration(state: MigrationState, event: EventLike | DomainEvent) -> M
             return replace(state, status=phase, failure=failure, final_node=e.final_node)
         case Retargeted() | MigrationCancelRequested() | SourceDeletionAborted() | \
                 SourceVanished() | RollbackStarted() | AdoptionRequested() | Adopted() | \
-                AdoptionAbandoned():
+                AdoptionAbandoned() | StreamDeclined() | HandoffAbandoned():
             return _evolve_own(state, e)
     mid = state.machine_id
     capture = cap_.evolve_capture(state.capture, e, machine_id=mid)
@@ -263,10 +281,13 @@ def _evolve_own(state: MigrationState, e: DomainEvent) -> MigrationState:
             return replace(state, cancelled=True, status=MigrationPhase.WAKING_IN_PLACE)
         case MigrationCancelRequested():
             return replace(state, cancelled=True, target=state.spec.source_node)
+        case SourceDeletionAborted() if _restored(state):
+            # A streamed target runs verified: never wake the source beside it.
+            return replace(state, abort=Failure(e.reason, e.message))
         case SourceDeletionAborted():
             return replace(state, status=MigrationPhase.WAKING_IN_PLACE,
                            abort=Failure(e.reason, e.message))
-        case SourceVanished() if state.status is MigrationPhase.ADOPTING:
+        case SourceVanished() if state.status is MigrationPhase.ADOPTING or _restored(state):
             return _collecting(replace(state, source_gone=True), e.at)
         case SourceVanished():
             return replace(state, source_gone=True, status=MigrationPhase.RESTORING,
@@ -282,17 +303,25 @@ def _evolve_own(state: MigrationState, e: DomainEvent) -> MigrationState:
                                                    attempt=e.attempt))
         case Adopted() if state.adoption is not None:
             return replace(state, adoption=replace(state.adoption, owner=e.owner))
-        case AdoptionAbandoned():
+        case AdoptionAbandoned() | HandoffAbandoned():
             return replace(state, status=MigrationPhase.WAKING_IN_PLACE,
                            abort=Failure(e.reason, e.message))
+        case StreamDeclined():
+            return replace(state, stream_declined=e.reason)
     return state
+
+
+def _restored(state: MigrationState) -> bool:
+    """A streamed migration's target runs verified; only the source is left to go."""
+    return state.status is MigrationPhase.DELETING_SOURCE and state.restore is not None \
+        and state.restore.status is rs_.RestoreStatus.VERIFIED
 
 
 def _evolve_steps(state: MigrationState, e: DomainEvent) -> MigrationState:
     match e:
         case ArtifactVerified() if state.status is MigrationPhase.CHECKPOINTING:
             # Adoption restores beside the (quiesced) source; a bare pod's goes first.
-            after = MigrationPhase.RESTORING if state.spec.adopts else \
+            after = MigrationPhase.RESTORING if state.beside_source else \
                 MigrationPhase.DELETING_SOURCE
             return replace(state, status=after, verified_at=e.at)
         case CaptureFailed() if state.status is MigrationPhase.CHECKPOINTING:
@@ -300,7 +329,7 @@ def _evolve_steps(state: MigrationState, e: DomainEvent) -> MigrationState:
                            failure=state.capture.failure)
         case SourceDeletionRequested():
             return replace(state, deletion_requested=True)
-        case SourceDeleted() if state.status is MigrationPhase.ADOPTING:
+        case SourceDeleted() if state.status is MigrationPhase.ADOPTING or _restored(state):
             return _collecting(replace(state, source_gone=True), e.at)
         case SourceDeleted() if state.status is MigrationPhase.DELETING_SOURCE:
             return replace(state, source_gone=True, status=MigrationPhase.RESTORING,
@@ -308,7 +337,7 @@ def _evolve_steps(state: MigrationState, e: DomainEvent) -> MigrationState:
         case RestoreCleanedUp() if state.spec.keep_name:
             return replace(state, restore_due_at=e.at)
         case SourceDeletionFailed() if state.source_op is not None and \
-                state.status is MigrationPhase.DELETING_SOURCE:
+                state.status is MigrationPhase.DELETING_SOURCE and not _restored(state):
             return replace(state, status=MigrationPhase.WAKING_IN_PLACE,
                            abort=state.source_op.failure)
         case RestorePodRequested(plan=RestorePlan()):
@@ -319,6 +348,10 @@ def _evolve_steps(state: MigrationState, e: DomainEvent) -> MigrationState:
             final = state.restore.node or state.restore.plan.node
             if state.spec.adopts and not state.source_gone:
                 return replace(state, status=MigrationPhase.ADOPTING, final_node=final)
+            if state.streams and not state.source_gone:
+                # The target runs what the registry holds: now the source may go.
+                return replace(state, status=MigrationPhase.DELETING_SOURCE,
+                               final_node=final)
             return _collecting(replace(state, final_node=final), e.at)
         case ArtifactDeletionFailed() if state.collection is not None:
             return replace(state, conditions=set_condition(state.conditions, Condition(

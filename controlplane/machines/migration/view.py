@@ -20,11 +20,18 @@ _RESTORED = frozenset({MigrationPhase.SUCCEEDED, MigrationPhase.ROLLED_BACK,
 class MigrationView(views.CapturingView, state=MigrationState,
                     success=frozenset({MigrationPhase.SUCCEEDED})):
     waiting: Mapping[str, str] = {
+        # A streamed migration (class transfer: stream) restores on the target while the
+        # source is frozen, and deletes the source only once the target is verified.
+        # (Checkpointing reads the same either way: the registry must show it.)
         MigrationPhase.CHECKPOINTING: views.CHECKPOINTING,
-        MigrationPhase.UNSTICKING: views.UNSTICKING,
-        MigrationPhase.WAKING_IN_PLACE: views.WAKING_IN_PLACE,
-        MigrationPhase.DELETING_SOURCE: views.DELETING_SOURCE,
-        MigrationPhase.RESTORING: views.RESTORING,
+        MigrationPhase.UNSTICKING: views.UNSTICKING + ", after any restore pod is removed",
+        MigrationPhase.WAKING_IN_PLACE: views.WAKING_IN_PLACE + ", after any restore pod "
+                                        "beside it is removed",
+        MigrationPhase.DELETING_SOURCE: views.DELETING_SOURCE + " (streamed: the restored pod "
+                                        "already runs verified)",
+        MigrationPhase.RESTORING: views.RESTORING + " (streamed: restored from the source's "
+                                  "agent and proven equal to the registry's checkpoint, the "
+                                  "source kept frozen)",
         MigrationPhase.ADOPTING: "the ReplicaSet to adopt the restored pod, and the source "
                                  "to be gone",
         MigrationPhase.ROLLING_BACK: "the workload to be restored on its source node",

@@ -90,6 +90,9 @@ class ArtifactVerified(DomainEvent):
     artifact: str
     pinned: str
     size_bytes: int | None = None
+    #: Handed-off captures: the manifest's ``archive-digests`` (its JSON text), what a
+    #: streamed restore must equal (absent for every other capture).
+    archives: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,8 @@ class Capture:
     failure: Failure | None = None
     failed_at: datetime | None = None
     action_error: ActionError | None = None
+    #: The verified manifest's ``archive-digests`` (JSON; "": it lists none).
+    archives: str = field(default="", metadata=OMIT_DEFAULT)
 
     @property
     def finished(self) -> bool:
@@ -163,18 +168,20 @@ def request_key(machine_id: str, attempt: int) -> str:
 
 
 def decide_capture(spec: CaptureSpec, cap: Capture, obs: Observation, now: datetime,
-                   *, machine_id: str, started_at: datetime) -> Step:
-    """The capture's next step; an idle step carries the wake time."""
+                   *, machine_id: str, started_at: datetime, handoff_to: str = "") -> Step:
+    """The capture's next step; an idle step carries the wake time. ``handoff_to``: the
+    node whose agent the archives are also streamed to (a streamed migration)."""
     if cap.finished:
         return Step()
     pod = obs.pods.get(spec.pod_key, _NOT_OBSERVED)
     if cap.status is CaptureStatus.PENDING:
-        return _request(spec, cap, pod, now, machine_id=machine_id, started_at=started_at)
-    return _watch(spec, cap, pod, obs, now, machine_id=machine_id)
+        return _request(spec, cap, pod, now, machine_id=machine_id, started_at=started_at,
+                        handoff_to=handoff_to)
+    return _watch(spec, cap, pod, obs, now, machine_id=machine_id, handoff_to=handoff_to)
 
 
 def _request(spec: CaptureSpec, cap: Capture, pod: PodFact, now: datetime, *,
-             machine_id: str, started_at: datetime) -> Step:
+             machine_id: str, started_at: datetime, handoff_to: str) -> Step:
     deadline = started_at + seconds(spec.timeout)
     facts = pod_facts(spec.pod_key, pod)
     if isinstance(pod, ProbeError):
@@ -192,7 +199,7 @@ def _request(spec: CaptureSpec, cap: Capture, pod: PodFact, now: datetime, *,
     annotations = protocol.capture_request(
         checkpoint_id=spec.checkpoint_id, artifact=spec.artifact, source_uid=spec.uid,
         containers=spec.containers, quiesce=spec.quiesce, saver=spec.saver, seal=spec.seal,
-        mode=spec.mode)
+        mode=spec.mode, handoff_to=handoff_to)
     event = CaptureRequested(
         at=now, attempt=attempt, checkpoint_id=spec.checkpoint_id, artifact=spec.artifact,
         containers=spec.containers, quiesce=spec.quiesce,
@@ -204,7 +211,7 @@ def _request(spec: CaptureSpec, cap: Capture, pod: PodFact, now: datetime, *,
 
 
 def _watch(spec: CaptureSpec, cap: Capture, pod: PodFact, obs: Observation, now: datetime,
-           *, machine_id: str) -> Step:
+           *, machine_id: str, handoff_to: str) -> Step:
     assert cap.issued_at is not None
     assert cap.deadline is not None
     if spec.artifact not in obs.tags and _tag_matters(spec, cap, pod, now):
@@ -220,6 +227,7 @@ def _watch(spec: CaptureSpec, cap: Capture, pod: PodFact, obs: Observation, now:
             return emit(ArtifactVerified(
                 at=now, digest=tag.digest, artifact=spec.artifact,
                 pinned=spec.pinned(tag.digest), size_bytes=protocol.archive_bytes(tag),
+                archives=_archives(tag),
             ).recorded(facts))
         if tag.digest not in cap.stale_digests:
             return emit(StaleArtifactSeen(at=now, digest=tag.digest,
@@ -252,7 +260,7 @@ def _watch(spec: CaptureSpec, cap: Capture, pod: PodFact, obs: Observation, now:
         reissue_at = cap.issued_at + reissue_backoff(cap.attempt)
         facts = merge_facts(facts, error.facts())
     if annotation_missing and now >= reissue_at and now < cap.deadline:
-        return _reissue(spec, cap, now, facts, machine_id)
+        return _reissue(spec, cap, now, facts, machine_id, handoff_to)
     if now >= cap.deadline:
         return _fail(spec, now, "Timeout",
                      f"no verified artifact at {spec.artifact} within {spec.timeout}s", facts,
@@ -262,16 +270,23 @@ def _watch(spec: CaptureSpec, cap: Capture, pod: PodFact, obs: Observation, now:
 
 
 def _reissue(spec: CaptureSpec, cap: Capture, now: datetime, facts: JsonObject,
-             machine_id: str) -> Step:
+             machine_id: str, handoff_to: str) -> Step:
     attempt = cap.attempt + 1
     annotations = protocol.capture_request(
         checkpoint_id=spec.checkpoint_id, artifact=spec.artifact, source_uid=spec.uid,
         containers=spec.containers, quiesce=spec.quiesce, saver=spec.saver, seal=spec.seal,
-        mode=spec.mode)
+        mode=spec.mode, handoff_to=handoff_to)
     event = CaptureRequested(at=now, attempt=attempt, reissue=True).recorded(facts)
     action = annotate_pod(request_key(machine_id, attempt), namespace=spec.namespace,
                           name=spec.name, uid=spec.uid, annotations=annotations)
     return emit(event, actions=[action])
+
+
+def _archives(tag: TagView) -> str | None:
+    """The manifest's ``archive-digests`` in their canonical JSON, or ``None`` (a capture
+    that was not handed off lists none: its event reads as it always did)."""
+    digests = protocol.archive_digests(tag.annotations)
+    return protocol.format_archive_digests(digests) if digests else None
 
 
 def _tag_matters(spec: CaptureSpec, cap: Capture, pod: PodFact, now: datetime) -> bool:
@@ -316,7 +331,7 @@ def evolve_capture(cap: Capture, event: DomainEvent, *, machine_id: str) -> Capt
             return replace(cap, stale_digests=(*cap.stale_digests, event.digest))
         case ArtifactVerified():
             return replace(cap, status=CaptureStatus.VERIFIED, digest=event.digest,
-                           action_error=None)
+                           action_error=None, archives=event.archives or "")
         case CaptureFailed():
             return replace(cap, status=CaptureStatus.FAILED, action_error=None,
                            failure=Failure(event.reason, event.message), failed_at=event.at)

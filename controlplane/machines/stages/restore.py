@@ -14,7 +14,10 @@ Shared by the restore, migration and resume machines. One attempt, status flow::
   with another UID is not ours either (gate 4).
 - ``RestoreVerified`` needs the pod Running and the agent's report: restored from exactly
   this digest, with an instance id that is fresh (not the source's, not an earlier
-  attempt's). A cold boot (no artifact) is verified by Running alone.
+  attempt's). A cold boot (no artifact) is verified by Running alone. A restore from the
+  source agent's stream (``handoff_source``) also needs the owner's proof that the
+  registry holds this checkpoint (gate 1) and lists exactly the archives the target
+  marked in ``restored-from-handoff``; archives that differ fail the attempt.
 - ``TargetUnschedulable`` is reported once (with a Warning) when the target node is
   missing, cordoned or NotReady; the attempt fails at the scheduling deadline.
 - A failed attempt deletes its own pod (UID precondition) before the owner moves on.
@@ -75,6 +78,17 @@ class RestoreContext:
     restore_timeout: int
     cleanup_timeout: int
     unseal: str = ""  # where the key that unseals a sealed class's layers is
+    #: A streamed restore's proof, once the owner has it: the verified artifact's digest
+    #: and the archives its manifest lists (``None``: not proven yet, never verified).
+    proof: HandoffProof | None = None
+
+
+@dataclass(frozen=True)
+class HandoffProof:
+    """What the registry proved of a handed-off checkpoint (gate 1)."""
+
+    digest: str
+    archives: Mapping[str, str]
 
 
 @dataclass(frozen=True)
@@ -103,6 +117,10 @@ class RestorePlan:
     #: or ``cri-o`` with the per-container checkpoint images the pod is created with.
     path: str = field(default=RestorePath.AGENT.value, metadata=OMIT_DEFAULT)
     images: tuple[ContainerImage, ...] = field(default=(), metadata=OMIT_DEFAULT)
+    #: A restore from the source agent's stream: the source pod (``namespace/name``) and
+    #: its UID; ``artifact`` is then ``None`` (not yet proven) and this is no cold boot.
+    handoff_source: str = field(default="", metadata=OMIT_DEFAULT)
+    handoff_uid: str = field(default="", metadata=OMIT_DEFAULT)
 
     @property
     def key(self) -> str:
@@ -297,7 +315,8 @@ def start_restore(plan: RestorePlan, ctx: RestoreContext, now: datetime, *,
                                 message=plan.path.removeprefix(_REFUSED)).recorded(facts)
         return failing(requested, refused)
     claim = bool(plan.claim_from)
-    mode = "claim" if claim else "cold-boot" if plan.artifact is None else "restore"
+    mode = "claim" if claim else "handoff" if plan.handoff_source else \
+        "cold-boot" if plan.artifact is None else "restore"
     event = RestorePodRequested(
         at=now, attempt=plan.attempt, create_attempt=0 if claim else 1, plan=plan,
         mode=mode, schedule_deadline=now + seconds(ctx.schedule_timeout),
@@ -342,7 +361,7 @@ def _watch(r: Restore, ctx: RestoreContext, pod: PodFact, obs: Observation, now:
         if claimed is not None:
             return claimed
     if isinstance(pod, PodView):
-        verdict = _judge(r, pod, now, facts, machine_id)
+        verdict = _judge(r, ctx, pod, now, facts, machine_id)
         if verdict is not None:
             return verdict
     elif pod is None and r.uid is not None:
@@ -413,7 +432,7 @@ def _claim_action(plan: RestorePlan, ctx: RestoreContext, uid: str, machine_id: 
                      gate=protocol.RESTORE_GATE, images=_images(plan))
 
 
-def _judge(r: Restore, pod: PodView, now: datetime, facts: JsonObject,
+def _judge(r: Restore, ctx: RestoreContext, pod: PodView, now: datetime, facts: JsonObject,
            machine_id: str) -> Step | None:
     plan = r.plan
     if not _ours(r, pod, machine_id) or (r.uid is not None and pod.uid != r.uid):
@@ -442,11 +461,38 @@ def _judge(r: Restore, pod: PodView, now: datetime, facts: JsonObject,
     if pod.phase != "Running":
         return None
     fresh = bool(report.instance_id) and report.instance_id not in plan.not_fresh
+    if plan.handoff_source:
+        return _judge_handoff(r, pod, ctx, fresh, now, facts)
     if plan.artifact is None or (report.restored_from == plan.digest and fresh):
         return emit(RestoreVerified(
             at=now, attempt=plan.attempt, uid=pod.uid, node=pod.node, digest=plan.digest,
             instance_id=report.instance_id).recorded(facts))
     return None
+
+
+def _judge_handoff(r: Restore, pod: PodView, ctx: RestoreContext, fresh: bool, now: datetime,
+                   facts: JsonObject) -> Step | None:
+    """A streamed restore runs: verified only with the registry's proof and equal archives."""
+    plan = r.plan
+    try:
+        marked = protocol.handoff_restored(pod.annotations)
+    except ValueError as exc:
+        return _fail(r, now, "HandoffUnreadable", str(exc), facts)
+    if marked is None or marked[0] != plan.checkpoint_id or not fresh or ctx.proof is None:
+        return None  # the agent has not marked it yet, or the registry has not proven it
+    checkpoint, archives = marked
+    if archives != dict(ctx.proof.archives):
+        listed = protocol.format_archive_digests(ctx.proof.archives) \
+            if ctx.proof.archives else "no archive-digests"
+        return _fail(r, now, "HandoffMismatch",
+                     f"the target restored archives {protocol.format_archive_digests(archives)} "
+                     f"of checkpoint {checkpoint}, but the registry's manifest "
+                     f"{ctx.proof.digest} lists {listed}: what runs is not what the "
+                     "registry holds", facts)
+    report = protocol.restore_report(pod)
+    return emit(RestoreVerified(at=now, attempt=plan.attempt, uid=pod.uid, node=pod.node,
+                                digest=ctx.proof.digest,
+                                instance_id=report.instance_id).recorded(facts))
 
 
 def _fail(r: Restore, now: datetime, reason: str, message: str, facts: JsonObject) -> Step:
@@ -497,9 +543,16 @@ def _cleaned(r: Restore, now: datetime, how: str, facts: JsonObject) -> Step:
 
 def _create(plan: RestorePlan, ctx: RestoreContext, machine_id: str,
             create_attempt: int) -> Action:
-    annotations = protocol.restore_request(
-        artifact=plan.artifact, restore_key=restore_key(machine_id, plan.attempt),
-        checkpoint_id=plan.checkpoint_id, loader=ctx.loader, unseal=ctx.unseal)
+    if plan.handoff_source:
+        assert plan.checkpoint_id is not None
+        annotations = protocol.restore_handoff_request(
+            checkpoint_id=plan.checkpoint_id, source=plan.handoff_source,
+            source_uid=plan.handoff_uid, restore_key=restore_key(machine_id, plan.attempt),
+            loader=ctx.loader)
+    else:
+        annotations = protocol.restore_request(
+            artifact=plan.artifact, restore_key=restore_key(machine_id, plan.attempt),
+            checkpoint_id=plan.checkpoint_id, loader=ctx.loader, unseal=ctx.unseal)
     return create_pod(create_key(machine_id, plan.attempt, create_attempt),
                       namespace=plan.namespace, name=plan.pod_name, template=ctx.template,
                       node=plan.node, annotations=annotations,
