@@ -264,3 +264,30 @@ def _ticking_seeded(w: CriuWorld, name: str, node: str) -> list[Tick]:
     pod = w.make_counter(name, node, mib=MIB, seed=SEED)
     return wait_for(lambda: t if len(t := w.ticks(pod)) >= 5 else None,
                     f"{name} to tick 5 times")
+
+
+def test_a_streamed_migration_restores_before_the_source_goes_with_no_repeat(
+        world: CriuWorld) -> None:
+    """``transfer: stream``: the target's agent restores from the source agent's stream
+    while the registry copy is pushed beside it; the source, quiesced, is deleted only
+    after the target runs verified and the registry holds what it restored."""
+    w = world
+    name = w.name("strm")
+    before = _ticking(w, name, "node-1")
+    source = w.kube.pod(w.namespace, name)
+    assert source is not None
+    done = w.cpctl("migrate", f"{w.namespace}/{name}", "--to", "node-2", *w.streamed(),
+                   "--wait", "--wait-seconds", "180", cluster=True)
+    operation = _operation(done.stdout)
+    assert w.phase_of(operation) == "Succeeded", done.stdout + done.stderr
+    events = [e["type"] for e in _history(w, operation)]
+    assert events.index("RestoreVerified") < events.index("SourceDeleted"), events
+    assert events.index("ArtifactVerified") < events.index("SourceDeleted"), events
+    ended = time.time()
+    moved = wait_running_on(w, name, "node-2")
+    notes = moved["metadata"]["annotations"]
+    assert json.loads(notes[protocol.RESTORED_FROM_HANDOFF])["checkpoint"] == operation
+    ticks = wait_for(lambda: t if ticked_since(t := w.ticks(moved), ended) else None,
+                     f"{name} on node-2 to count on")
+    resumed(ticks, before, quiesced=True)  # no count repeated, none skipped, pages intact
+    assert _pod_containers(w, "node-1", source["metadata"]["uid"]) == []  # the source is gone

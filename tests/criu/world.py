@@ -10,7 +10,9 @@
   verbs as subprocesses (the registry over HTTP, as in a cluster);
 - keys, as an install has them: every agent signs what it pushes and restores only
   what a trusted key signed; the classes file holds ``sealed``, a class whose
-  checkpoints are encrypted for a recipient whose private key is a file on the nodes.
+  checkpoints are encrypted for a recipient whose private key is a file on the nodes,
+  and ``streamed``, whose migrations stream between the agents (they share a handoff
+  key) with the registry copy pushed beside.
 
 The workload is :mod:`drivers.podman.workload`'s counter, built here and pushed to the
 registry. A test reads a container's log from its node's podman. Missing podman, CRIU or
@@ -84,6 +86,10 @@ class CriuWorld(World):
     def sealed(self) -> list[str]:
         """The flags of a verb using the sealed class."""
         return ["--class", "sealed", "--classes-file", str(self.classes_file)]
+
+    def streamed(self) -> list[str]:
+        """The flags of a migration whose class streams between agents (plain layers)."""
+        return ["--class", "streamed", "--classes-file", str(self.classes_file)]
 
     @property
     def repository(self) -> str:
@@ -247,7 +253,9 @@ def open_criu_world(tmp: Path) -> Iterator[CriuWorld]:
                                     "--runtime-root", str(runtime_root),
                                     "--workdir", str(tmp / "work" / node),
                                     "--signing-key", str(keys / "signing.pem"),
-                                    "--trusted-key", str(keys / "signing.pub"))
+                                    "--trusted-key", str(keys / "signing.pub"),
+                                    "--handoff-key", str(keys / "handoff.key"),
+                                    "--handoff-listen", "127.0.0.1:0")
                 assert agent.stdout is not None
                 assert agent.stdout.readline(), world.stderr(f"agent-{node}")
                 world._pump(f"agent-{node}", agent)
@@ -279,9 +287,13 @@ def _pem_pair(private: Any, where: Path, name: str) -> None:
 
 def write_keys(where: Path) -> Path:
     """``signing.pem/.pub`` (the agents' signing key) and ``recipient.pem/.pub`` (the
-    sealed class's recipient), EC P-256 as an install generates them."""
+    sealed class's recipient), EC P-256 as an install generates them, and
+    ``handoff.key``, the agents' shared handoff key."""
     for name in ("signing", "recipient"):
         _pem_pair(ec.generate_private_key(ec.SECP256R1()), where, name)
+    handoff = where / "handoff.key"  # the agents' shared key (the checkpoint-handoff Secret)
+    handoff.touch(mode=0o600)
+    handoff.write_bytes(os.urandom(32))
     return where
 
 
@@ -289,7 +301,8 @@ def write_sealed_class(path: Path, repository: str, keys: Path) -> None:
     path.write_text(json.dumps({"classes": [{
         "name": "sealed", "repository": repository,
         "encryption": {"recipients": [f"file:{keys / 'recipient.pub'}"],
-                       "keyFile": str(keys / "recipient.pem")}}]}))
+                       "keyFile": str(keys / "recipient.pem")}},
+        {"name": "streamed", "repository": repository, "transfer": "stream"}]}))
 
 
 def resumed(ticks: list[Tick], before: list[Tick], *, quiesced: bool) -> Resumption:
