@@ -10,10 +10,13 @@ paths in turn within each run so drift hits them alike:
 - **CRIU alone** (the floor): ``podman container checkpoint --export --leave-running``,
   the archive handed over on local disk, ``restore --import`` on B. No registry, no
   packaging: what any migration of this process must at least pay.
-- **product (MODE)**, one row per mode in :data:`PRODUCT_MODES`: one migration through
+- **product (MODE)**, one row per way in :data:`PRODUCT_MODES`: one migration through
   the whole product (``wiring.criu_world``: API server, runtime-backed nodes, criu agents,
   the worker, its own registry), a fresh world each run; its phases as
-  ``report_migrations`` records them.
+  ``report_migrations`` records them. ``stop-and-copy`` goes through the registry (push,
+  then the source deleted, then pull and restore); ``stop-and-copy, streamed`` (class
+  ``transfer: stream``) restores on B from A's agent's stream while the registry copy is
+  pushed beside it, and deletes the source after.
 - **ours**: the node agent's steps without the control loop —
   :class:`~drivers.agent.criu.CriuDumper` capture, ``push_checkpoint``, the source removed,
   ``pull_checkpoint`` on B, ``CriuDumper.restore``.
@@ -72,10 +75,16 @@ INTERVAL_MS = 50
 DIRTY_MIB_PER_S = 4
 STEPS = ("capture", "push", "pull", "restore")
 PHASES = tuple(p.removesuffix("_seconds") for p in reports.MIGRATION_PHASES)
-#: The modes the product migration runs in, a row each: another mode is one more entry
-#: (sent as the migration's ``spec.mode``; the default is sent as no mode at all).
-PRODUCT_MODES: tuple[str, ...] = ("stop-and-copy",)
-DEFAULT_MODE = "stop-and-copy"
+#: The ways the product migration runs, a row each: another is one more entry here and in
+#: :data:`PRODUCT_SPECS`.
+PRODUCT_MODES: tuple[str, ...] = ("stop-and-copy", "stop-and-copy, streamed")
+#: What each way adds to the migration: its ``spec.mode`` ("": the default, sent as no
+#: mode at all) and its class settings (``transfer: stream``: the target's agent restores
+#: from the source agent's stream, the registry copy pushed beside it).
+PRODUCT_SPECS: dict[str, tuple[str, JsonObject]] = {
+    "stop-and-copy": ("", {}),
+    "stop-and-copy, streamed": ("", {"transfer": "stream"}),
+}
 CRIU_ALONE, OURS, REFERENCE = "criu_alone", "ours", "reference"
 LABELS = {CRIU_ALONE: "CRIU alone (local disk)",
           OURS: "ours (agent path, no control loop)",
@@ -257,9 +266,10 @@ async def product_migration(root: Path, mib: int, dirty: int,
                                 "template": {"metadata": {"labels": {}},
                                              "spec": {"containers":
                                                       pod["spec"]["containers"]}},
-                                "class": {"repository": world.repository("checkpoints/bench")}}
-            if mode != DEFAULT_MODE:
-                spec["mode"] = mode
+                                "class": {"repository": world.repository("checkpoints/bench"),
+                                          **PRODUCT_SPECS[mode][1]}}
+            if PRODUCT_SPECS[mode][0]:
+                spec["mode"] = PRODUCT_SPECS[mode][0]
             outcome = await submit_operation(db, default_kinds(), world.submission_observer,
                                              kind="migration", spec=spec,
                                              machine_id=f"bench-{mib}", now=clock.now())
@@ -341,7 +351,7 @@ async def run(sizes: list[int], runs: int, dirty: int, folder: Path) -> dict[str
                 measured[CRIU_ALONE].append(await criu_only(a, b, image, mib, dirty, work,
                                                             tag))
                 for mode in PRODUCT_MODES:
-                    root = folder / f"product-{tag}-{mode}"
+                    root = folder / f"product-{tag}-{mode.replace(', ', '-')}"
                     measured[product_key(mode)].append(
                         await product_migration(root, mib, dirty, mode))
                     shutil.rmtree(root, ignore_errors=True)

@@ -235,7 +235,8 @@ def test_criu_migration_divides_the_products_downtime_by_criu_alone_measured_alo
     [row] = results["rows"]
     assert row["mib"] == 1
     paths = row["paths"]
-    assert set(paths) == {"criu_alone", "product:stop-and-copy", "ours", "reference"}
+    assert set(paths) == {"criu_alone", "product:stop-and-copy",
+                          "product:stop-and-copy, streamed", "ours", "reference"}
     assert paths["reference"]["label"].startswith("reference: podman by hand")
     for path in paths.values():
         [one] = path["runs"]
@@ -249,4 +250,7 @@ def test_criu_migration_divides_the_products_downtime_by_criu_alone_measured_alo
     assert {"checkpoint", "restore"} <= set(paths["product:stop-and-copy"]["runs"][0])
     floor = paths["criu_alone"]["summary"]["downtime"]["median"]
     product = paths["product:stop-and-copy"]["summary"]["downtime"]["median"]
-    assert row["headline"] == {"product:stop-and-copy": pytest.approx(product / floor)}
+    streamed = paths["product:stop-and-copy, streamed"]["summary"]["downtime"]["median"]
+    assert row["headline"] == {"product:stop-and-copy": pytest.approx(product / floor),
+                               "product:stop-and-copy, streamed":
+                                   pytest.approx(streamed / floor)}
