@@ -185,6 +185,11 @@ def add_nodes_parser(verbs: argparse._SubParsersAction[Any]) -> None:
                    help="run pods as real containers: each node is a podman storage root "
                         "DIR/<node> (runc + CRIU; scripts/ensure-criu installs them). "
                         "Default: no containers, status only")
+    p.add_argument("--plain-runc", dest="lazy_runtime", action="store_false",
+                   help="with --runtime-root: create containers with plain runc instead of "
+                        "the lazy-pages wrapper DIR/lazy-runc (they then cannot migrate "
+                        "lazily; saves a Python start per runc call). Give the node agents "
+                        "the same flag")
     p.add_argument("--real", action="store_true",
                    help="real nodes: a kubelet + CRI-O per node on this host (root; "
                         "scripts/ensure-realnode); the node shape and pod-delay flags and "
@@ -246,5 +251,5 @@ async def nodes_cmd(args: argparse.Namespace) -> int:
         ready_timeout=args.ready_timeout, kubeconfig=args.kubeconfig, context=args.context,
         on_ready=ready, stop=_stop_on_signals(),
         runtime_root=Path(args.runtime_root) if args.runtime_root else None,
-        schedule=args.schedule)
+        schedule=args.schedule, lazy_runtime=args.lazy_runtime)
     return 0

@@ -83,8 +83,11 @@ async def _reset(node: PodmanNode) -> None:
 
 @contextlib.asynccontextmanager
 async def runtime_world(db: Database, root: Path, clock: Clock, *,
-                        nodes: Sequence[str] = NODES) -> AsyncIterator[RuntimeWorld]:
-    runtime = RuntimeNodes.under(root / "nodes", nodes)
+                        nodes: Sequence[str] = NODES,
+                        lazy_runtime: bool = True) -> AsyncIterator[RuntimeWorld]:
+    """``lazy_runtime``: the nodes' podman creates containers through the lazy-pages runc
+    wrapper (they can then migrate lazily; docs/runtime.md says what it costs)."""
+    runtime = RuntimeNodes.under(root / "nodes", nodes, lazy=lazy_runtime)
     builder = PodmanNode((root / "builder").resolve())
     sealing = await asyncio.to_thread(make_keys, root / "keys")  # signed, as installed
     handoff = await asyncio.to_thread(make_handoff, root / "keys")

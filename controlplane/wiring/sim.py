@@ -77,12 +77,15 @@ async def run_kubelet_role(*, nodes: tuple[str, ...], cpu: str, memory: str, pod
                            kubeconfig: str | None, context: str | None,
                            on_ready: Callable[[tuple[str, ...], str], None],
                            stop: asyncio.Event, runtime_root: Path | None = None,
-                           schedule: bool = True) -> None:
+                           schedule: bool = True, lazy_runtime: bool = True) -> None:
     """The kubelet role against any API server until ``stop`` (options checked first);
-    with ``runtime_root``, every node runs real containers under ``runtime_root/<node>``."""
+    with ``runtime_root``, every node runs real containers under ``runtime_root/<node>``
+    (``lazy_runtime``: created with the lazy-pages runc wrapper, so they can migrate
+    lazily)."""
     options = RoleOptions(nodes=nodes, cpu=cpu, memory=memory, pods=pods,
                           start_seconds=start_seconds, stop_seconds=stop_seconds,
                           ready_timeout=ready_timeout, schedule=schedule).check()
-    runtime = None if runtime_root is None else RuntimeNodes.under(runtime_root, nodes)
+    runtime = None if runtime_root is None else RuntimeNodes.under(runtime_root, nodes,
+                                                                   lazy=lazy_runtime)
     await serve_role(options, kubeconfig=kubeconfig, context=context, on_ready=on_ready,
                      stop=stop, runtime=runtime)

@@ -34,6 +34,7 @@ from drivers.agent.runner import DumperFactory, node_agent
 from drivers.agent.sealing import Sealing, SealingSettings
 from drivers.agent.sim import SimDumper
 from drivers.kube import KubeDriver, KubeSettings
+from drivers.podman.lazy_runc import runtime_under
 from drivers.podman.podman import PodmanNode
 from drivers.registry.options import registry_from_options
 from drivers.registry.port import Registry
@@ -80,6 +81,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runtime-root", default="",
                    help="with --dumper criu: the podman storage roots of the emulated "
                         "nodes (`cpctl sim nodes --runtime-root`); this node's is DIR/<node>")
+    p.add_argument("--plain-runc", dest="lazy_runtime", action="store_false",
+                   help="with --runtime-root: the nodes' podman runs plain runc, not the "
+                        "lazy-pages wrapper DIR/lazy-runc (as `cpctl sim nodes "
+                        "--plain-runc`); lazy migrations are then refused")
     p.add_argument("--kubelet-url", default="https://127.0.0.1:10250")
     p.add_argument("--kubelet-token-file",
                    default="/var/run/secrets/kubernetes.io/serviceaccount/token")
@@ -208,7 +213,9 @@ def dumper_from(args: argparse.Namespace) -> DumperFactory:
     if args.dumper == "sim":
         return SimDumper
     if args.dumper == "criu":
-        runtime = PodmanNode(Path(args.runtime_root).resolve() / args.node)
+        root = Path(args.runtime_root).resolve()
+        runtime = PodmanNode(root / args.node,
+                             runtime=runtime_under(root, lazy=args.lazy_runtime))
 
         def build_criu(patcher: PodPatcher) -> CriuDumper:
             return CriuDumper(runtime)

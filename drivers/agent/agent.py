@@ -31,7 +31,8 @@ carries ``capture-handoff`` also offers its archives to the target node's agent,
 the push, and announces it in ``report-handoff``; after ``Pushed`` the job keeps the
 offer open until it is delivered, the request is withdrawn or the deadline passes. A pod
 created with ``restore-handoff`` is restored from that stream and marked
-``restored-from-handoff``.
+``restored-from-handoff``. A capture in mode ``lazy`` hands the workload over without its
+memory, which the target then fetches page by page (:mod:`drivers.agent.lazy`).
 
 Built by :mod:`drivers.agent.runner` (kube connection, registry, dumper) or by tests.
 """
@@ -58,6 +59,13 @@ from drivers.agent.dumper import Container, Dumper, DumpRequest, RestoreRequest,
 from drivers.agent.errors import AgentError, RequestRefused, RestoreFailed, RestoreUnsupported
 from drivers.agent.handoff import HandoffFailed, Offer, Received, frames
 from drivers.agent.handoffs import Handoff, HandoffUnavailable
+from drivers.agent.lazy import (
+    LazyDumper,
+    Receiving,
+    capture_lazily,
+    lazy_dumper,
+    pages_arrive,
+)
 from drivers.agent.modes import check_mode
 from drivers.agent.pods import PodPatcher
 from drivers.agent.requests import (
@@ -111,12 +119,17 @@ class _Capture:
     offer: Offer | None = None
     target: str = ""
     pushed: bool = False
+    #: A lazy capture whose target's daemon reached the page server: the target owns the
+    #: workload from then on, so a withdrawal no longer aborts (the pages go on).
+    committed: bool = False
+    deadline: float = 0.0  # loop time the capture must end by
 
 
 @dataclass
 class AgentStats:
     captures: int = 0
     pushed: int = 0
+    transferred: int = 0  # lazy captures whose every page reached the target
     failed: int = 0
     refused: int = 0
     restores: int = 0
@@ -151,6 +164,8 @@ class NodeAgent:
         self._restoring: dict[str, asyncio.Task[None]] = {}  # pod uid -> the job in flight
         self._restored: dict[str, str] = {}  # pod uid -> "restored" | "failed"
         self._restore_stage: dict[str, str] = {}  # pod uid -> what a restore waits for
+        #: pod uid -> a lazy restore whose pages still arrive, once its marks are written
+        self._receiving: dict[str, tuple[str, Receiving, Path]] = {}
         self._changed: dict[str, asyncio.Event] = {}  # pod uid -> set on each change
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
@@ -201,7 +216,11 @@ class NodeAgent:
         request = capture_request(pod)
         running = self._captures.get(pod.uid)
         if request is None:
-            if running is not None and running.pushed:
+            if running is not None and running.committed:
+                log.info("the capture request was removed while the pages go to the "
+                         "target, which runs the workload: the transfer goes on",
+                         pod=f"{pod.namespace}/{pod.name}", checkpoint=running.checkpoint_id)
+            elif running is not None and running.pushed:
                 self._cancel_capture(pod.uid, f"Withdrawn: the capture request was removed "
                                               f"before {running.target} fetched the checkpoint")
             elif running is not None:
@@ -223,7 +242,8 @@ class NodeAgent:
         if key in self._finished:
             return
         if protocol.capture_report(pod, request.checkpoint_id) is not None and \
-                _reported(pod) in (protocol.ReportState.PUSHED, protocol.ReportState.FAILED) \
+                _reported(pod) in (protocol.ReportState.PUSHED, protocol.ReportState.FAILED,
+                                   protocol.ReportState.TRANSFERRED) \
                 and request.source_uid == pod.uid:
             self._finish(key, "reported")  # done by an earlier incarnation of this agent
             return
@@ -258,8 +278,15 @@ class NodeAgent:
         try:
             if record.previous is not None:  # its release must not undo this capture's freeze
                 await asyncio.wait({record.previous})
+            record.deadline = asyncio.get_running_loop().time() + self.settings.capture_timeout
             async with asyncio.timeout(self.settings.capture_timeout):
                 digest = await self._capture_steps(pod, request, workdir, record)
+            if not digest:  # lazy: nothing pushed, every page went to the target
+                outcome = "transferred"
+                self.stats.transferred += 1
+                log.info("checkpoint transferred lazily", pod=f"{pod.namespace}/{pod.name}",
+                         checkpoint=request.checkpoint_id, target=record.target)
+                return
             outcome = "pushed"
             self.stats.pushed += 1
             log.info("checkpoint pushed", pod=f"{pod.namespace}/{pod.name}",
@@ -335,17 +362,44 @@ class NodeAgent:
         except ValueError as exc:
             raise RequestRefused(f"{exc}; nothing was frozen") from exc
         record.target = self._handoff_target(pod, request)
-        await check_mode(self.dumper, mode, node=self.node)
-        recipients = await self._recipients(pod, request)  # before anything is frozen
         workload = self._workload(pod)
+        lazy = self._lazy(pod, request, mode, record.target)
+        await check_mode(self.dumper, mode, node=self.node, workload=workload)
+        recipients = await self._recipients(pod, request)  # before anything is frozen
         wanted = _containers(workload, request.containers)
         await asyncio.to_thread(workdir.mkdir, mode=0o700, parents=True, exist_ok=True)
         if self._slots.locked():
             await self._report(pod, request.checkpoint_id, protocol.ReportState.CAPTURING,
                                reason="queued: waiting for a capture slot on this node")
         async with self._slots:
+            if lazy is not None:
+                await capture_lazily(self, pod, request, DumpRequest(
+                    request.checkpoint_id, workload, wanted, request.quiesce, request.saver,
+                    workdir), record, lazy)
+                return ""
             return await self._dump_and_push(pod, request, workdir, ref, workload, wanted,
                                              recipients, record)
+
+    def _lazy(self, pod: PodView, request: CaptureRequest, mode: str,
+              target: str) -> LazyDumper | None:
+        """The dumper's lazy capability when ``mode`` is lazy (``None`` otherwise); a lazy
+        request this agent cannot serve is refused before anything is frozen."""
+        if mode != protocol.LAZY:
+            return None
+        if not target:
+            raise RequestRefused(f"mode {mode!r} hands the workload to another node's agent: "
+                                 f"the request needs {protocol.CAPTURE_HANDOFF} naming the "
+                                 "target node; nothing was frozen")
+        seal = read_seal(pod.annotations, request.checkpoint_id)
+        if seal is not None and seal.required:
+            raise RequestRefused(f"mode {mode!r} sends the memory from CRIU's page server "
+                                 "unencrypted, and this checkpoint must be sealed; nothing "
+                                 "was frozen")
+        lazy = lazy_dumper(self.dumper)
+        if lazy is None and getattr(self.dumper, "refuse_mode", None) is not None:
+            raise RequestRefused(f"the {self.dumper.name} dumper cannot hand a workload over "
+                                 "lazily; nothing was frozen")
+        return lazy  # None: check_mode refuses, naming the dumper
 
     async def _recipients(self, pod: PodView, request: CaptureRequest) -> list[Any] | None:
         """The keys to seal for (``None``: plain); a required seal that cannot be had is
@@ -521,6 +575,10 @@ class NodeAgent:
             await self._restore_failed(pod, exc.report() if isinstance(exc, AgentError)
                                        else f"{type(exc).__name__}: {exc}")
         finally:
+            lazy = self._receiving.pop(pod.uid, None)
+            if lazy is not None:  # the container runs: its pages arrive after the marks
+                self._spawn(pages_arrive(self, pod, *lazy),
+                            f"pages of {pod.namespace}/{pod.name}")
             self._restore_stage.pop(pod.uid, None)
             self._restoring.pop(pod.uid, None)
             self._changed.pop(pod.uid, None)
@@ -578,16 +636,32 @@ class NodeAgent:
         self._restore_stage[pod.uid] = (f"waiting for {source} to offer checkpoint "
                                         f"{request.checkpoint_id} in "
                                         f"{protocol.REPORT_HANDOFF}, then fetching it")
-        received = await self.handoff.receive(
+        received, report = await self.handoff.fetch(
             self.patcher.api, request, node=self.node, dest=workdir / "handoff",
             within=self.settings.restore_timeout)
         self._restore_stage[pod.uid] = f"restoring checkpoint {request.checkpoint_id}"
         digests = {a.container: a.digest for a in received.archives}
-        result = await self.dumper.restore(RestoreRequest(
+        restore = RestoreRequest(
             self._workload(pod), "", _received_artifact(received, request.source_uid),
             received.paths, pod.annotations.get(protocol.RESTORE_LOADER, ""),
-            latest=functools.partial(self._latest, pod.uid)))
-        marks: dict[str, str | None] = dict(result.annotations)
+            latest=functools.partial(self._latest, pod.uid))
+        marks: dict[str, str | None] = {}
+        if report.pages:
+            lazy = lazy_dumper(self.dumper)
+            if lazy is None:
+                raise RestoreUnsupported(f"{source} hands checkpoint {request.checkpoint_id} "
+                                         f"over lazily, which the {self.dumper.name} dumper "
+                                         "cannot restore")
+            pages_dir = self.settings.workdir / f"lazy-{pod.uid}"
+            try:
+                receiving = await lazy.restore_lazy(
+                    restore, pages=protocol.host_port(report.pages), workdir=pages_dir)
+            except BaseException:
+                await asyncio.to_thread(shutil.rmtree, pages_dir, True)
+                raise
+            self._receiving[pod.uid] = (request.checkpoint_id, receiving, pages_dir)
+        else:
+            marks.update((await self.dumper.restore(restore)).annotations)
         marks.update(protocol.restored_from_handoff(request.checkpoint_id, digests))
         marks.update({protocol.INSTANCE_ID: f"{pod.uid}.{new_id()[:8]}",
                       protocol.RESTORE_FAILURE: None})
@@ -656,7 +730,7 @@ class NodeAgent:
 
 
 #: The job directories an agent makes in its work directory: nothing else is removed.
-_JOB_DIRS = ("capture-", "restore-")
+_JOB_DIRS = ("capture-", "restore-", "lazy-")
 
 
 def prepare_workdir(workdir: Path) -> int:

@@ -42,3 +42,10 @@ class RestoreUnsupported(RestoreFailed):
     """This dumper cannot restore (the runtime restores, or the format is not its own)."""
 
     reason = "RestoreUnsupported"
+
+
+class PagesLost(AgentError):
+    """A lazy (post-copy) transfer broke off once a target could run: the copies that
+    could not be kept were removed; the message says which."""
+
+    reason = "PagesLost"

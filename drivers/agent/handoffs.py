@@ -89,20 +89,35 @@ class Handoff:
     @property
     def address(self) -> str:
         """``host:port`` other agents fetch from (the advertised host, the bound port)."""
+        return self.advertised(self.server.port)
+
+    def advertised(self, port: int) -> str:
+        """``host:port`` of this agent's ``port`` (a lazy dump's page server, say) as other
+        agents reach it: the advertised host."""
         host = self.settings.advertise or self.server.host
-        return f"[{host}]:{self.server.port}" if ":" in host else f"{host}:{self.server.port}"
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     async def offer(self, checkpoint_id: str, archives: Sequence[Archive], *, source_uid: str,
-                    target_node: str, format: str) -> tuple[Offer, protocol.HandoffReport]:
-        """Offer the plain ``archives`` to ``target_node``; the report that announces it."""
+                    target_node: str, format: str,
+                    pages: str = "") -> tuple[Offer, protocol.HandoffReport]:
+        """Offer the plain ``archives`` to ``target_node``; the report that announces it
+        (``pages``: a lazy capture's page server, ``host:port``)."""
         digests = await asyncio.to_thread(plain_digests, archives)
         offer = self.server.offer(checkpoint_id, archives, source_uid=source_uid,
                                   target_node=target_node, format=format)
-        return offer, protocol.HandoffReport(checkpoint_id, self.address, digests)
+        return offer, protocol.HandoffReport(checkpoint_id, self.address, digests, pages)
 
     async def receive(self, api: CoreV1, request: protocol.RestoreHandoff, *, node: str,
                       dest: Path, within: float) -> Received:
-        """The checkpoint from the source agent, verified against its report; raises
+        """The checkpoint from the source agent, verified against its report (see
+        :meth:`fetch`)."""
+        received, _ = await self.fetch(api, request, node=node, dest=dest, within=within)
+        return received
+
+    async def fetch(self, api: CoreV1, request: protocol.RestoreHandoff, *, node: str,
+                    dest: Path, within: float) -> tuple[Received, protocol.HandoffReport]:
+        """The checkpoint from the source agent, verified against its report, and that
+        report (a lazy one names its page server); raises
         :class:`HandoffUnavailable` (no offer in ``within`` seconds, a failed capture),
         :class:`~drivers.agent.errors.RequestRefused` (the source pod is another one), or
         :class:`~drivers.agent.handoff.HandoffFailed` (the stream)."""
@@ -118,7 +133,7 @@ class Handoff:
                 f"the stream from {report.address} (source uid {received.source_uid}, "
                 f"archives {got}) is not what {request.namespace}/{request.name} reported "
                 f"(uid {request.source_uid}, archives {dict(report.archives)})")
-        return received
+        return received, report
 
     async def _offered(self, api: CoreV1, request: protocol.RestoreHandoff,
                        deadline: float) -> protocol.HandoffReport:

@@ -1,7 +1,11 @@
 """Runtime-backed nodes for the kubelet role: a pod bound to one runs real containers.
 
 With ``cpctl sim nodes --runtime podman --runtime-root DIR`` every node of the role is
-its own podman storage root (``DIR/<node>``, :class:`~drivers.podman.podman.PodmanNode`):
+its own podman storage root (``DIR/<node>``, :class:`~drivers.podman.podman.PodmanNode`),
+whose podman runs runc through the lazy-pages wrapper (``DIR/lazy-runc``,
+:func:`~drivers.podman.lazy_runc.runtime_under`) unless told not to (``--plain-runc``):
+podman records a container's runtime when it creates it, and only a container created
+with the wrapper can later be migrated lazily:
 
 - **start**: a pod that asks to be restored (``restore-artifact``, or ``restore-handoff``
   from the source agent's stream) is not started cold —
@@ -26,6 +30,7 @@ from pathlib import Path
 from controlplane.logs import get_logger
 from controlplane.machines.contract import protocol
 from drivers.kubelet import containers as rules
+from drivers.podman.lazy_runc import runtime_under
 from drivers.podman.podman import ContainerState, PodmanNode, container_name
 from drivers.sim.objects import Obj, meta
 
@@ -62,8 +67,11 @@ class RuntimeNodes:
         self._orphans: set[tuple[str, str]] = set()  # (node, container) gone at last relist
 
     @classmethod
-    def under(cls, root: Path, names: Iterable[str]) -> RuntimeNodes:
-        return cls({name: PodmanNode(root.resolve() / name) for name in names})
+    def under(cls, root: Path, names: Iterable[str], *, lazy: bool = True) -> RuntimeNodes:
+        """The nodes ``root/<name>`` (``lazy``: with the lazy-pages runc wrapper)."""
+        runtime = runtime_under(root, lazy=lazy)
+        return cls({name: PodmanNode(root.resolve() / name, runtime=runtime)
+                    for name in names})
 
     def backs(self, node: str) -> bool:
         return node in self.nodes

@@ -113,12 +113,32 @@ def script(*, python: str, runc: str) -> str:
 def install_runtime(path: Path, *, runc: str | None = None) -> str:
     """Write the lazy-capable runtime (:mod:`drivers.podman.lazy_runc`) to ``path``; the
     ``runtime`` a node's :class:`PodmanNode` takes. podman records it in every container
-    it creates, so it must stay where it is while they live."""
+    it creates, so it must stay where it is while they live. Idempotent, and atomic: the
+    kubelet role and the node agents of one runtime root install the same file while
+    podman may be running it."""
+    text = script(python=sys.executable, runc=runc or shutil.which("runc") or "/usr/sbin/runc")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(script(python=sys.executable,
-                           runc=runc or shutil.which("runc") or "/usr/sbin/runc"))
-    path.chmod(0o755)
+    try:
+        if path.read_text() == text:
+            return str(path)
+    except OSError:
+        pass
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    staging.write_text(text)
+    staging.chmod(0o755)
+    staging.replace(path)
     return str(path)
+
+
+#: The wrapper's file in a runtime root (``cpctl sim nodes --runtime-root DIR``), beside
+#: the nodes' storage roots ``DIR/<node>``.
+ROOT_RUNTIME = "lazy-runc"
+
+
+def runtime_under(root: Path, *, lazy: bool) -> str:
+    """The OCI runtime the nodes under ``root`` run: the lazy wrapper (installed there,
+    the same for the kubelet role and every node agent) or plain ``runc``."""
+    return install_runtime(root.resolve() / ROOT_RUNTIME) if lazy else "runc"
 
 
 def is_lazy_runtime(runtime: str) -> bool:

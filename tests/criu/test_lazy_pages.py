@@ -43,13 +43,12 @@ from drivers.podman.lazy import (
     start_lazy_dump,
 )
 from drivers.podman.lazy_checks import (
-    LAZY_PIPE_BYTES,
-    PIPE_MAX_SIZE,
     dirty_tracking_available,
     lazy_pages_available,
 )
 from drivers.podman.lazy_runc import install_runtime
 from drivers.podman.workload import Tick, build_rootfs, command, parse_ticks, ticked_since
+from tests.criu.pipe_limit import pipe_limit_raised
 from tests.criu.world import require_runtime
 from tests.support.waiting import eventually
 
@@ -66,15 +65,10 @@ _names = itertools.count()
 def pipe_size() -> Iterator[None]:
     """``fs.pipe-max-size`` at least 4 MiB while the module runs (CRIU's lazy page server
     grows a pipe to that; this host has no CAP_SYS_RESOURCE to exceed the limit), the old
-    value put back afterwards."""
-    old = int(PIPE_MAX_SIZE.read_text())
-    if old < LAZY_PIPE_BYTES:
-        PIPE_MAX_SIZE.write_text(str(LAZY_PIPE_BYTES))
-    try:
+    value put back afterwards, once no other test process needs it
+    (:mod:`tests.criu.pipe_limit`: the modules run in parallel)."""
+    with pipe_limit_raised():
         yield
-    finally:
-        if old < LAZY_PIPE_BYTES:
-            PIPE_MAX_SIZE.write_text(str(old))
 
 
 def _reset(node: PodmanNode) -> None:

@@ -28,6 +28,11 @@ The control plane asks, the node agent does, the registry proves:
    which the source announces in ``report-handoff``; a pod created with
    ``restore-handoff`` is restored from that stream and marked ``restored-from-handoff``.
    The manifest of such a capture lists ``archive-digests``.
+7. **Lazy handoff** (agent -> agent, not yet used by the migration machine): a capture
+   asked with mode ``lazy`` and ``capture-handoff`` hands over everything but the memory;
+   ``report-handoff`` then names the page server (``pages``), nothing is pushed, and the
+   source reports ``Transferred`` with ``report-pages`` once every page was served; the
+   restored pod gets ``pages-received`` once every page arrived.
 
 Used by the capture and restore steps, the actions and the node agent. Pure constants and
 parsers; the node agent imports the same names.
@@ -74,8 +79,12 @@ REPORT_STATE = PREFIX + "report-state"
 REPORT_DIGEST = PREFIX + "report-digest"
 REPORT_REASON = PREFIX + "report-reason"
 #: The source agent's offer of a handed-off capture: JSON ``{"checkpoint", "address",
-#: "archives": {container: "sha256:..."}}`` (the plain archives' digests).
+#: "archives": {container: "sha256:..."}}`` (the plain archives' digests); a lazy capture
+#: adds ``"pages": "host:port"``, its page server.
 REPORT_HANDOFF = PREFIX + "report-handoff"
+#: A lazy capture's end on the source: JSON ``{"checkpoint", "pages", "bytes", "seconds"}``
+#: (``seconds``: the source frozen -> its last page served; ``null`` if CRIU did not say).
+REPORT_PAGES = PREFIX + "report-pages"
 
 MANIFEST_CHECKPOINT_ID = PREFIX + "checkpoint-id"
 MANIFEST_SOURCE_POD_UID = PREFIX + "source-pod-uid"
@@ -110,6 +119,10 @@ RESTORE_FAILURE = PREFIX + "restore-failure"
 #: Restored from a handoff: JSON ``{"checkpoint", "archives": {container: "sha256:..."}}``,
 #: the digests the target received and verified.
 RESTORED_FROM_HANDOFF = PREFIX + "restored-from-handoff"
+#: Restored lazily: JSON ``{"checkpoint", "pages", "expected"}`` once every page the
+#: restored tasks left to CRIU's lazy-pages daemon arrived (a lost transfer is a
+#: ``restore-failure`` ``PagesLost: ...`` instead).
+PAGES_RECEIVED = PREFIX + "pages-received"
 #: The scheduling gate the control plane's admission webhook puts on a StatefulSet's
 #: successor pod while a migration of that pod is in flight; the migration removes it
 #: when the restore request is on the pod (``steps.restore``, claim mode).
@@ -123,6 +136,13 @@ class ReportState(StrEnum):
     CAPTURING = "Capturing"
     PUSHED = "Pushed"
     FAILED = "Failed"
+    #: A lazy capture: every page reached the target, the source is gone (nothing pushed).
+    TRANSFERRED = "Transferred"
+
+
+#: The ``capture-mode`` of a post-copy migration (``capture-handoff`` required): the agents
+#: hand the workload over without its memory, which the target then fetches page by page.
+LAZY = "lazy"
 
 
 def capture_request(*, checkpoint_id: str, artifact: str, source_uid: str,
@@ -195,11 +215,14 @@ class HandoffReport:
     checkpoint_id: str
     address: str  # host:port of the source agent's handoff server
     archives: Mapping[str, str]  # container -> sha256 of the plain archive
+    pages: str = ""  # lazy: host:port of the source's page server (the memory is there)
 
     def annotation(self) -> dict[str, str]:
-        return {REPORT_HANDOFF: _json({"checkpoint": self.checkpoint_id,
-                                       "address": self.address,
-                                       "archives": dict(self.archives)})}
+        value: dict[str, object] = {"checkpoint": self.checkpoint_id, "address": self.address,
+                                    "archives": dict(self.archives)}
+        if self.pages:
+            value["pages"] = self.pages
+        return {REPORT_HANDOFF: _json(value)}
 
 
 def handoff_report(annotations: Mapping[str, str], checkpoint_id: str) -> HandoffReport | None:
@@ -211,8 +234,37 @@ def handoff_report(annotations: Mapping[str, str], checkpoint_id: str) -> Handof
     data = _object(REPORT_HANDOFF, raw, ("checkpoint", "address"))
     if data["checkpoint"] != checkpoint_id:
         return None
+    pages = data.get("pages", "")
+    if not isinstance(pages, str) or (pages and not _host_port(pages)):
+        raise ValueError(f"{REPORT_HANDOFF}: pages {pages!r} is not host:port")
     return HandoffReport(checkpoint_id, str(data["address"]),
-                         _digests(REPORT_HANDOFF, data.get("archives")))
+                         _digests(REPORT_HANDOFF, data.get("archives")), pages)
+
+
+def _host_port(text: str) -> bool:
+    host, sep, port = text.rpartition(":")
+    return bool(host and sep and port.isdigit() and 0 < int(port) < 65536)
+
+
+def host_port(text: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``) of a ``pages`` address; ``ValueError`` if it is not."""
+    if not _host_port(text):
+        raise ValueError(f"{text!r} is not host:port")
+    host, _, port = text.rpartition(":")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+def pages_report(checkpoint_id: str, *, pages: int, size: int,
+                 seconds: float | None) -> dict[str, str]:
+    """The source's ``report-pages`` once a lazy capture served every page."""
+    return {REPORT_PAGES: _json({"checkpoint": checkpoint_id, "pages": pages, "bytes": size,
+                                 "seconds": None if seconds is None else round(seconds, 3)})}
+
+
+def pages_received(checkpoint_id: str, *, pages: int, expected: int) -> dict[str, str]:
+    """The target's ``pages-received`` once every page of a lazy restore arrived."""
+    return {PAGES_RECEIVED: _json({"checkpoint": checkpoint_id, "pages": pages,
+                                   "expected": expected})}
 
 
 @dataclass(frozen=True)
