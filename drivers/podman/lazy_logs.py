@@ -31,7 +31,10 @@ _FOUND = re.compile(r"Found (\d+) pages to be handled by UFFD")
 _COPIED = re.compile(r"uffd_copy: 0x[0-9a-f]+/(\d+)")
 _TRANSFERRED = re.compile(r"UFFD transferred pages: \((\d+)/(\d+)\)")
 _FORKED = re.compile(r"FORK: child with ufd=")
-_EXITED = re.compile(r"uffd: -?\d+-\d+: EXIT$")
+_EXITED = re.compile(r"uffd: -?\d+--?\d+: EXIT$")
+#: The task a ``uffd:`` line is about: ``<pid>-<ufd>`` (``1-11``; ``1--12`` for a ufd
+#: CRIU logs negative).
+_TASK = re.compile(r"uffd: (-?\d+--?\d+): ")
 
 
 @dataclass(frozen=True)
@@ -97,9 +100,11 @@ def parse_dump_log(text: str) -> DumpLog:
 
 def parse_fetch_log(text: str, *, page_size: int) -> FetchLog:
     """Read a ``criu lazy-pages -v4`` log."""
-    counts = dict.fromkeys(("expected", "copied", "tasks", "done", "short", "exited"), 0)
+    counts = dict.fromkeys(("expected", "copied", "tasks"), 0)
+    ended: dict[str, str] = {}  # task -> "done" | "short" | "exited", the last word wins
     connected = False
     for line in text.splitlines():
+        task = found.group(1) if (found := _TASK.search(line)) else line
         if "Connecting to server" in line:
             connected = True
         elif found := _FOUND.search(line):
@@ -108,9 +113,14 @@ def parse_fetch_log(text: str, *, page_size: int) -> FetchLog:
         elif found := _COPIED.search(line):
             counts["copied"] += int(found.group(1)) // page_size
         elif found := _TRANSFERRED.search(line):
-            counts["done" if found.group(1) == found.group(2) else "short"] += 1
+            if ended.get(task) != "exited":
+                ended[task] = "done" if found.group(1) == found.group(2) else "short"
         elif _FORKED.search(line):
             counts["tasks"] += 1
         elif _EXITED.search(line):
-            counts["exited"] += 1
-    return FetchLog(connected, **counts)
+            # A task that exits mid-transfer is also logged with its pages short: it
+            # needs none of them any more, so its exit is what counts.
+            ended[task] = "exited"
+    statuses = list(ended.values())
+    return FetchLog(connected, done=statuses.count("done"), short=statuses.count("short"),
+                    exited=statuses.count("exited"), **counts)

@@ -113,6 +113,20 @@ def test_tasks_forked_or_exited_during_the_transfer_are_accounted_for() -> None:
     assert parse_fetch_log(child_gone, page_size=4096).complete
 
 
+def test_a_task_that_exits_mid_transfer_is_not_short_of_pages() -> None:
+    """CRIU logs such a task both as short and as exited (a shell's ``sleep`` forked
+    during the transfer): it needs no more pages, so the transfer is complete."""
+    forked = FETCH_LOG + ("(00.700000) uffd: 1-11: FORK: child with ufd=-12\n"
+                          "(00.742096) uffd: 1-11: UFFD transferred pages: (5/5)\n"
+                          "(00.800000) uffd: 1--12: UFFD transferred pages: (691/4133)\n"
+                          "(00.800100) uffd: 1--12: EXIT\n")
+    log = parse_fetch_log(forked, page_size=4096)
+    assert (log.done, log.short, log.exited) == (1, 0, 1)
+    assert log.complete
+    still_short = FETCH_LOG + "(00.742096) uffd: 1-11: UFFD transferred pages: (4/5)\n"
+    assert parse_fetch_log(still_short, page_size=4096).short == 1
+
+
 def test_pre_copy_refusal_names_the_kernel_feature() -> None:
     words = "Warn  (criu/cr-check.c:824): Dirty tracking is OFF. Memory snapshot will not work."
     reason = dirty_tracking_refusal(1, words)
