@@ -179,7 +179,7 @@ def document() -> dict[str, Any]:
                                    "quiesce": {"type": "boolean"},
                                    "keepCheckpoint": {"type": "boolean"},
                                    "mode": {"type": "string",
-                                            "enum": ["stop-and-copy", "precopy"]},
+                                            "enum": ["stop-and-copy", "precopy", "lazy"]},
                                    "dryRun": {"type": "boolean"},
                                    "maxParallel": {"type": "integer", "minimum": 1},
                                    "targets": {"type": "array", "items": {"type": "string"}},

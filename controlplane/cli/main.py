@@ -41,7 +41,7 @@ Handler = Callable[[argparse.Namespace], Awaitable[int]]
 
 #: ``controlplane.machines.config.modes.MigrationMode``, spelled here so that parsing
 #: imports no verb (tests/machines/test_modes.py keeps the two equal).
-MIGRATION_MODES = ("stop-and-copy", "precopy")
+MIGRATION_MODES = ("stop-and-copy", "precopy", "lazy")
 _CLUSTER_VERBS = "controlplane.cli.cluster"
 #: The function that runs each verb, as ``module:function``; imported when the verb runs.
 HANDLERS = {
@@ -365,7 +365,11 @@ def build_parser() -> argparse.ArgumentParser:
                                  "it whole and restores it; 'precopy' copies memory while it "
                                  "runs, then a short last dump (needs the source kernel's "
                                  "dirty-page tracking: refused before anything is frozen "
-                                 "where it is off). Default: the class's migration_mode, "
+                                 "where it is off); 'lazy' dumps all but memory, runs the "
+                                 "pod on the target at once and fetches its pages after "
+                                 "(agent nodes with the handoff key, unsealed classes; a "
+                                 "lost transfer loses the workload: docs/runtime.md). "
+                                 "Default: the class's migration_mode, "
                                  "else stop-and-copy")
         if name == "checkpoint":
             op.add_argument("--quiesce", action="store_true",

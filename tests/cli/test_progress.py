@@ -53,7 +53,11 @@ SENTENCES: dict[str, dict[str, str]] = {
         "Unsticking": UNSTICKING + ", after any restore pod is removed",
         "WakingInPlace": WAKING_IN_PLACE + ", after any restore pod beside it is removed",
         "DeletingSource": DELETING_SOURCE + " (streamed: the restored pod already runs "
-                                            "verified)",
+                                            "verified; lazy: every page arrived)",
+        "TargetRunning": "every page of the source's memory to reach the restored pod, "
+                         "which already runs (lazy)",
+        "ClearingLostWorkload": "the restored pod and what is left of the source to be "
+                                "removed: the workload was lost (lazy)",
         "Restoring": RESTORING + " (streamed: restored from the source's agent and proven "
                                  "equal to the registry's checkpoint, the source kept frozen)",
         "Adopting": "the ReplicaSet to adopt the restored pod, and the source to be gone",

@@ -118,10 +118,13 @@ class CriuWorld(World):
         return PodmanNode(self.runtime_root / name)
 
     def make_counter(self, name: str, node: str, *, mib: int = 0,
-                     labels: dict[str, str] | None = None, seed: int = 0) -> Obj:
-        """A counter pod placed on ``node``; waits until its container runs."""
+                     labels: dict[str, str] | None = None, seed: int = 0,
+                     dirty_mib_per_s: int = 0) -> Obj:
+        """A counter pod placed on ``node`` (rewriting ``dirty_mib_per_s`` MiB of its
+        memory every second); waits until its container runs."""
         body = pinned_pod(name, node, {"name": "main", "image": self.image,
-                                       "command": command(mib, seed=seed)},
+                                       "command": command(mib, seed=seed,
+                                                          dirty_mib_per_s=dirty_mib_per_s)},
                           labels={"app": name, **(labels or {})})
         self.kube.request("POST", f"/api/v1/namespaces/{self.namespace}/pods", body)
         return self.running(name, limit=120)

@@ -85,8 +85,8 @@ def test_a_class_mode_survives_its_normal_form_and_a_bad_one_names_the_key() -> 
     assert klass.migration_mode is MigrationMode.PRECOPY
     assert parse_class(class_to_json(klass)) == klass
     assert "migration_mode" not in class_to_json(parse_class(KLASS))
-    with pytest.raises(InvalidSpec, match=r"class\.migration_mode 'lazy' is not a migration"):
-        parse_class({**KLASS, "migration_mode": "lazy"})
+    with pytest.raises(InvalidSpec, match=r"class\.migration_mode 'live' is not a migration"):
+        parse_class({**KLASS, "migration_mode": "live"})
 
 
 def test_a_cri_o_node_refuses_precopy_and_takes_stop_and_copy() -> None:

@@ -7,6 +7,13 @@
   checkpoint images through the CRI, so a CRI-O node cannot) and the kernel's dirty-page
   tracking on the source node, which only the node's agent can see: it refuses the capture
   before anything is frozen when the kernel lacks it (``docs/runtime.md``).
+- ``lazy`` (post-copy): the source dumps everything but memory and serves its pages; the
+  target runs at once while CRIU's ``lazy-pages`` daemon fetches them; the source is
+  removed only after every page arrived. Nothing is pushed to the registry, so from the
+  moment the target runs until the last page arrives, losing either node loses the
+  workload (``docs/runtime.md``, *Migration modes*). It needs the agents' handoff (the
+  capture request carries ``capture-handoff``) and plain TCP for the pages: a sealed
+  class, and a CRI-O target, are refused at submission.
 
 A migration names its mode in ``spec.mode`` (``cpctl migrate --mode``, the ``Migration``
 resource's ``spec.mode``); a checkpoint class may set the default for its migrations
@@ -35,12 +42,15 @@ from controlplane.machines.config.runtimes import RestorePath
 class MigrationMode(StrEnum):
     STOP_AND_COPY = "stop-and-copy"
     PRECOPY = "precopy"
+    LAZY = "lazy"
 
 
 DEFAULT_MODE = MigrationMode.STOP_AND_COPY
 _MEANINGS = {
     MigrationMode.STOP_AND_COPY: "freeze, dump whole, restore (the default)",
     MigrationMode.PRECOPY: "copy memory while the process runs, then a short last dump",
+    MigrationMode.LAZY: "dump all but memory, run on the target at once, fetch the pages "
+                        "after (post-copy)",
 }
 
 
@@ -77,9 +87,19 @@ def parse_transfer(value: JsonValue, *, field: str) -> Transfer:
     raise InvalidSpec(f"{field} {value!r} is not a transfer ({known})")
 
 
-def mode_refusal(mode: MigrationMode, path: RestorePath, *, node: str) -> str | None:
+def mode_refusal(mode: MigrationMode, path: RestorePath, *, node: str,
+                 sealed: bool = False) -> str | None:
     """Why ``node``, restoring on ``path``, cannot migrate in ``mode`` (``None``: it may;
-    the source node's agent still checks its kernel before anything is frozen)."""
+    the source node's agent still checks its kernel before anything is frozen).
+    ``sealed``: the class encrypts its checkpoints."""
+    if mode is MigrationMode.LAZY and path is RestorePath.RUNTIME:
+        return (f"mode 'lazy' is not offered on node {node}, which restores through CRI-O: "
+                "the kubelet dumper does not drive lazy pages yet; the driver works: "
+                "docs/runtime.md. Migrate with mode 'stop-and-copy'")
+    if mode is MigrationMode.LAZY and sealed:
+        return ("mode 'lazy' sends memory as plain TCP from CRIU's page server, and this "
+                "class seals its checkpoints (encryption): migrate with mode "
+                "'stop-and-copy', or with a class without encryption on a trusted network")
     if mode is MigrationMode.PRECOPY and path is RestorePath.RUNTIME:
         return (f"mode 'precopy' needs CRIU driven by the node agent, and node {node} "
                 "restores through CRI-O, which takes whole checkpoint images only: migrate "

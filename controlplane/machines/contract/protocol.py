@@ -23,16 +23,17 @@ The control plane asks, the node agent does, the registry proves:
    ``restore-loader`` (the loader container, JSON).
 5. **Restore report** (agent -> control plane) on the restored pod: ``restored-from-digest``
    and ``instance-id`` (a fresh identity for every restore), or ``restore-failure``.
-6. **Handoff** (agent -> agent, used by the agents, not yet by the migration machine): a
+6. **Handoff** (agent -> agent; a streamed migration asks for it): a
    capture asked with ``capture-handoff`` is also offered to the target node's agent,
    which the source announces in ``report-handoff``; a pod created with
    ``restore-handoff`` is restored from that stream and marked ``restored-from-handoff``.
    The manifest of such a capture lists ``archive-digests``.
-7. **Lazy handoff** (agent -> agent, not yet used by the migration machine): a capture
+7. **Lazy handoff** (agent -> agent; a migration in mode ``lazy``): a capture
    asked with mode ``lazy`` and ``capture-handoff`` hands over everything but the memory;
    ``report-handoff`` then names the page server (``pages``), nothing is pushed, and the
    source reports ``Transferred`` with ``report-pages`` once every page was served; the
-   restored pod gets ``pages-received`` once every page arrived.
+   restored pod gets ``pages-received`` once every page arrived (:func:`pages_served`,
+   :func:`pages_arrived`).
 
 Used by the capture and restore steps, the actions and the node agent. Pure constants and
 parsers; the node agent imports the same names.
@@ -68,8 +69,7 @@ CAPTURE_SEAL = PREFIX + "capture-seal"
 #: refuses a mode it cannot perform before anything is frozen.
 CAPTURE_MODE = PREFIX + "capture-mode"
 #: A capture also handed straight to the target node's agent: JSON ``{"checkpoint",
-#: "target"}``, bound to its checkpoint like the seal (used by the agents; the migration
-#: machine does not ask for it yet).
+#: "target"}``, bound to its checkpoint like the seal (a streamed or lazy migration).
 CAPTURE_HANDOFF = PREFIX + "capture-handoff"
 CAPTURE_REQUEST_KEYS = (CAPTURE_CHECKPOINT_ID, CAPTURE_ARTIFACT, CAPTURE_SOURCE_UID,
                         CAPTURE_CONTAINERS, CAPTURE_QUIESCE, CAPTURE_SAVER, PROTOCOL)
@@ -265,6 +265,50 @@ def pages_received(checkpoint_id: str, *, pages: int, expected: int) -> dict[str
     """The target's ``pages-received`` once every page of a lazy restore arrived."""
     return {PAGES_RECEIVED: _json({"checkpoint": checkpoint_id, "pages": pages,
                                    "expected": expected})}
+
+
+@dataclass(frozen=True)
+class PagesCount:
+    """A lazy transfer's count, as one side reported it: the source's ``report-pages``
+    (``pages`` served, ``bytes``, ``seconds`` frozen -> last page) or the target's
+    ``pages-received`` (``pages`` received of ``expected``)."""
+
+    pages: int
+    expected: int | None = None
+    bytes: int | None = None
+    seconds: float | None = None
+
+
+def _count(key: str, raw: str, checkpoint_id: str, fields: tuple[str, ...]) -> PagesCount | None:
+    if not raw:
+        return None
+    data = _object(key, raw, ("checkpoint",))
+    if data["checkpoint"] != checkpoint_id:
+        return None  # an earlier checkpoint's
+    if not all(type(data.get(f)) is int and int(str(data.get(f))) >= 0 for f in fields):
+        raise ValueError(f"{key} {raw[:200]!r}: {', '.join(fields)} must be counts")
+    seconds = data.get("seconds")
+    if seconds is not None and (isinstance(seconds, bool)
+                                or not isinstance(seconds, int | float)):
+        raise ValueError(f"{key} {raw[:200]!r}: seconds must be a number or null")
+    return PagesCount(int(str(data["pages"])),
+                      int(str(data["expected"])) if "expected" in fields else None,
+                      int(str(data["bytes"])) if "bytes" in fields else None,
+                      None if seconds is None else float(seconds))
+
+
+def pages_served(annotations: Mapping[str, str], checkpoint_id: str) -> PagesCount | None:
+    """The source's ``report-pages`` for this checkpoint (``None``: none yet, or an
+    earlier checkpoint's); ``ValueError`` if malformed."""
+    return _count(REPORT_PAGES, annotations.get(REPORT_PAGES, ""), checkpoint_id,
+                  ("pages", "bytes"))
+
+
+def pages_arrived(annotations: Mapping[str, str], checkpoint_id: str) -> PagesCount | None:
+    """The target's ``pages-received`` for this checkpoint (``None``: not yet);
+    ``ValueError`` if malformed."""
+    return _count(PAGES_RECEIVED, annotations.get(PAGES_RECEIVED, ""), checkpoint_id,
+                  ("pages", "expected"))
 
 
 @dataclass(frozen=True)

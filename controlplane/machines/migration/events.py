@@ -106,8 +106,32 @@ class HandoffAbandoned(DomainEvent):
     message: str
 
 
+@dataclass(frozen=True)
+class PagesTransferred(DomainEvent):
+    """(mode ``lazy``) Every page reached the target: the source reported ``Transferred``
+    with ``pages`` served (``bytes``; ``seconds`` from its freeze to its last page, when
+    CRIU said), and the target received exactly the pages it expected. Only now may the
+    source pod go."""
+
+    at: datetime
+    pages: int
+    bytes: int | None = None
+    seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class WorkloadLost(DomainEvent):
+    """(mode ``lazy``) The target ran, but its pages stopped before they all arrived (a
+    lost page server or lazy-pages daemon, or the transfer deadline): the workload is
+    gone. What is left of both pods is removed; the source is never woken."""
+
+    at: datetime
+    reason: str
+    message: str
+
+
 MIGRATION_EVENTS = EventSet(
     ENGINE_EVENTS, (Started, MigrationFinished, Retargeted, MigrationCancelRequested,
                     RollbackStarted, AdoptionRequested, Adopted, AdoptionAbandoned,
-                    StreamDeclined, HandoffAbandoned),
+                    StreamDeclined, HandoffAbandoned, PagesTransferred, WorkloadLost),
     CAPTURE_EVENTS, SOURCE_EVENTS, RESTORE_EVENTS, COLLECT_EVENTS)

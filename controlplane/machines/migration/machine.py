@@ -16,6 +16,14 @@ One machine, one history; it composes the capture, source, restore and collectio
         --SourceDeleted--> CollectingGarbage ...; a streamed restore failing before
         verified --HandoffAbandoned--> WakingInPlace (target pod removed) --> Failed;
         a CRI-O target --StreamDeclined--> the registry path above
+    (mode lazy) Checkpointing (capture mode lazy + capture-handoff, and the restore pod
+        with restore-handoff, one decision) --RestoreVerified (fresh, restored-from-handoff;
+        nothing pushed)--> TargetRunning --PagesTransferred (source Transferred +
+        report-pages, target pages-received complete)--> DeletingSource --SourceDeleted-->
+        Succeeded (labels handed back; no artifact, no garbage collection); before the
+        target runs a failure wakes the source as a stream's does; after it, lost pages
+        or the transfer deadline --WorkloadLost--> ClearingLostWorkload (both pods
+        removed) --> Failed (WorkloadLost), the source never woken
     Checkpointing --CaptureFailed--> Unsticking (any restore pod removed first) --> Failed
     Checkpointing/DeletingSource --Retarget(source node) | Cancel | abort--> WakingInPlace
         --SourceReleased--> Cancelled | Failed
@@ -71,7 +79,7 @@ from controlplane.machines.base.specs import (
 )
 from controlplane.machines.base.stepping import action_key, started
 from controlplane.machines.checkpoint.machine import capture_spec, validate_capture_fields
-from controlplane.machines.config.modes import DEFAULT_MODE, Transfer, parse_mode
+from controlplane.machines.config.modes import DEFAULT_MODE, MigrationMode, Transfer, parse_mode
 from controlplane.machines.contract.actions import EventType, emit_event
 from controlplane.machines.migration.events import MigrationCancelRequested, Retargeted
 from controlplane.machines.migration.phases import decide_migration
@@ -132,6 +140,10 @@ class MigrationDecider:
                 raise InvalidSpec(f"spec.keep_name and spec.successor {successor!r} exclude "
                                   "each other: the source's controller names the pod")
             out["successor"] = successor
+        if successor == GATED and out.get("mode") == MigrationMode.LAZY.value:
+            raise InvalidSpec("spec.mode 'lazy' cannot move a StatefulSet's pod: its "
+                              "successor takes the source's name, so the source must go "
+                              "before the target runs; migrate with mode 'stop-and-copy'")
         return out
 
     def initial_state(self, machine_id: str, spec: JsonObject) -> MigrationState:
@@ -151,12 +163,15 @@ class MigrationDecider:
         # a CRI-O target is declined at the first decision (StreamDeclined, recorded).
         stream = klass.transfer is Transfer.STREAM and mode is DEFAULT_MODE and \
             successor != GATED
+        # Lazy is always handed off (nothing is pushed), whatever the class's transfer.
+        lazy = mode is MigrationMode.LAZY and successor != GATED
         mspec = MigrationSpec(cspec, str(spec["source_node"]), template,
                               name if isinstance(name, str) else cspec.name,
                               # a restored pod cannot take the name the source still holds
-                              keep_name=spec.get("keep_name") is True and not stream,
+                              keep_name=spec.get("keep_name") is True and not stream
+                              and not lazy,
                               keep_checkpoint=spec.get("keep_checkpoint") is True,
-                              successor=successor, stream=stream)
+                              successor=successor, stream=stream, lazy=lazy)
         return MigrationState(machine_id, mspec, klass, target=str(spec["target_node"]))
 
     def interests(self, state: MigrationState) -> Interests:
@@ -172,6 +187,9 @@ class MigrationDecider:
                 return Interests(pods=source, nodes=frozenset({state.target}))
             nodes = frozenset({r.plan.node}) if r.plan.node else frozenset()
             return Interests(pods=source | {r.plan.key}, nodes=nodes)
+        if s in (MigrationPhase.TARGET_RUNNING, MigrationPhase.CLEARING_LOST) and \
+                r is not None:
+            return Interests(pods=source | {r.plan.key})  # (lazy) the pages, both ends
         if s in (MigrationPhase.UNSTICKING, MigrationPhase.WAKING_IN_PLACE) and \
                 r is not None and r.status not in (rs_.RestoreStatus.CLEANED,
                                                    rs_.RestoreStatus.VERIFIED):
@@ -216,6 +234,12 @@ class MigrationDecider:
         typed_command = _COMMANDS.decode(command)
         if state.terminal:
             raise CommandRejected(f"migration {state.machine_id} is already {state.phase}")
+        if state.target_ran:
+            raise CommandRejected(
+                f"migration {state.machine_id} is lazy and its target runs on "
+                f"{state.target}: the source's memory is moving there page by page and "
+                "cannot be woken any more; wait for the pages (or for the migration to "
+                "report the workload lost)")
         restored = state.restore is not None and \
             state.restore.status is rs_.RestoreStatus.VERIFIED
         if state.status in (MigrationPhase.COLLECTING_GARBAGE, MigrationPhase.ADOPTING) or \

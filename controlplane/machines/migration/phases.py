@@ -15,6 +15,11 @@ into the engine's ``Decision``. The source deletion guard is
   verified only once the registry proved the artifact (gate 1) and lists the archives
   the target restored; then the frozen source is deleted. A failure before that wakes
   the source in place and removes the target pod: never two live copies.
+- ``_lazy_*`` (mode ``lazy``): the same first decision with ``capture-mode`` lazy; the
+  target is verified as soon as it runs (nothing is pushed), the source goes only once
+  both ends reported every page (``PagesTransferred``). Before the target runs a failure
+  wakes the source as a stream's does; after it, lost pages or the transfer deadline
+  lose the workload (``WorkloadLost``): both pods are removed, the source never woken.
 
 Called by :class:`controlplane.machines.migration.machine.MigrationDecider`. Pure.
 """
@@ -23,10 +28,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from controlplane.engine.jsonvalue import JsonObject
 from controlplane.engine.observation import Observation, PodView, ProbeError
 from controlplane.machines.base.facts import merge_facts, pod_facts
 from controlplane.machines.base.frozen import replace
-from controlplane.machines.base.stepping import Step, action_key, emit, wait
+from controlplane.machines.base.stepping import Step, action_key, emit, failing, wait
 from controlplane.machines.base.timing import REISSUE_AFTER, next_poll, seconds
 from controlplane.machines.config.classes import OnFailure
 from controlplane.machines.config.runtimes import RestorePath, restore_path
@@ -38,8 +44,10 @@ from controlplane.machines.migration.events import (
     AdoptionRequested,
     HandoffAbandoned,
     MigrationFinished,
+    PagesTransferred,
     RollbackStarted,
     StreamDeclined,
+    WorkloadLost,
 )
 from controlplane.machines.migration.state import (
     MigrationPhase,
@@ -50,7 +58,7 @@ from controlplane.machines.stages import capture as cap_
 from controlplane.machines.stages import collect as gc_
 from controlplane.machines.stages import restore as rs_
 from controlplane.machines.stages import source as src_
-from controlplane.machines.stages.capture import CaptureStatus
+from controlplane.machines.stages.capture import CaptureFailed, CaptureStatus
 from controlplane.machines.stages.restore import RestorePlan, RestoreStatus
 from controlplane.machines.stages.source import SourceVanished
 
@@ -59,6 +67,15 @@ _NOT_OBSERVED = ProbeError("NotObserved", "not observed")
 
 def decide_migration(state: MigrationState, obs: Observation, now: datetime) -> Step:
     s = state.status
+    if state.spec.lazy:
+        if s is MigrationPhase.CHECKPOINTING:
+            return _lazy_capture(state, obs, now)
+        if s is MigrationPhase.TARGET_RUNNING:
+            return _lazy_transfer(state, obs, now)
+        if s is MigrationPhase.DELETING_SOURCE:
+            return _lazy_retire_source(state, obs, now)
+        if s is MigrationPhase.CLEARING_LOST:
+            return _lazy_clear(state, obs, now)
     if s is MigrationPhase.CHECKPOINTING and state.streams:
         return _stream_capture(state, obs, now)
     if s is MigrationPhase.RESTORING and state.streams and not state.source_gone:
@@ -113,6 +130,10 @@ def _unstick(state: MigrationState, obs: Observation, now: datetime) -> Step:
         reason=f"capture failed: {failure.reason}")
     if isinstance(result, Step):
         return result
+    if state.spec.lazy:
+        verdict = _lazy_verdict(state, obs, now)
+        if verdict is not None:
+            return verdict
     note = f"; source NOT unstuck: {result.note}" if result.note else ""
     return _finish(state, now, MigrationPhase.FAILED, failure.reason, failure.message + note,
                    final_node=None)
@@ -139,6 +160,10 @@ def _wake(state: MigrationState, obs: Observation, now: datetime) -> Step:
                                        during="wake").recorded(facts))
         return _finish(state, now, MigrationPhase.FAILED, "SourceGone",
                        "the source pod went away before its state was captured")
+    if state.spec.lazy:
+        verdict = _lazy_verdict(state, obs, now)
+        if verdict is not None:
+            return verdict
     if result.note:
         return _finish(state, now, MigrationPhase.FAILED, "WakeInPlaceFailed",
                        f"the workload may still be stopped: {result.note}",
@@ -239,6 +264,257 @@ def _handoff_failed(state: MigrationState, now: datetime) -> Step:
                 "request was withdrawn and the target pod removed").recorded())
 
 
+def _lazy_capture(state: MigrationState, obs: Observation, now: datetime) -> Step:
+    """Checkpointing in mode ``lazy``: the source dumps all but memory and serves its
+    pages; the target restores from the handoff. Bounded by the capture timeout."""
+    assert state.started_at is not None
+    r, c, cap = state.restore, state.spec.capture, state.capture
+    if r is None:
+        return _lazy_start(state, obs, now)
+    source = obs.pods.get(c.pod_key, _NOT_OBSERVED)
+    facts = merge_facts(pod_facts(c.pod_key, source),
+                        pod_facts(r.plan.key, obs.pods.get(r.plan.key, _NOT_OBSERVED)))
+    ours = isinstance(source, PodView) and source.uid == c.uid
+    report = protocol.capture_report(source, c.checkpoint_id) \
+        if isinstance(source, PodView) and ours else None
+    if not r.in_flight:
+        assert r.failure is not None
+        handed = report is not None and (
+            report.state is protocol.ReportState.TRANSFERRED or (
+                report.state is protocol.ReportState.FAILED
+                and report.reason.startswith(_PAGES_LOST)))
+        if handed or _PAGES_LOST in r.failure.message:
+            # The target's lazy-pages daemon had reached the page server: CRIU ended the
+            # source when that connection ended, so there is nothing left to wake.
+            return _lost(state, now, "PagesLost", f"the restore on {r.plan.node} failed "
+                         f"after it began fetching pages ({r.failure.reason}: "
+                         f"{r.failure.message})", facts)
+        return _handoff_failed(state, now)
+    assert cap.deadline is not None
+    if report is not None and report.state is protocol.ReportState.FAILED and \
+            report.reason.startswith(_PAGES_LOST):
+        return _lost(state, now, "PagesLost", f"the source's agent reported {report.reason}",
+                     facts)
+    capture = Step()
+    if report is None or report.state is not protocol.ReportState.TRANSFERRED:
+        gone = source is None or (isinstance(source, PodView) and (
+            not ours or source.deleting or source.phase in ("Succeeded", "Failed")))
+        if gone:
+            return failing(CaptureFailed(
+                at=now, reason="SourceGone", message=f"source pod {c.pod_key} went away "
+                "before the target ran").recorded(facts))
+        if now >= cap.deadline:
+            return failing(CaptureFailed(
+                at=now, reason="Timeout", message=f"the target did not run from the lazy "
+                f"handoff within {c.timeout}s (the class's capture timeout)").recorded(facts))
+        capture = cap_.decide_capture(c, cap, obs, now, machine_id=state.machine_id,
+                                      started_at=state.started_at,
+                                      handoff_to=r.plan.node or state.target)
+        if not capture.idle or capture.needs_tags:
+            return capture
+    restore = rs_.decide_restore(r, state.context(), obs, now, machine_id=state.machine_id)
+    if not restore.idle or restore.needs_tags:
+        return restore
+    return wait(capture.wake_at, restore.wake_at, cap.deadline)
+
+
+def _lazy_verdict(state: MigrationState, obs: Observation, now: datetime) -> Step | None:
+    """(lazy) The request is withdrawn: the source's agent says whether that aborted the
+    dump (``Failed: Withdrawn``, the same process runs on) or came too late (the target's
+    daemon had reached the page server: ``Failed: PagesLost``, the workload is gone).
+    Waited for up to the release timeout (``None``: the source runs on, as said)."""
+    c = state.spec.capture
+    if state.restore is None:
+        return None  # no target was ever created: nothing could fetch a page
+    source = obs.pods.get(c.pod_key, _NOT_OBSERVED)
+    facts = pod_facts(c.pod_key, source)
+    report = protocol.capture_report(source, c.checkpoint_id) \
+        if isinstance(source, PodView) and source.uid == c.uid else None
+    if report is not None and (report.state is protocol.ReportState.TRANSFERRED or (
+            report.state is protocol.ReportState.FAILED
+            and report.reason.startswith(_PAGES_LOST))):
+        return _lost(state, now, "PagesLost", "the target's lazy-pages daemon had reached the "
+                     "source before the migration was abandoned (the source's agent reported "
+                     f"{report.reason or report.state.value})", facts)
+    if report is not None and report.state is protocol.ReportState.FAILED:
+        return None
+    op = state.source_op
+    since = op.issued_at if op is not None and op.issued_at is not None else now
+    deadline = since + seconds(state.klass.timeouts.release)
+    if isinstance(source, PodView) and source.uid == c.uid and now < deadline:
+        return wait(deadline)
+    return None
+
+
+def _lazy_start(state: MigrationState, obs: Observation, now: datetime) -> Step:
+    """The capture (mode lazy, handed off to the target) and the target pod, in one
+    decision. A target that does not restore through its agent cannot take the pages
+    (refused at submission; a node that changed since ends here, nothing asked)."""
+    assert state.started_at is not None
+    target = obs.nodes.get(state.target)
+    if isinstance(target, ProbeError):
+        return wait(now + rs_.PROBE_RETRY)
+    path = restore_path(target.runtime if target is not None else "",
+                        state.klass.runtime_paths())
+    if path is not RestorePath.AGENT:
+        how = f"restores through {path.value}" if isinstance(path, RestorePath) else \
+            f"cannot restore ({path})"
+        return _finish(state, now, MigrationPhase.FAILED, "LazyRefused",
+                       f"node {state.target} {how}, so it cannot fetch lazy pages; nothing "
+                       "was asked of the source: migrate with mode 'stop-and-copy'",
+                       final_node=state.spec.source_node)
+    capture = cap_.decide_capture(state.spec.capture, state.capture, obs, now,
+                                  machine_id=state.machine_id, started_at=state.started_at,
+                                  handoff_to=state.target)
+    if capture.idle or capture.confirm:
+        return capture
+    start = rs_.start_restore(_plan(state, state.target, None), state.context(), now,
+                              machine_id=state.machine_id)
+    return Step(events=(*capture.events, *start.events),
+                actions=(*capture.actions, *start.actions))
+
+
+#: How the agents name a lost transfer (``report-reason``, ``restore-failure``).
+_PAGES_LOST = "PagesLost"
+
+
+def _lazy_transfer(state: MigrationState, obs: Observation, now: datetime) -> Step:
+    """TargetRunning: the target runs, its pages arriving. ``PagesTransferred`` needs the
+    source's ``Transferred`` with ``report-pages`` and the target's ``pages-received``
+    with every page it expected; a loss on either side, or the transfer deadline (the
+    class's restore timeout from the target running), loses the workload."""
+    r, c = state.restore, state.spec.capture
+    assert r is not None
+    assert state.transfer_deadline is not None
+    source = obs.pods.get(c.pod_key, _NOT_OBSERVED)
+    target = obs.pods.get(r.plan.key, _NOT_OBSERVED)
+    facts = merge_facts(pod_facts(c.pod_key, source), pod_facts(r.plan.key, target))
+    served: protocol.PagesCount | None = None
+    source_gone = source is None or (isinstance(source, PodView) and source.uid != c.uid)
+    if isinstance(source, PodView) and not source_gone:
+        report = protocol.capture_report(source, c.checkpoint_id)
+        if report is not None and report.state is protocol.ReportState.FAILED:
+            return _lost(state, now, "PagesLost",
+                         f"the source's agent reported {report.reason or 'a failure'}", facts)
+        if report is not None and report.state is protocol.ReportState.TRANSFERRED:
+            try:
+                served = protocol.pages_served(source.annotations, c.checkpoint_id)
+            except ValueError:
+                served = None  # unreadable: the deadline decides
+    arrived: protocol.PagesCount | None = None
+    if target is None or (isinstance(target, PodView) and (
+            target.uid != r.uid or target.deleting or target.phase in ("Failed", "Succeeded"))):
+        return _lost(state, now, "TargetLost", f"the restored pod {r.plan.key} went away or "
+                     "exited before its pages all arrived", facts)
+    if isinstance(target, PodView):
+        failure = protocol.restore_report(target).failure
+        if failure:
+            return _lost(state, now, "PagesLost" if failure.startswith(_PAGES_LOST)
+                         else "TargetFailed", f"the target's agent reported {failure}", facts)
+        try:
+            arrived = protocol.pages_arrived(target.annotations, c.checkpoint_id)
+        except ValueError:
+            arrived = None
+        if arrived is not None and arrived.pages != arrived.expected:
+            return _lost(state, now, "PagesMissing", f"the target received {arrived.pages} "
+                         f"of the {arrived.expected} pages it expected", facts)
+    if arrived is not None and (served is not None or source_gone):
+        return emit(PagesTransferred(
+            at=now, pages=arrived.pages, bytes=served.bytes if served else None,
+            seconds=served.seconds if served else None).recorded(facts))
+    if now >= state.transfer_deadline:
+        return _lost(state, now, "TransferTimeout",
+                     f"not every page reached {state.target} within "
+                     f"{state.klass.timeouts.restore}s of the target running (the class's "
+                     "restore timeout)", facts)
+    return wait(state.transfer_deadline)
+
+
+def _lost(state: MigrationState, now: datetime, reason: str, detail: str,
+          facts: JsonObject) -> Step:
+    """The target ran and the pages stopped: the workload is gone. The restore is failed
+    so its pod is removed; what is left of the source is deleted next, never woken."""
+    r = state.restore
+    assert r is not None
+    lost = WorkloadLost(
+        at=now, reason="WorkloadLost",
+        message=f"the source's pages stopped before the target had them all; the workload "
+                f"is gone: {reason}: {detail}. Nothing was kept in the registry (lazy); "
+                "restore it from an earlier checkpoint, or start it anew").recorded(facts)
+    events = [lost]
+    if r.status in (RestoreStatus.VERIFIED, RestoreStatus.CREATING, RestoreStatus.STARTING):
+        events.append(rs_.RestoreFailed(at=now, attempt=r.plan.attempt, reason=reason,
+                                        message=detail).recorded())
+    return failing(*events)
+
+
+def _lazy_clear(state: MigrationState, obs: Observation, now: datetime) -> Step:
+    """ClearingLostWorkload: the target pod is removed, then the source pod deleted
+    (what CRIU left of it), then Failed: WorkloadLost."""
+    r, src = state.restore, state.source
+    assert r is not None
+    assert state.failure is not None
+    if r.status is not RestoreStatus.CLEANED:
+        return rs_.decide_restore(r, state.context(), obs, now, machine_id=state.machine_id)
+    note = ""
+    op = state.source_op if state.deletion_requested else None
+    if not state.source_gone:
+        if op is None:
+            pod = obs.pods.get(src.key, _NOT_OBSERVED)
+            if pod is None or (isinstance(pod, PodView) and (pod.uid != src.uid or
+                                                              pod.deleting)):
+                return emit(SourceVanished(at=now, during="lost").recorded(
+                    pod_facts(src.key, pod)))
+            if isinstance(pod, ProbeError):
+                return wait(now + seconds(1))
+            return src_.start_source_op(
+                src_.SourceOpKind.DELETE, src, obs, now, machine_id=state.machine_id,
+                timeout=state.klass.timeouts.delete, reason="the workload was lost in a lazy "
+                "migration: removing what is left of the source")
+        if op.status is src_.SourceOpStatus.ISSUED:
+            return src_.decide_source_op(op, src, obs, now, machine_id=state.machine_id)
+        if op.failure is not None:
+            note = f"; the source pod {src.key} could not be deleted: {op.failure.message}"
+    return _finish(state, now, MigrationPhase.FAILED, state.failure.reason,
+                   state.failure.message + note)
+
+
+def _lazy_retire_source(state: MigrationState, obs: Observation, now: datetime) -> Step:
+    """Every page arrived: delete the source pod (its process already ended), then give
+    the restored pod its labels back and end Succeeded (no artifact to collect)."""
+    r, src = state.restore, state.source
+    assert r is not None
+    assert r.uid is not None
+    op = state.source_op if state.deletion_requested else None
+    if state.source_gone:
+        # Only now the labels: a ReplicaSet never sees two pods it would scale one away of.
+        done = _finish(state, now, MigrationPhase.SUCCEEDED, "Migrated",
+                       f"workload running on {state.final_node}; every page arrived lazily "
+                       "(no checkpoint kept: nothing was pushed)", final_node=state.final_node)
+        labels = template_labels(state.spec.template)
+        if not labels:
+            return done
+        handback = annotate_pod(action_key(state.machine_id, "lazy", "labels"),
+                                namespace=r.plan.namespace, name=r.plan.pod_name, uid=r.uid,
+                                annotations={}, labels=labels)
+        return replace(done, actions=(handback, *done.actions))
+    if op is not None and op.failure is not None:
+        return _finish(state, now, MigrationPhase.FAILED, "SourceNotDeleted",
+                       f"the restored pod {r.plan.key} runs on {state.final_node} with every "
+                       f"page, but what is left of the source {src.key} was not deleted: "
+                       f"{op.failure.message}; delete it", final_node=state.final_node)
+    if op is not None:
+        return src_.decide_source_op(op, src, obs, now, machine_id=state.machine_id)
+    pod = obs.pods.get(src.key, _NOT_OBSERVED)
+    if pod is None or (isinstance(pod, PodView) and (pod.uid != src.uid or pod.deleting)):
+        return emit(SourceVanished(at=now, during="delete").recorded(pod_facts(src.key, pod)))
+    if isinstance(pod, ProbeError):
+        return wait(now + seconds(1))
+    return src_.start_source_op(
+        src_.SourceOpKind.DELETE, src, obs, now, machine_id=state.machine_id,
+        timeout=state.klass.timeouts.delete, reason=f"every page reached {state.final_node}")
+
+
 def _stream_retire_source(state: MigrationState, obs: Observation, now: datetime) -> Step:
     """The target runs verified: delete the frozen source (gate 1 re-checked in this very
     observation by the deletion step), and give the restored bare pod its labels back.
@@ -312,7 +588,8 @@ def _plan(state: MigrationState, node: str, name: str | None) -> RestorePlan:
         node=node, artifact=None if streamed else state.pinned, checkpoint_id=c.checkpoint_id,
         not_fresh=(state.capture.source_instance,) if state.capture.source_instance else (),
         claim_from=c.uid if state.spec.claims else "",
-        handoff_source=c.pod_key if streamed else "", handoff_uid=c.uid if streamed else "")
+        handoff_source=c.pod_key if streamed else "", handoff_uid=c.uid if streamed else "",
+        lazy=streamed and state.spec.lazy)
 
 
 def _restore(state: MigrationState, obs: Observation, now: datetime) -> Step:

@@ -92,7 +92,7 @@ class MigrationRequests(rq.OnPodRequests):
         check_same_path(observation, current, path, target, klass.runtime_paths())
         mode = parse_mode(spec["mode"], field="spec.mode") if "mode" in spec \
             else klass.migration_mode
-        refusal = mode_refusal(mode, path, node=target)
+        refusal = mode_refusal(mode, path, node=target, sealed=klass.encryption is not None)
         if refusal is not None:
             raise SubmissionRejected(f"spec.mode: {refusal}")
         if spec.get("source_node") != current:

@@ -2,7 +2,8 @@
 
 The state folds the capture, source, restore and collection steps' events plus the
 migration's own (``Retargeted``, ``CancelRequested``, ``SourceDeletionAborted``,
-``SourceVanished``, ``RollbackStarted``, ``MigrationFinished``). Pure.
+``SourceVanished``, ``RollbackStarted``, ``MigrationFinished``; a lazy migration's
+``PagesTransferred`` and ``WorkloadLost``). Pure.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from controlplane.machines.migration.events import (
     HandoffAbandoned,
     MigrationCancelRequested,
     MigrationFinished,
+    PagesTransferred,
     Retargeted,
     RollbackStarted,
     StreamDeclined,
+    WorkloadLost,
 )
 from controlplane.machines.stages import capture as cap_
 from controlplane.machines.stages import collect as gc_
@@ -83,6 +86,10 @@ class MigrationPhase(StrEnum):
     CANCELLED = "Cancelled"
     FAILED = "Failed"
     GC_FAILED = "GarbageCollectionFailed"
+    #: (mode ``lazy``) The target runs; its pages are still arriving from the source.
+    TARGET_RUNNING = "TargetRunning"
+    #: (mode ``lazy``) The pages stopped after the target ran: removing what is left.
+    CLEARING_LOST = "ClearingLostWorkload"
 
 
 TERMINAL = frozenset({MigrationPhase.SUCCEEDED, MigrationPhase.ROLLED_BACK,
@@ -112,6 +119,9 @@ class MigrationSpec:
     #: the capture is also handed to the target's agent, the restore pod created at once
     #: beside the frozen source, which is deleted only once the target runs verified.
     stream: bool = field(default=False, metadata=OMIT_DEFAULT)
+    #: Mode ``lazy`` (post-copy): handed off like a stream, but nothing is pushed; the
+    #: target runs before its memory arrived, and the source goes only after every page.
+    lazy: bool = field(default=False, metadata=OMIT_DEFAULT)
 
     @property
     def adopts(self) -> bool:
@@ -172,11 +182,21 @@ class MigrationState(PhasedState):
     adoption: Adoption | None = field(default=None, metadata=OMIT_DEFAULT)
     #: Why a streamed migration went through the registry after all (its target's runtime).
     stream_declined: str = field(default="", metadata=OMIT_DEFAULT)
+    #: (mode ``lazy``) Until when the pages may take to arrive once the target runs.
+    transfer_deadline: datetime | None = field(default=None, metadata=OMIT_DEFAULT)
 
     @property
     def streams(self) -> bool:
-        """The checkpoint is streamed to the target (and the source kept until verified)."""
-        return self.spec.stream and not self.stream_declined
+        """The checkpoint is handed to the target's agent (streamed, or lazily), and the
+        source kept until the target runs."""
+        return (self.spec.stream or self.spec.lazy) and not self.stream_declined
+
+    @property
+    def target_ran(self) -> bool:
+        """(lazy) The target ran: from now on the source is never woken."""
+        return self.spec.lazy and self.status in (
+            MigrationPhase.TARGET_RUNNING, MigrationPhase.CLEARING_LOST,
+            MigrationPhase.DELETING_SOURCE)
 
     @property
     def beside_source(self) -> bool:
@@ -253,7 +273,8 @@ def evolve_migration(state: MigrationState, event: EventLike | DomainEvent) -> M
             return replace(state, status=phase, failure=failure, final_node=e.final_node)
         case Retargeted() | MigrationCancelRequested() | SourceDeletionAborted() | \
                 SourceVanished() | RollbackStarted() | AdoptionRequested() | Adopted() | \
-                AdoptionAbandoned() | StreamDeclined() | HandoffAbandoned():
+                AdoptionAbandoned() | StreamDeclined() | HandoffAbandoned() | \
+                PagesTransferred() | WorkloadLost():
             return _evolve_own(state, e)
     mid = state.machine_id
     capture = cap_.evolve_capture(state.capture, e, machine_id=mid)
@@ -270,6 +291,8 @@ def evolve_migration(state: MigrationState, event: EventLike | DomainEvent) -> M
 
 
 def _evolve_own(state: MigrationState, e: DomainEvent) -> MigrationState:
+    if isinstance(e, SourceVanished) and state.target_ran:
+        return replace(state, source_gone=True)  # lazy: its pages had all gone, or lost
     match e:
         case Retargeted(wake_in_place=True):
             return replace(state, target=e.node, status=MigrationPhase.WAKING_IN_PLACE)
@@ -308,6 +331,11 @@ def _evolve_own(state: MigrationState, e: DomainEvent) -> MigrationState:
                            abort=Failure(e.reason, e.message))
         case StreamDeclined():
             return replace(state, stream_declined=e.reason)
+        case PagesTransferred() if state.status is MigrationPhase.TARGET_RUNNING:
+            return replace(state, status=MigrationPhase.DELETING_SOURCE)
+        case WorkloadLost():
+            return replace(state, status=MigrationPhase.CLEARING_LOST,
+                           failure=Failure(e.reason, e.message), final_node=None)
     return state
 
 
@@ -318,6 +346,10 @@ def _restored(state: MigrationState) -> bool:
 
 
 def _evolve_steps(state: MigrationState, e: DomainEvent) -> MigrationState:
+    if state.spec.lazy:
+        lazy = _evolve_lazy(state, e)
+        if lazy is not None:
+            return lazy
     match e:
         case ArtifactVerified() if state.status is MigrationPhase.CHECKPOINTING:
             # Adoption restores beside the (quiesced) source; a bare pod's goes first.
@@ -359,6 +391,23 @@ def _evolve_steps(state: MigrationState, e: DomainEvent) -> MigrationState:
         case ArtifactDeleted():
             return replace(state, conditions=clear_condition(state.conditions, GC_CONDITION))
     return state
+
+
+def _evolve_lazy(state: MigrationState, e: DomainEvent) -> MigrationState | None:
+    """A lazy migration's own transitions (``None``: the shared ones apply)."""
+    match e:
+        case RestoreVerified() if state.status is MigrationPhase.CHECKPOINTING and \
+                state.restore is not None:
+            # The target runs (its pages on their way): the transfer deadline starts.
+            deadline = e.at + seconds(state.klass.timeouts.restore)
+            return replace(state, status=MigrationPhase.TARGET_RUNNING,
+                           final_node=state.restore.node or state.restore.plan.node,
+                           transfer_deadline=deadline)
+        case SourceDeleted() if state.target_ran:
+            return replace(state, source_gone=True)
+        case SourceDeletionFailed() if state.target_ran:
+            return state  # never woken: the decision ends it (the op holds the failure)
+    return None
 
 
 def _collecting(state: MigrationState, at: datetime) -> MigrationState:

@@ -28,7 +28,12 @@ class MigrationView(views.CapturingView, state=MigrationState,
         MigrationPhase.WAKING_IN_PLACE: views.WAKING_IN_PLACE + ", after any restore pod "
                                         "beside it is removed",
         MigrationPhase.DELETING_SOURCE: views.DELETING_SOURCE + " (streamed: the restored pod "
-                                        "already runs verified)",
+                                        "already runs verified; lazy: every page arrived)",
+        # A lazy migration (mode lazy): the target runs before its memory has arrived.
+        MigrationPhase.TARGET_RUNNING: "every page of the source's memory to reach the "
+                                       "restored pod, which already runs (lazy)",
+        MigrationPhase.CLEARING_LOST: "the restored pod and what is left of the source to "
+                                      "be removed: the workload was lost (lazy)",
         MigrationPhase.RESTORING: views.RESTORING + " (streamed: restored from the source's "
                                   "agent and proven equal to the registry's checkpoint, the "
                                   "source kept frozen)",

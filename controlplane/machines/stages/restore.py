@@ -17,7 +17,8 @@ Shared by the restore, migration and resume machines. One attempt, status flow::
   attempt's). A cold boot (no artifact) is verified by Running alone. A restore from the
   source agent's stream (``handoff_source``) also needs the owner's proof that the
   registry holds this checkpoint (gate 1) and lists exactly the archives the target
-  marked in ``restored-from-handoff``; archives that differ fail the attempt.
+  marked in ``restored-from-handoff``; archives that differ fail the attempt. A lazy
+  handoff (``lazy``) has no registry copy: running fresh and marked is verified.
 - ``TargetUnschedulable`` is reported once (with a Warning) when the target node is
   missing, cordoned or NotReady; the attempt fails at the scheduling deadline.
 - A failed attempt deletes its own pod (UID precondition) before the owner moves on.
@@ -121,6 +122,10 @@ class RestorePlan:
     #: its UID; ``artifact`` is then ``None`` (not yet proven) and this is no cold boot.
     handoff_source: str = field(default="", metadata=OMIT_DEFAULT)
     handoff_uid: str = field(default="", metadata=OMIT_DEFAULT)
+    #: A lazy (post-copy) handoff: no registry copy exists, so the pod is verified as soon
+    #: as it runs fresh and marked ``restored-from-handoff`` for this checkpoint (its
+    #: pages still arriving: the owner watches ``pages-received``).
+    lazy: bool = field(default=False, metadata=OMIT_DEFAULT)
 
     @property
     def key(self) -> str:
@@ -478,6 +483,12 @@ def _judge_handoff(r: Restore, pod: PodView, ctx: RestoreContext, fresh: bool, n
         marked = protocol.handoff_restored(pod.annotations)
     except ValueError as exc:
         return _fail(r, now, "HandoffUnreadable", str(exc), facts)
+    if plan.lazy and marked is not None and marked[0] == plan.checkpoint_id and fresh:
+        # Nothing was pushed: the target running fresh from this checkpoint's handoff is
+        # all there is to verify; its pages are still on their way (the owner's watch).
+        return emit(RestoreVerified(
+            at=now, attempt=plan.attempt, uid=pod.uid, node=pod.node, digest=None,
+            instance_id=protocol.restore_report(pod).instance_id).recorded(facts))
     if marked is None or marked[0] != plan.checkpoint_id or not fresh or ctx.proof is None:
         return None  # the agent has not marked it yet, or the registry has not proven it
     checkpoint, archives = marked
