@@ -56,6 +56,7 @@ from controlplane.engine.jsonvalue import JsonObject
 from controlplane.machines.catalog import default_kinds
 from controlplane.store import migrate, queries, reports
 from controlplane.store.database import open_database
+from controlplane.store.records import RecordedEvent
 from controlplane.wiring.criu_world import RuntimeWorld, runtime_world
 from drivers.agent.criu import CriuDumper
 from drivers.agent.dumper import Container, DumpRequest, RestoreRequest, Workload
@@ -292,17 +293,33 @@ async def product_migration(root: Path, mib: int, dirty: int,
                                  lambda t: ticked_since(t, finished))
             [phases] = await reports.migration_phases(db)
             [(_, total)] = await reports.finished_durations(db)
-            times = {p: float(phases[f"{p}_seconds"] or 0) for p in PHASES}
+            history = await queries.history(db, outcome.machine_id)
+            if PRODUCT_SPECS[mode] == ("", {}):
+                times = {p: float(phases[f"{p}_seconds"] or 0) for p in PHASES}
+            else:  # report_migrations' phases follow the registry order: read the history
+                times = _milestones(history)
             times["total"] = total
             times["bytes"] = float(phases.get("size_bytes") or 0)
             if not times["bytes"]:  # lazy: no artifact; the pages the target fetched
-                moved_pages = [e.data for e in await queries.history(db, outcome.machine_id)
-                               if e.type == "PagesTransferred"]
+                moved_pages = [e.data for e in history if e.type == "PagesTransferred"]
                 sizes = [d.get("bytes") for d in moved_pages]
                 times["bytes"] = float(sum(b for b in sizes if isinstance(b, int)))
             return _seen(times, ticks, _downtime(ticks))
     finally:
         await db.dispose()
+
+
+#: The events a streamed or lazy migration is timed by, each as seconds after ``Started``.
+MILESTONES = {"RestoreVerified": "target_verified", "ArtifactVerified": "artifact_verified",
+              "PagesTransferred": "pages_in", "SourceDeleted": "source_deleted"}
+
+
+def _milestones(history: list[RecordedEvent]) -> dict[str, float]:
+    """Seconds from ``Started`` to each milestone the history has (``report_migrations``
+    measures the registry order, where the restore follows the source's deletion)."""
+    start = next(e.recorded_at for e in history if e.type == "Started")
+    return {MILESTONES[e.type]: (e.recorded_at - start).total_seconds() for e in history
+            if e.type in MILESTONES}
 
 
 async def _until_pod(world: RuntimeWorld,
@@ -393,7 +410,9 @@ def _print_row(row: dict[str, Any], runs: int, dirty: int) -> None:
           "steps (medians)")
     for key, p in row["paths"].items():
         s = p["summary"]
-        steps = PHASES if key.startswith("product:") else STEPS
+        steps = (PHASES if key == product_key("stop-and-copy") else
+                 [m for m in MILESTONES.values() if m in s] if key.startswith("product:")
+                 else STEPS)
         ratio = row["downtime_over_criu_alone"].get(key, 1.0)
         print(f"  {p['label']:<42} {_figure(s['downtime']):<22} {ratio:7.2f}  "
               f"{_figure(s['total']):<22} {s['bytes']['median'] / 2**20:8.1f}  "
