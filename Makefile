@@ -88,8 +88,9 @@ bench-cli: $(STAMP)
 bench-all: bench bench-scale bench-growth bench-recovery bench-replay bench-history
 
 # A real container migrated with CRIU at 1, 64, 512 and 2048 MiB of touched memory (4 MiB/s
-# dirtied): the product's downtime over CRIU alone's, beside the agent's path and podman by
-# hand, median [min-max] of 3 runs. About 19 min on 2 shared cores (load ~10).
+# dirtied): the product's downtime in each way it migrates (through the registry, streamed,
+# lazy) over CRIU alone's, beside the agent's path and podman by hand, median [min-max] of
+# 3 runs. About 25-30 min on 2 cores; --sizes 1,64 --runs 3 takes about 5.
 bench-criu: $(STAMP)
 	scripts/ensure-registry
 	eval "$$(scripts/ensure-criu)" && $(BIN)/python -m bench.criu_migration --sizes 1,64,512,2048 --runs 3
