@@ -216,18 +216,36 @@ def _stream_start(state: MigrationState, obs: Observation, now: datetime) -> Ste
     """The one decision that asks for the capture (handed off to the target) and creates
     the restore pod on the target, so no control-loop round trip sits between the dump
     and the restore. A target whose runtime restores images itself takes the registry."""
+    not_agent = _target_not_by_agent(state, obs, now)
+    if isinstance(not_agent, Step):
+        return not_agent
+    if not_agent:
+        return emit(StreamDeclined(
+            at=now, reason=f"{not_agent}, so it cannot take the agents' stream: the "
+                           "checkpoint goes through the registry").recorded())
+    return _capture_and_target(state, obs, now)
+
+
+def _target_not_by_agent(state: MigrationState, obs: Observation,
+                         now: datetime) -> Step | str:
+    """Why the target node does not restore through its agent (``""``: it does), or a
+    wait while it cannot be observed: the streamed and the lazy paths need the agent."""
     assert state.started_at is not None
     target = obs.nodes.get(state.target)
     if isinstance(target, ProbeError):
         return wait(now + rs_.PROBE_RETRY)
     path = restore_path(target.runtime if target is not None else "",
                         state.klass.runtime_paths())
-    if path is not RestorePath.AGENT:
-        how = f"restores through {path.value}" if isinstance(path, RestorePath) else \
-            f"cannot restore ({path})"
-        return emit(StreamDeclined(
-            at=now, reason=f"node {state.target} {how}, so it cannot take the agents' "
-                           "stream: the checkpoint goes through the registry").recorded())
+    if path is RestorePath.AGENT:
+        return ""
+    how = f"restores through {path.value}" if isinstance(path, RestorePath) else \
+        f"cannot restore ({path})"
+    return f"node {state.target} {how}"
+
+
+def _capture_and_target(state: MigrationState, obs: Observation, now: datetime) -> Step:
+    """The capture handed off to the target and the target pod, in one decision."""
+    assert state.started_at is not None
     capture = cap_.decide_capture(state.spec.capture, state.capture, obs, now,
                                   machine_id=state.machine_id, started_at=state.started_at,
                                   handoff_to=state.target)
@@ -350,28 +368,15 @@ def _lazy_start(state: MigrationState, obs: Observation, now: datetime) -> Step:
     """The capture (mode lazy, handed off to the target) and the target pod, in one
     decision. A target that does not restore through its agent cannot take the pages
     (refused at submission; a node that changed since ends here, nothing asked)."""
-    assert state.started_at is not None
-    target = obs.nodes.get(state.target)
-    if isinstance(target, ProbeError):
-        return wait(now + rs_.PROBE_RETRY)
-    path = restore_path(target.runtime if target is not None else "",
-                        state.klass.runtime_paths())
-    if path is not RestorePath.AGENT:
-        how = f"restores through {path.value}" if isinstance(path, RestorePath) else \
-            f"cannot restore ({path})"
+    not_agent = _target_not_by_agent(state, obs, now)
+    if isinstance(not_agent, Step):
+        return not_agent
+    if not_agent:
         return _finish(state, now, MigrationPhase.FAILED, "LazyRefused",
-                       f"node {state.target} {how}, so it cannot fetch lazy pages; nothing "
-                       "was asked of the source: migrate with mode 'stop-and-copy'",
+                       f"{not_agent}, so it cannot fetch lazy pages; nothing was asked of "
+                       "the source: migrate with mode 'stop-and-copy'",
                        final_node=state.spec.source_node)
-    capture = cap_.decide_capture(state.spec.capture, state.capture, obs, now,
-                                  machine_id=state.machine_id, started_at=state.started_at,
-                                  handoff_to=state.target)
-    if capture.idle or capture.confirm:
-        return capture
-    start = rs_.start_restore(_plan(state, state.target, None), state.context(), now,
-                              machine_id=state.machine_id)
-    return Step(events=(*capture.events, *start.events),
-                actions=(*capture.actions, *start.actions))
+    return _capture_and_target(state, obs, now)
 
 
 #: How the agents name a lost transfer (``report-reason``, ``restore-failure``).
