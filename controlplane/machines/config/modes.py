@@ -32,11 +32,15 @@ Used by the migration request and decider, the class parser and the submission c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+from typing import TypeVar
 
 from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.jsonvalue import JsonValue
 from controlplane.machines.config.runtimes import RestorePath
+
+E = TypeVar("E", bound=StrEnum)
 
 
 class MigrationMode(StrEnum):
@@ -56,12 +60,19 @@ _MEANINGS = {
 
 def parse_mode(value: JsonValue, *, field: str) -> MigrationMode:
     """``value`` as a mode, or a refusal naming ``field`` and the modes there are."""
+    return _choice(MigrationMode, _MEANINGS, value, field=field, what="a migration mode")
+
+
+def _choice(kind: type[E], meanings: Mapping[E, str], value: JsonValue, *, field: str,
+            what: str) -> E:
+    """``value`` as one of ``kind``, or a refusal naming ``field`` and each choice with
+    its meaning."""
     if isinstance(value, str):
-        for mode in MigrationMode:
-            if value == mode.value:
-                return mode
-    known = "; ".join(f"{m.value!r}: {meaning}" for m, meaning in _MEANINGS.items())
-    raise InvalidSpec(f"{field} {value!r} is not a migration mode ({known})")
+        for choice in kind:
+            if value == choice.value:
+                return choice
+    known = "; ".join(f"{c.value!r}: {meaning}" for c, meaning in meanings.items())
+    raise InvalidSpec(f"{field} {value!r} is not {what} ({known})")
 
 
 class Transfer(StrEnum):
@@ -79,12 +90,7 @@ _TRANSFERS = {
 
 def parse_transfer(value: JsonValue, *, field: str) -> Transfer:
     """``value`` as a transfer, or a refusal naming ``field`` and the transfers there are."""
-    if isinstance(value, str):
-        for transfer in Transfer:
-            if value == transfer.value:
-                return transfer
-    known = "; ".join(f"{t.value!r}: {meaning}" for t, meaning in _TRANSFERS.items())
-    raise InvalidSpec(f"{field} {value!r} is not a transfer ({known})")
+    return _choice(Transfer, _TRANSFERS, value, field=field, what="a transfer")
 
 
 def mode_refusal(mode: MigrationMode, path: RestorePath, *, node: str,
