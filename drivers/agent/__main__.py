@@ -10,12 +10,14 @@ Its ``--workdir`` is its own (:func:`claim_workdir`): by default one per node un
 working directory, created, checked writable and locked before anything else starts.
 With ``--handoff-key`` it also streams checkpoints straight to other nodes' agents
 (:func:`handoff_from`; docs/protocol.md, "Handoff"); a key it cannot use stops it at start.
+With ``--metrics-listen`` it serves its own ``/metrics`` (:mod:`drivers.agent.metrics`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import fcntl
 import os
 import signal
@@ -29,6 +31,7 @@ from drivers.agent.agent import AgentSettings
 from drivers.agent.criu import CriuDumper
 from drivers.agent.handoffs import HandoffKeyUnusable, HandoffSettings, read_handoff_key
 from drivers.agent.kubelet import KubeletDumper, KubeletSettings, token_from_file
+from drivers.agent.metrics import metrics_endpoint
 from drivers.agent.pods import PodPatcher
 from drivers.agent.runner import DumperFactory, node_agent
 from drivers.agent.sealing import Sealing, SealingSettings
@@ -107,6 +110,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "CRI-O restore, the agent pulls each container's base image with "
                         "crictl (CRI-O restores onto it and does not pull it)")
     p.add_argument("--crictl", default="crictl", help="the crictl binary for --cri-endpoint")
+    p.add_argument("--crio-root", default="", metavar="DIR",
+                   help="CRI-O's storage root as mounted (its `root`): with --runc-root and "
+                        "--cri-endpoint, the kubelet dumper migrates lazily")
+    p.add_argument("--runc-root", default="", metavar="DIR",
+                   help="CRI-O's runc root as mounted (its runtime_root), where the lazy "
+                        "runc wrapper finds the target's lazy-pages daemon")
+    p.add_argument("--criu", default="criu", help="CRIU for the target's lazy-pages daemon")
     p.add_argument("--capture-timeout", type=float, default=600.0)
     p.add_argument("--restore-timeout", type=float, default=600.0)
     keys = p.add_argument_group("sealed checkpoints (docs/security.md)")
@@ -137,11 +147,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                          metavar="HOST", help="the host other agents reach this one at, "
                          "written into report-handoff (default: $POD_IP, from the downward "
                          "API, else the --handoff-listen host)")
+    p.add_argument("--metrics-listen", default="", metavar="HOST:PORT",
+                   help="serve this agent's own Prometheus /metrics here (captures, "
+                        "restores and failures by node; docs/alerts.md); off by default")
     args = p.parse_args(argv)
     try:
         args.handoff_host, args.handoff_port = parse_listen(args.handoff_listen)
     except ValueError as exc:
         p.error(f"--handoff-listen {args.handoff_listen!r}: {exc}")
+    args.metrics = None
+    if args.metrics_listen:
+        try:
+            args.metrics = parse_listen(args.metrics_listen)
+        except ValueError as exc:
+            p.error(f"--metrics-listen {args.metrics_listen!r}: {exc}")
     if args.handoff_key and not args.handoff_advertise and \
             args.handoff_host in ("0.0.0.0", "::", ""):
         p.error(f"--handoff-advertise: the handoff server listens on every interface "
@@ -230,10 +249,13 @@ def dumper_from(args: argparse.Namespace) -> DumperFactory:
                                checkpoint_dir=Path(args.checkpoint_dir),
                                kubelet_checkpoint_dir=args.kubelet_checkpoint_dir,
                                cgroup_root=Path(args.cgroup_root),
-                               cri_endpoint=args.cri_endpoint, crictl=args.crictl)
+                               cri_endpoint=args.cri_endpoint, crictl=args.crictl,
+                               crio_root=Path(args.crio_root) if args.crio_root else None,
+                               runc_root=Path(args.runc_root) if args.runc_root else None,
+                               criu=args.criu)
 
     def build(patcher: PodPatcher) -> KubeletDumper:
-        return KubeletDumper(settings)
+        return KubeletDumper(settings, patcher=patcher)
 
     return build
 
@@ -262,8 +284,13 @@ async def serve(args: argparse.Namespace, handoff: HandoffSettings | None = None
     try:
         async with node_agent(client=kube.client, settings=settings, registry=registry,
                               dumper=dumper_from(args), kube=kube_settings,
-                              sealing=sealing_from(args), handoff=handoff) as agent:
+                              sealing=sealing_from(args), handoff=handoff) as agent, \
+                contextlib.AsyncExitStack() as endpoints:
             offers = f"; handoff offered at {agent.handoff.address}" if agent.handoff else ""
+            if args.metrics is not None:
+                bound = await endpoints.enter_async_context(
+                    metrics_endpoint(args.node, agent.stats, *args.metrics))
+                offers += f"; metrics http://{bound}/metrics"
             print(f"node agent serving {args.node} with the {args.dumper} dumper; workdir "
                   f"{args.workdir}{offers}", flush=True)
             await stop.wait()

@@ -65,6 +65,8 @@ from drivers.agent.lazy import (
     capture_lazily,
     lazy_dumper,
     pages_arrive,
+    pages_unjudged,
+    unjudged,
 )
 from drivers.agent.modes import check_mode
 from drivers.agent.pods import PodPatcher
@@ -246,6 +248,10 @@ class NodeAgent:
                                    protocol.ReportState.TRANSFERRED) \
                 and request.source_uid == pod.uid:
             self._finish(key, "reported")  # done by an earlier incarnation of this agent
+            if request.quiesce:  # which may have left it held: the withdrawal releases it
+                self._held[pod.uid] = request.checkpoint_id
+            return
+        if self._orphaned_handoff(pod, request):
             return
         try:
             judge_capture(request, pod, node=self.node)
@@ -261,6 +267,35 @@ class NodeAgent:
         record.task = self._spawn(self._capture(pod, request, record),
                                   f"capture {request.checkpoint_id}")
         self._captures[pod.uid] = record
+
+    def _orphaned_handoff(self, pod: PodView, request: CaptureRequest) -> bool:
+        """A quiesced stop-and-copy capture an earlier incarnation of this agent offered to
+        its target and did not finish (killed): the target may have fetched it and run it,
+        so it is neither captured again nor woken here. It is reported ``Failed`` and held
+        until the request is withdrawn (the control plane removes the target first)."""
+        if not request.quiesce or request.source_uid != pod.uid or \
+                protocol.capture_report(pod, request.checkpoint_id) is None:
+            return False
+        try:
+            handed = protocol.handoff_report(pod.annotations, request.checkpoint_id)
+            lazy = protocol.capture_mode(pod.annotations, request.checkpoint_id) == \
+                protocol.LAZY
+        except ValueError:
+            return False  # judged (and refused) as any malformed request
+        if handed is None or lazy:
+            return False
+        self._finish((pod.uid, request.checkpoint_id), "orphaned")
+        self._held[pod.uid] = request.checkpoint_id
+        self.stats.failed += 1
+        reason = (f"AgentRestarted: the agent on {self.node} restarted while checkpoint "
+                  f"{request.checkpoint_id} was handed to another node, which may run it: "
+                  "the workload stays stopped until the request is withdrawn")
+        log.warning("an earlier incarnation of this agent handed this capture off and did "
+                    "not finish it; holding the workload", pod=f"{pod.namespace}/{pod.name}",
+                    checkpoint=request.checkpoint_id)
+        self._spawn(self._report(pod, request.checkpoint_id, protocol.ReportState.FAILED,
+                                 reason=reason), "orphaned handoff report")
+        return True
 
     def _cancel_capture(self, uid: str, reason: str) -> None:
         running = self._captures.get(uid)
@@ -315,14 +350,16 @@ class NodeAgent:
                 record.unsticking = True
                 reason = (f"Timeout: the capture did not finish within "
                           f"{self.settings.capture_timeout:g}s")
+                handed = _at_target(record)
                 self._end_offer(record, reason)
-                await self._unstick(pod, request, reason)
+                await self._unstick(pod, request, reason, handed=handed)
         except (AgentError, RegistryError, KubeApiError, OSError) as exc:
             record.unsticking = True
             reason = exc.report() if isinstance(exc, AgentError) else \
                 f"{type(exc).__name__}: {exc}"
+            handed = _at_target(record)
             self._end_offer(record, reason)
-            await self._unstick(pod, request, reason)
+            await self._unstick(pod, request, reason, handed=handed)
         finally:
             self._end_offer(record, "the capture job ended")
             if self._captures.get(pod.uid) is record:
@@ -506,9 +543,24 @@ class NodeAgent:
             (f", also handed to {target}" if target else "")
         return pushed, how
 
-    async def _unstick(self, pod: PodView, request: CaptureRequest, reason: str) -> None:
-        """Report the failure and let the workload run again (never left stopped)."""
+    async def _unstick(self, pod: PodView, request: CaptureRequest, reason: str, *,
+                       handed: bool = False) -> None:
+        """Report the failure and let the workload run again (never left stopped) — unless
+        it was ``handed`` to a target that may run it: a quiesced workload then stays held
+        until the request is withdrawn (the control plane removes the target first)."""
         self.stats.failed += 1
+        if handed and request.quiesce:
+            self._held[pod.uid] = request.checkpoint_id
+            log.warning("capture failed after it was offered to its target; the workload "
+                        "stays held until the request is withdrawn",
+                        pod=f"{pod.namespace}/{pod.name}", checkpoint=request.checkpoint_id,
+                        reason=reason)
+            with contextlib.suppress(Exception):
+                await self._report(pod, request.checkpoint_id, protocol.ReportState.FAILED,
+                                   reason=f"{reason} (handed to another node, which may run "
+                                          "it: the workload stays stopped until the request "
+                                          "is withdrawn)")
+            return
         self._held.pop(pod.uid, None)
         log.warning("capture failed; releasing the workload", pod=f"{pod.namespace}/{pod.name}",
                     checkpoint=request.checkpoint_id, reason=reason)
@@ -539,6 +591,12 @@ class NodeAgent:
     # --- restore -------------------------------------------------------------------------
 
     def _reconcile_restore(self, pod: PodView) -> None:
+        if pod.uid not in self._restoring and pod.uid not in self._restored and \
+                restore_done(pod) and (left := unjudged(pod)) is not None:
+            # Restored by an earlier agent of this node: lazily, with pages unseen?
+            self._restored[pod.uid] = "restored"
+            self._spawn(pages_unjudged(self, pod, left), f"pages of {pod.namespace}/{pod.name}")
+            return
         # In memory: a job's own patch may arrive after other changes of the pod.
         if pod.uid in self._restoring or pod.uid in self._restored or restore_done(pod) or (
                 protocol.RESTORE_ARTIFACT not in pod.annotations and
@@ -630,7 +688,8 @@ class NodeAgent:
             raise RequestRefused(f"this agent has no --handoff-key: it cannot receive "
                                  f"checkpoint {request.checkpoint_id} from {source} (start "
                                  "the agents with --handoff-key FILE, their shared key)")
-        if getattr(self.dumper, "runtime_restores", False):
+        runtime_restores = getattr(self.dumper, "runtime_restores", False)
+        if runtime_restores and lazy_dumper(self.dumper) is None:
             raise RestoreUnsupported(f"the {self.dumper.name} dumper's runtime restores from "
                                      "the registry's checkpoint images, not from a handoff")
         self._restore_stage[pod.uid] = (f"waiting for {source} to offer checkpoint "
@@ -646,6 +705,9 @@ class NodeAgent:
             received.paths, pod.annotations.get(protocol.RESTORE_LOADER, ""),
             latest=functools.partial(self._latest, pod.uid))
         marks: dict[str, str | None] = {}
+        if runtime_restores and not report.pages:
+            raise RestoreUnsupported(f"the {self.dumper.name} dumper's runtime restores a "
+                                     "handoff only lazily (its checkpoint image has no memory)")
         if report.pages:
             lazy = lazy_dumper(self.dumper)
             if lazy is None:
@@ -772,6 +834,14 @@ def _created(obj: KubeObject | None) -> datetime | None:
         return datetime.fromisoformat(str(stamp)) if stamp else None
     except ValueError:
         return None
+
+
+def _at_target(record: _Capture) -> bool:
+    """Whether the capture's target may hold it whole, and so run it: a quiesced workload
+    is then never woken by the agent's own failure, only by a withdrawal (the control
+    plane removes the target first). An offer not yet fetched is withdrawn before the
+    release, so no target can have it."""
+    return record.offer is not None and record.offer.may_have_reached_target
 
 
 def _reported(pod: PodView) -> protocol.ReportState | None:

@@ -181,7 +181,10 @@ class CriuDumper:
         for container in workload.containers:
             name = _name(workload, container.name)
             state = await self.runtime.state(name)
-            if state is not None and state.checkpointed and not state.running:
+            # A checkpoint that failed after CRIU stopped the process (its archive not
+            # written: a full disk) leaves the dump but not the "checkpointed" state.
+            if state is not None and not state.running and (state.checkpointed or
+                                                            state.kept_dump):
                 try:
                     await self.runtime.restore_in_place(name)
                 except RuntimeFailed as exc:

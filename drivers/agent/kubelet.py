@@ -39,6 +39,10 @@ node without the key fails that pull with ocicrypt's own words. Meanwhile the ku
 own digest pull fails once (``ErrImagePull``, "Destination specifies a digest") and is
 retried after its back-off, when the image is there: the restore waits that out.
 
+Lazy (post-copy) migrations: :mod:`drivers.agent.kubelet_lazy` (``start_lazy``,
+``restore_lazy``, ``refuse_mode``), on nodes whose CRI-O runs runc through
+:mod:`drivers.realnode.runc_wrapper`, given the node's CRI-O storage and runc roots.
+
 Auth: a bearer token (a service account allowed ``nodes/checkpoint``) and/or a client
 certificate; the kubelet's serving certificate is checked against ``ca_file`` (the
 system's CAs when empty) unless ``insecure``. Every call is bounded by ``timeout`` (also
@@ -65,6 +69,7 @@ from urllib.parse import quote
 import aiohttp
 
 from controlplane.logs import get_logger
+from drivers.agent import kubelet_lazy
 from drivers.agent.dumper import (
     Container,
     DumpRequest,
@@ -74,6 +79,7 @@ from drivers.agent.dumper import (
     Workload,
 )
 from drivers.agent.errors import DumpFailed, RestoreFailed, RestoreUnsupported
+from drivers.agent.pods import PodPatcher
 from drivers.agent.stopper import signal_container, stop_when_dumped
 from drivers.registry.checkpoint_images import image_tag
 from drivers.registry.checkpoints import Archive
@@ -97,6 +103,12 @@ class KubeletSettings:
     cgroup_root: Path = Path("/sys/fs/cgroup")  # the node's cgroups, as mounted
     cri_endpoint: str = ""  # unix:///var/run/crio/crio.sock: pre-pull base images
     crictl: str = "crictl"
+    # Lazy migrations (drivers.agent.kubelet_lazy): the node's CRI-O storage root and
+    # runc root as mounted (CRI-O's root and runtime_root), and CRIU for the target's
+    # lazy-pages daemon; without the two roots, lazy is refused.
+    crio_root: Path | None = None
+    runc_root: Path | None = None
+    criu: str = "criu"
 
 
 #: Waiting reasons of a container the runtime could not create or pull: the restore
@@ -112,8 +124,11 @@ class KubeletDumper:
     name = "kubelet"
     runtime_restores = True
 
-    def __init__(self, settings: KubeletSettings | None = None) -> None:
+    def __init__(self, settings: KubeletSettings | None = None, *,
+                 patcher: PodPatcher | None = None) -> None:
         self.settings = settings or KubeletSettings()
+        #: The agent's pod patches (a lazy restore names the pushed hand-over by digest).
+        self.patcher = patcher
         #: container id -> how its quiesce went ("held": stopped before CRI-O thawed it;
         #: "late"/"no-freezer": after, so it may have run on for a moment)
         self.quiesced: dict[str, str] = {}
@@ -160,6 +175,23 @@ class KubeletDumper:
 
     async def release(self, workload: Workload) -> None:
         await self._signal(workload.containers, signal.SIGCONT, "continue", missing_ok=True)
+
+    async def refuse_mode(self, mode: str, workload: Workload | None = None) -> str | None:
+        if mode == "lazy":
+            return await asyncio.to_thread(kubelet_lazy.lazy_refusal, self, workload)
+        return (f"the kubelet dumper does not migrate in mode {mode!r} (CRI-O restores whole "
+                "checkpoint images; pre-copy rounds need CRIU driven by the agent)")
+
+    async def start_lazy(self, request: DumpRequest, *, listen: str) -> kubelet_lazy.Serving:
+        """Dump all but memory through the kubelet and serve the memory
+        (:func:`drivers.agent.kubelet_lazy.start_lazy`)."""
+        return await kubelet_lazy.start_lazy(self, request, listen=listen)
+
+    async def restore_lazy(self, request: RestoreRequest, *, pages: tuple[str, int],
+                           workdir: Path) -> kubelet_lazy.Receiving:
+        """Fetch the pages of a pod CRI-O restores from a memory-less checkpoint image
+        (:func:`drivers.agent.kubelet_lazy.restore_lazy`)."""
+        return await kubelet_lazy.restore_lazy(self, request, pages=pages, workdir=workdir)
 
     async def restore(self, request: RestoreRequest) -> RestoreResult:
         images = request.artifact.container_images
@@ -223,13 +255,19 @@ class KubeletDumper:
 
     async def _crictl(self, *args: str) -> tuple[bool, str]:
         """Run crictl against the node's CRI socket: (succeeded, its stderr)."""
+        ok, _, err = await self._crictl_out(*args)
+        return ok, err
+
+    async def _crictl_out(self, *args: str) -> tuple[bool, str, str]:
+        """Run crictl against the node's CRI socket: (succeeded, its stdout, its stderr)."""
         s = self.settings
         process = await asyncio.create_subprocess_exec(
             s.crictl, "--runtime-endpoint", s.cri_endpoint, "--image-endpoint",
             s.cri_endpoint, *args, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-        _, err = await process.communicate()
-        return process.returncode == 0, err.decode(errors="replace").strip()
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await process.communicate()
+        return (process.returncode == 0, out.decode(errors="replace"),
+                err.decode(errors="replace").strip())
 
     async def _until_restored(self, request: RestoreRequest, names: set[str], *,
                               sealed: bool = False) -> tuple[Container, ...]:

@@ -26,7 +26,8 @@ wrapper. While the pages go over, podman holds the source container's lock: ``po
 ps`` and ``inspect`` on the source node wait until the transfer ends.
 
 What each failure leaves is stated where it is handled: :meth:`LazyDump.abort`,
-:meth:`LazyDump.finish`, :func:`restore_lazily`, :meth:`LazyRestore.finish`.
+:meth:`LazyDump.finish`, :func:`restore_lazily`, :meth:`LazyRestore.finish`; the process
+that dumps dying mid-way (a SIGKILLed agent) by :mod:`drivers.podman.lazy_watch`.
 """
 
 from __future__ import annotations
@@ -48,10 +49,18 @@ from drivers.podman.lazy_handoff import extract_images, with_request, write_hand
 from drivers.podman.lazy_logs import DumpLog, FetchLog, parse_dump_log, parse_fetch_log
 from drivers.podman.lazy_procs import hold_userfaultfds, let_go, page_server_pid, unlock_network
 from drivers.podman.lazy_runc import REQUEST, SOCKET, is_lazy_runtime
+from drivers.podman.lazy_watch import (
+    Watch,
+    adoptable,
+    start_target_watch,
+    start_watch,
+    verdict_path,
+)
 from drivers.podman.podman import PodmanNode, RuntimeFailed
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 DAEMON_LOG = "lazy-pages.log"
+PODMAN_ERR = "podman.stderr"  # what the source's podman checkpoint says, in its workdir
 #: A page-server command CRIU does not know (``struct page_server_iov`` of zeros): the
 #: one way to make a lazy transfer fail, and CRIU then roll the dump back.
 UNKNOWN_COMMAND = bytes(24)
@@ -105,10 +114,14 @@ class LazyDump:
     """The source's side, from the moment its page server listens."""
 
     def __init__(self, source: PodmanNode, name: str, bundle: Path, workdir: Path,
-                 handoff: Handoff, checkpoint: asyncio.subprocess.Process) -> None:
+                 handoff: Handoff, checkpoint: asyncio.subprocess.Process | None,
+                 watch: Watch | None = None) -> None:
         self.source, self.name, self.bundle, self.workdir = source, name, bundle, workdir
         self.handoff = handoff
-        self._checkpoint = checkpoint  # podman container checkpoint, in runc until the end
+        #: podman container checkpoint, in runc until the end; ``None``: an earlier agent's
+        #: dump, ended, that a daemon had taken over (:func:`start_lazy_dump` adopts it)
+        self._checkpoint = checkpoint
+        self._watch = watch  # what becomes of the source should this agent die first
 
     def dump_log(self) -> DumpLog:
         try:
@@ -123,6 +136,10 @@ class LazyDump:
     async def _ended(self, limit_seconds: float) -> tuple[int, str]:
         """podman's exit code and words once the dump is over; past ``limit_seconds``, the page
         server is killed first (CRIU's death lets the frozen tasks go on)."""
+        if self._checkpoint is None:  # adopted: CRIU's log says how it ended
+            log = self.dump_log()
+            ended = log.served_at is not None and not log.failed
+            return (0 if ended else 1), "the lazy dump of an agent that died before it ended"
         try:
             await asyncio.wait_for(asyncio.shield(self._checkpoint.wait()), limit_seconds)
         except TimeoutError:
@@ -130,7 +147,7 @@ class LazyDump:
             if pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-        words = await reap(self._checkpoint, limit_seconds)
+        words = await reap(self._checkpoint, limit_seconds, self.workdir / PODMAN_ERR)
         return self._checkpoint.returncode or 0, words
 
     async def abort(self, *, limit_seconds: float = 60.0) -> str:
@@ -185,9 +202,19 @@ class LazyDump:
         may run with some or all of the memory, and CRIU's end may have let the source go
         on from the moment it froze: it must not run beside that target, nor go back in
         time, so it is removed and :class:`LazyPagesLost` raised. Whether the workload
-        survives is then the target's to say (:meth:`LazyRestore.finish`)."""
+        survives is then the target's to say (:meth:`LazyRestore.finish`).
+
+        But if CRIU ended before any daemon reached its page server (it was killed, say),
+        no target can run: not one page left, and CRIU's death let the frozen source go
+        on with all its memory. The source is kept, the dump's files too, and
+        :class:`LazyDumpFailed` raised: :meth:`abort` then unlocks its network and says
+        whether it runs."""
         code, words = await self._ended(limit_seconds)
         log = self.dump_log()
+        if code != 0 and not log.connected:
+            raise LazyDumpFailed(f"{self.name}: the page server ended before any target's "
+                                 f"lazy-pages daemon reached it (podman: {words}); no page "
+                                 "left, and the source was kept")
         self._forget()
         await self.source.remove(self.name)
         if code != 0:
@@ -199,7 +226,10 @@ class LazyDump:
     def _forget(self) -> None:
         """Leave no request and no images behind: the handoff and the dump's own images
         hold a few plain pages (those CRIU does not serve lazily)."""
+        if self._watch is not None:
+            self._watch.dismiss()
         (self.bundle / REQUEST).unlink(missing_ok=True)
+        (self.bundle / REQUEST).with_suffix(".taken").unlink(missing_ok=True)
         shutil.rmtree(self.bundle / "checkpoint", ignore_errors=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -213,6 +243,7 @@ class LazyRestore:
         self.container_id = ""
         self.daemon = daemon  # criu lazy-pages
         self._held: list[int] = []  # its userfaultfds, duplicated (lazy_procs)
+        self._watch: Watch | None = None  # what becomes of it should this agent die
 
     def fetch_log(self) -> FetchLog:
         try:
@@ -241,6 +272,8 @@ class LazyRestore:
                 self.daemon.kill()
             code = await self.daemon.wait()
         log = self.fetch_log()
+        if self._watch is not None:
+            self._watch.dismiss()
         try:
             if code == 0 and log.complete:
                 shutil.rmtree(self.workdir, ignore_errors=True)
@@ -264,6 +297,13 @@ async def start_lazy_dump(source: PodmanNode, name: str, *, address: str, workdi
     listens), the source runs on as before: :class:`LazyDumpFailed`."""
     state = await inspect(source, name)
     status = ((state or {}).get("State") or {}).get("Status", "gone")
+    if state is not None and status != "running":
+        bundle = Path(state["StaticDir"])
+        if await asyncio.to_thread(adoptable, bundle, workdir / "runc.pid") is not None:
+            # This capture's own dump, started by an agent that died after a target's
+            # daemon took the page server (lazy_watch): it ended; adopt it.
+            served = Handoff(workdir / "handoff.tar", address, 0)
+            return LazyDump(source, name, bundle, workdir, served, None)
     if state is None or status != "running":
         raise LazyDumpFailed(f"{name} is {status}, not running, on {source.root}")
     refusal = await asyncio.to_thread(lazy_dump_refusal)
@@ -280,12 +320,18 @@ async def start_lazy_dump(source: PodmanNode, name: str, *, address: str, workdi
     try:
         checkpoint = await spawn_podman(source, "container", "checkpoint", name, "--export",
                                         str(workdir / "served.tar"), "--compress", "none",
-                                        "--keep")
+                                        "--keep", stderr=workdir / PODMAN_ERR)
     except OSError:
         os.close(reader)
         (bundle / REQUEST).unlink(missing_ok=True)
         raise
-    dump = LazyDump(source, name, bundle, workdir, handoff, checkpoint)
+    try:
+        watch: Watch | None = await start_watch(
+            bundle=bundle, serve=f"{address}:{handoff.port}", podman_pid=checkpoint.pid,
+            inspect=[*source.base_args(), "container", "inspect", name])
+    except OSError:
+        watch = None  # the dump goes on: only an agent's death would find no one watching
+    dump = LazyDump(source, name, bundle, workdir, handoff, checkpoint, watch)
     try:
         ready = await asyncio.wait_for(_first_byte(reader), limit_seconds)
     except TimeoutError:
@@ -387,6 +433,11 @@ async def restore_lazily(target: PodmanNode, handoff: Handoff, name: str, *, wor
     lazy.container_id = out.strip().splitlines()[-1] if out.strip() else ""
     with contextlib.suppress(OSError):  # the daemon is gone already: finish() removes it
         lazy.hold()
+    with contextlib.suppress(OSError):  # only an agent's death would find no one watching
+        lazy._watch = await start_target_watch(
+            daemon_pid=daemon.pid, log=workdir / "daemon" / DAEMON_LOG, page_size=PAGE_SIZE,
+            verdict=verdict_path(workdir),
+            remove=[*target.base_args(), "rm", "--force", "--ignore", "--time", "0", name])
     return lazy
 
 
@@ -467,24 +518,34 @@ async def inspect(node: PodmanNode, name: str) -> dict[str, Any] | None:
     return dict(raw[0]) if raw else None
 
 
-async def spawn_podman(node: PodmanNode, *args: str) -> asyncio.subprocess.Process:
-    """``podman <args>`` on ``node``, left running (:meth:`PodmanNode.run` waits)."""
+async def spawn_podman(node: PodmanNode, *args: str,
+                       stderr: Path) -> asyncio.subprocess.Process:
+    """``podman <args>`` on ``node``, left running (:meth:`PodmanNode.run` waits); its
+    stderr goes to the file ``stderr``, its stdout nowhere: no pipe to this process, so
+    it ends its work should this process die first (with its pipes' reader gone, podman
+    would die of its last words)."""
     env = dict(os.environ)
     criu = os.environ.get("CONTROLPLANE_CRIU")
     if criu:  # as PodmanNode.run: the CRIU that works here, first on runc's PATH
         env["PATH"] = f"{Path(criu).parent}:{env.get('PATH', '')}"
-    return await asyncio.create_subprocess_exec(
-        *node.base_args(), *args, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    with stderr.open("wb") as err:
+        return await asyncio.create_subprocess_exec(
+            *node.base_args(), *args, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=err, env=env)
 
 
-async def reap(proc: asyncio.subprocess.Process, limit_seconds: float) -> str:
-    """Wait for ``proc`` (killed after ``limit_seconds``); the end of what it said on stderr."""
+async def reap(proc: asyncio.subprocess.Process, limit_seconds: float, stderr: Path) -> str:
+    """Wait for ``proc`` (killed after ``limit_seconds``); the end of what it said on
+    stderr (the file ``stderr``)."""
     try:
-        _, err = await asyncio.wait_for(proc.communicate(), limit_seconds)
+        await asyncio.wait_for(proc.wait(), limit_seconds)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
-        _, err = await proc.communicate()
-    lines = [line for line in (err or b"").decode(errors="replace").splitlines() if line]
+        await proc.wait()
+    try:
+        err = await asyncio.to_thread(stderr.read_bytes)
+    except OSError:
+        err = b""
+    lines = [line for line in err.decode(errors="replace").splitlines() if line]
     return " | ".join(lines[-3:]) or "(no message)"

@@ -64,6 +64,10 @@ class ContainerState:
     checkpointed: bool  # stopped by a checkpoint, not by its own exit
     image: str
     image_id: str
+    #: A dump ``--keep`` left beside it (``userdata/checkpoint``). Also there when the
+    #: checkpoint failed after CRIU stopped the process (its ``--export`` could not be
+    #: written): podman then does not say ``checkpointed``, yet restores it in place.
+    kept_dump: bool = False
 
     @property
     def running(self) -> bool:
@@ -252,7 +256,9 @@ def _state(item: dict[str, Any]) -> ContainerState:
         finished_at=str(state.get("FinishedAt") or ""),
         checkpointed=bool(state.get("Checkpointed")),
         image=str(item.get("ImageName") or (item.get("Config") or {}).get("Image") or ""),
-        image_id=str(item.get("Image") or ""))
+        image_id=str(item.get("Image") or ""),
+        kept_dump=bool(item.get("StaticDir"))
+        and (Path(str(item["StaticDir"])) / "checkpoint" / "inventory.img").is_file())
 
 
 def _last_lines(err: bytes, count: int = 3) -> str:

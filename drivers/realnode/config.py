@@ -25,6 +25,9 @@ HOST_SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops",
                 "net.ipv4.ip_forward")
 
 
+#: A unix socket's path holds at most 107 bytes (``sun_path`` is 108, with the NUL).
+SOCKET_PATH_MAX = 107
+
 @dataclass(frozen=True)
 class NodeSettings:
     """One node of a world: where its state lives and what it listens on."""
@@ -77,6 +80,12 @@ class NodeSettings:
     @property
     def kubelet_root(self) -> Path:
         return self.folder / "kubelet"
+
+    @property
+    def longest_socket(self) -> Path:
+        """The longest unix socket path the kubelet binds under its root (the
+        pod-resources endpoint's, a 10-digit name): it must fit :data:`SOCKET_PATH_MAX`."""
+        return self.kubelet_root / "pod-resources" / ("0" * 10)
 
     @property
     def pod_logs(self) -> Path:

@@ -114,8 +114,9 @@ def push_blob(registry: str, repository: str, blob: Blob) -> None:
 
 def push_image(registry: str, repository: str, tag: str, layers: Sequence[Blob], *,
                config: Mapping[str, Any] | None = None,
-               annotations: Mapping[str, str] | None = None) -> str:
-    """Push the layers (uncompressed tars), a config and the manifest; the reference."""
+               annotations: Mapping[str, str] | None = None, pinned: bool = False) -> str:
+    """Push the layers (uncompressed tars), a config and the manifest; the reference (by
+    tag, or by the manifest's digest when ``pinned``)."""
     image_config = {"architecture": "amd64", "os": "linux", "config": dict(config or {}),
                     "rootfs": {"type": "layers", "diff_ids": [b.digest for b in layers]},
                     "history": [{"created_by": "controlplane drivers.realnode"}
@@ -129,9 +130,19 @@ def push_image(registry: str, repository: str, tag: str, layers: Sequence[Blob],
         "layers": [{"mediaType": LAYER, "digest": b.digest, "size": b.size} for b in layers]}
     if annotations:
         manifest["annotations"] = dict(annotations)
+    body = json.dumps(manifest).encode()
     _request("PUT", f"http://{registry}/v2/{repository}/manifests/{tag}",
-             body=json.dumps(manifest).encode(), headers={"Content-Type": MANIFEST})
+             body=body, headers={"Content-Type": MANIFEST})
+    if pinned:
+        return f"{registry}/{repository}@sha256:{hashlib.sha256(body).hexdigest()}"
     return f"{registry}/{repository}:{tag}"
+
+
+def delete_image(ref: str) -> None:
+    """Delete the manifest ``registry/repository@sha256:...`` from the registry."""
+    name, _, digest = ref.partition("@")
+    registry, _, repository = name.partition("/")
+    _request("DELETE", f"http://{registry}/v2/{repository}/manifests/{digest}")
 
 
 def push_pause_image(registry: str, pause: Path) -> str:
@@ -152,7 +163,7 @@ def push_busybox_image(registry: str) -> str:
 
 
 def push_checkpoint_image(registry: str, archive: Path, *, container: str,
-                          repository: str, tag: str) -> str:
+                          repository: str, tag: str, pinned: bool = False) -> str:
     """The kubelet's checkpoint archive as a checkpoint image CRI-O restores from."""
     return push_image(registry, repository, tag, [blob_of_file(archive)],
-                      annotations={CHECKPOINT_NAME: container})
+                      annotations={CHECKPOINT_NAME: container}, pinned=pinned)

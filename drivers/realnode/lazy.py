@@ -1,9 +1,9 @@
 """Post-copy (CRIU lazy pages) of a kubelet-managed container between real CRI-O nodes.
 
-The driver-level building block; the agent does not drive it yet (issue 35). Called by
-``tests/realnode/test_lazy_realnode.py``. Both nodes' CRI-O run runc through
-:mod:`drivers.realnode.runc_wrapper`, which hands lazy calls to
-:mod:`drivers.podman.lazy_runc`.
+The driver-level building block. Called by the kubelet dumper's lazy capability
+(:mod:`drivers.agent.kubelet_lazy`) and ``tests/realnode/test_lazy_realnode.py``. Both
+nodes' CRI-O run runc through :mod:`drivers.realnode.runc_wrapper`, which hands lazy calls
+to :mod:`drivers.podman.lazy_runc`.
 
 - Source: :func:`request_lazy_dump` drops a request into the container's directory
   (CRI-O's ``--work-path``); the caller then asks the kubelet's checkpoint API, and
@@ -90,21 +90,36 @@ class LazyDump:
                  reader: int) -> None:
         self.directory, self.workdir = directory, workdir
         self.address, self.port = address, port
-        self._reader = reader  # the FIFO runc's status byte comes through
+        self._reader: int | None = reader  # the FIFO runc's status byte comes through
+        self._listening = False
+
+    def listening(self) -> bool:
+        """Whether CRIU wrote every image but the memory and its page server listens
+        (runc's status byte has come); does not wait."""
+        if self._listening or self._reader is None:
+            return self._listening
+        with contextlib.suppress(BlockingIOError):
+            if os.read(self._reader, 1):  # b"" before runc opened it, too
+                self._listening = True
+                self._close_reader()
+        return self._listening
 
     def wait_listening(self, *, limit_seconds: float) -> bool:
-        """Whether CRIU wrote every image but the memory and its page server listens
-        (runc's status byte) within ``limit_seconds``."""
+        """Whether the page server listens (:meth:`listening`) within ``limit_seconds``."""
         deadline = time.monotonic() + limit_seconds
         try:
             while time.monotonic() < deadline:
-                with contextlib.suppress(BlockingIOError):
-                    if os.read(self._reader, 1):  # b"" before runc opened it, too
-                        return True
+                if self.listening():
+                    return True
                 time.sleep(0.01)
             return False
         finally:
-            os.close(self._reader)
+            self._close_reader()
+
+    def _close_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            os.close(reader)
 
     def page_server_pid(self) -> int | None:
         """The CRIU serving the pages (runc's ``criu`` child), while it runs."""
@@ -172,6 +187,7 @@ class LazyDump:
             return False
 
     def forget(self) -> None:
+        self._close_reader()
         (self.directory / LAZY_REQUEST).unlink(missing_ok=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -242,6 +258,11 @@ class LazyFetch:
             return FetchLog()
         return parse_fetch_log(text, page_size=PAGE_SIZE)
 
+    def handed_over(self) -> tuple[int, int]:
+        """(pages received, pages expected) of the tasks handed over
+        (:func:`handed_over_pages`)."""
+        return handed_over_pages(self._log_text())
+
     def _log_text(self) -> str:
         try:
             return (self.workdir / "lazy-pages.log").read_text(errors="replace")
@@ -268,6 +289,31 @@ class LazyFetch:
             self.daemon.kill()
             self.daemon.wait()
         self.registration.unlink(missing_ok=True)
+
+
+def handed_over_pages(log: str) -> tuple[int, int]:
+    """(pages received, pages expected) of the tasks the restore handed to a ``criu
+    lazy-pages -v4`` daemon: each task's last ``UFFD transferred pages: (N/M)``, all M of a
+    task that exited (it needs none any more). Children forked during the transfer are left
+    out: their copies of pages their parent already had would count twice. Pure."""
+    expected: dict[tuple[str, str], int] = {}
+    received: dict[tuple[str, str], int] = {}
+    exited: set[tuple[str, str]] = set()
+    for line in log.splitlines():
+        found = _TASK.search(line)
+        if not found:
+            continue
+        task = (found.group(1), found.group(2).lstrip("-"))
+        message = found.group(3)
+        if message.startswith("Found ") and "handled by UFFD" in message:
+            expected[task] = int(message.split()[1])
+        elif message == "EXIT":
+            exited.add(task)
+        elif count := _DONE.search(message):
+            received[task] = int(count.group(1))
+    got = sum(m if task in exited else min(received.get(task, 0), m)
+              for task, m in expected.items())
+    return got, sum(expected.values())
 
 
 def every_task_fetched(log: str) -> bool:

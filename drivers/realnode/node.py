@@ -89,6 +89,11 @@ class RealNode:
 
     def write_files(self) -> None:
         s = self.settings
+        longest = len(str(s.longest_socket).encode())
+        if longest > config.SOCKET_PATH_MAX:
+            raise NodeFailed(f"{s.name}: the node's folder {s.folder} is too deep for the "
+                             f"kubelet's unix sockets ({longest} bytes, at most "
+                             f"{config.SOCKET_PATH_MAX}); give the node a shorter folder")
         for folder in (s.folder, s.crio_conf_dir, s.cni_conf_dir, s.kubelet_root, s.pod_logs,
                        s.folder / "crio" / "tmp", s.folder / "upper" / "lib",
                        s.folder / "upper" / "log", s.folder / "work" / "lib",

@@ -18,8 +18,10 @@ flags. CRI-O passes runc nothing else of ours, so a restore learns it from the c
 image: CRI-O copies its ``checkpoint/`` folder to runc's ``--image-path``, and a
 :data:`LAZY_IMAGES` file there (``{"serve": "ADDR:PORT"}``: the images lack the memory)
 becomes a request to fetch from the ``criu lazy-pages`` daemon registered for that page
-server beside runc's root (:func:`lazy_fetches`). With none registered the restore fails:
-restoring those images without their memory would not be the same process.
+server beside runc's root (:func:`lazy_fetches`). With none registered within
+:data:`REGISTRATION_WAIT` seconds (the agent starts the daemon as the kubelet starts the
+restore) the restore fails: restoring those images without their memory would not be the
+same process.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,8 @@ EDITED = ("create", "run", "restore")
 GLOBAL_WITH_VALUE = ("--root", "--log", "--log-format", "--criu", "--rootless")
 LAZY_IMAGES = "lazy-pages.json"  # in a checkpoint's images: their memory is served lazily
 LAZY_REQUEST = "lazy-pages.json"  # in runc's work path: drivers.podman.lazy_runc.REQUEST
+#: Seconds a lazy restore waits for its daemon's registration before it fails.
+REGISTRATION_WAIT = 15.0
 LAZY_RUNC = Path(__file__).resolve().parents[1] / "podman" / "lazy_runc.py"
 
 
@@ -92,9 +97,10 @@ def lazy_fetches(runc_root: str | Path) -> Path:
     return Path(runc_root).parent / "lazy-pages"
 
 
-def request_lazy_restore(argv: list[str]) -> None:
+def request_lazy_restore(argv: list[str], *, wait_seconds: float = REGISTRATION_WAIT) -> None:
     """For a restore from images without memory, the work path's request to fetch it from
-    the registered daemon; :class:`SystemExit` (the restore fails) when none is."""
+    the registered daemon; :class:`SystemExit` (the restore fails) when none is within
+    ``wait_seconds``."""
     images, work, root = (option(argv, "--image-path"), option(argv, "--work-path"),
                           option(argv, "--root"))
     marker = Path(images) / LAZY_IMAGES if images else None
@@ -102,6 +108,11 @@ def request_lazy_restore(argv: list[str]) -> None:
         return
     serve = json.loads(marker.read_text())["serve"]
     socket = lazy_fetches(root or "/run/runc") / f"{serve}.socket"
+    # The node's agent registers the daemon once it sees the pod bound here, as the
+    # kubelet starts the restore: give it a moment rather than fail the race.
+    deadline = time.monotonic() + wait_seconds
+    while work is not None and not socket.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     if work is None or not socket.exists():
         raise SystemExit(f"these checkpoint images lack their memory (served by {serve}) and "
                          f"no lazy-pages daemon is registered at {socket}: not restored")

@@ -52,11 +52,12 @@ class FailingPushes:
         raise RegistryServerError(READ_ONLY, status=503)
 
 
-async def test_a_failed_push_after_the_handoff_reports_failed_and_releases_the_workload(
+async def test_a_failed_push_after_the_handoff_holds_the_workload_until_withdrawn(
         tmp_path: Path) -> None:
     """The target restored from the stream; the push then fails: the capture is
     ``Failed`` with the registry's reason, the delivered offer is closed (a second fetch
-    is refused), and the source is released (thawed) like any failed capture."""
+    is refused), and the quiesced source stays held — the target runs it — until the
+    request is withdrawn (the control plane removes the target first): never two copies."""
     async with handoff_world(tmp_path) as w:
         go = asyncio.Event()
         w.agents["node-1"].registry = FailingPushes(  # type: ignore[assignment]
@@ -71,14 +72,19 @@ async def test_a_failed_push_after_the_handoff_reports_failed_and_releases_the_w
 
         go.set()
         assert await w.report(NS, "app", "Pushed", "Failed") == "Failed"
-        assert w.annotations(NS, "app")[protocol.REPORT_REASON] == (
-            f"RegistryServerError: {READ_ONLY}")
-        await w.cluster.wait_for(lambda: FROZEN not in w.annotations(NS, "app"),
-                                 what="the source released after the failed push")
+        reason = w.annotations(NS, "app")[protocol.REPORT_REASON]
+        assert reason.startswith(f"RegistryServerError: {READ_ONLY} (handed to another "
+                                 "node, which may run it: the workload stays stopped"), reason
+        await w.agents["node-1"].idle()
+        assert w.annotations(NS, "app")[FROZEN] == "ck-p"  # held: the target runs it
         assert protocol.INSTANCE_ID in w.annotations(NS, "app-r")  # the target keeps it
         restore_pod(w, "app-r2", "ck-p")
         failure = (await restored(w, "app-r2"))[protocol.RESTORE_FAILURE]
         assert "withdrawn by the source agent: delivered" in failure
+
+        w.withdraw(NS, "app")
+        await w.cluster.wait_for(lambda: FROZEN not in w.annotations(NS, "app"),
+                                 what="the source released once the request is withdrawn")
 
 
 async def test_a_push_failing_before_the_target_fetched_withdraws_the_offer_with_its_reason(
@@ -245,3 +251,28 @@ async def test_an_offer_not_fetched_by_the_capture_deadline_is_withdrawn_pushed_
         failure = (await restored(w, "app-r"))[protocol.RESTORE_FAILURE]
         assert "withdrawn by the source agent: Timeout: the capture deadline (2s) passed " \
                "before node-2 fetched the checkpoint" in failure
+
+
+async def test_a_handed_off_capture_an_earlier_agent_left_unfinished_is_held_not_redone(
+        tmp_path: Path) -> None:
+    """An agent killed after it offered a quiesced capture (the pod says ``Capturing`` and
+    carries its ``report-handoff``): the agent that starts next cannot know whether the
+    target took the stream and runs it. It neither captures again nor wakes the workload:
+    ``Failed: AgentRestarted``, held until the request is withdrawn."""
+    async with handoff_world(tmp_path) as w:
+        await source(w)
+        offer = protocol.HandoffReport("ck-o", "127.0.0.1:1", {"main": "sha256:" + "0" * 64})
+        w.annotate(NS, "app", {  # what the killed agent left, the request as the first sight
+            FROZEN: "ck-o", protocol.REPORT_CHECKPOINT_ID: "ck-o",
+            protocol.REPORT_STATE: "Capturing", **offer.annotation()})
+        capture_with_handoff(w, "ck-o")
+        assert await w.report(NS, "app", "Pushed", "Failed") == "Failed"
+        reason = w.annotations(NS, "app")[protocol.REPORT_REASON]
+        assert reason.startswith("AgentRestarted: the agent on node-1 restarted while "
+                                 "checkpoint ck-o was handed to another node"), reason
+        await w.agents["node-1"].idle()
+        assert w.agents["node-1"].stats.captures == 0  # nothing dumped again
+        assert w.annotations(NS, "app")[FROZEN] == "ck-o"  # held
+        w.withdraw(NS, "app")
+        await w.cluster.wait_for(lambda: FROZEN not in w.annotations(NS, "app"),
+                                 what="the source released once the request is withdrawn")

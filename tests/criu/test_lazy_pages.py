@@ -5,9 +5,10 @@ The counter (:mod:`drivers.podman.workload`) keeps 64 MiB of patterned pages, re
 restore touches all its memory: the pages must really arrive. Each test pins what a
 step leaves behind: a finished migration continues the source's count on the target with
 no repeat and no gap, every page intact, the source gone; a target that cannot restore,
-or a page server killed before any target came, leaves the source running on in place,
-its network unlocked; a page server killed while the target runs loses the workload, the
-target never computing on missing pages, and no copy runs at all.
+or a page server or the process that dumps killed before any target came, leaves the
+source running on in place, its network unlocked; a page server killed while the target
+runs loses the workload, the target never computing on missing pages, and no copy runs
+at all, also when the process that restored was killed first.
 
 Two node roots (:class:`PodmanNode` with the lazy runtime) share this host; the image is
 built on one and copied to the other (``podman save``/``load``: same image ID, no
@@ -21,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +50,7 @@ from drivers.podman.lazy_checks import (
     lazy_pages_available,
 )
 from drivers.podman.lazy_runc import install_runtime
+from drivers.podman.lazy_watch import WATCH_LOG, verdict_path
 from drivers.podman.workload import Tick, build_rootfs, command, parse_ticks, ticked_since
 from tests.criu.pipe_limit import pipe_limit_raised
 from tests.criu.world import require_runtime
@@ -58,6 +62,7 @@ IMAGE = "localhost/workloads/counter:v1"
 MIB = 64
 DIRTY = 4  # MiB rewritten per second
 ADDRESS = "127.0.0.1"
+ROOT = Path(__file__).resolve().parents[2]
 _names = itertools.count()
 
 
@@ -224,6 +229,65 @@ async def test_a_page_server_killed_before_any_target_leaves_the_source_running_
         await a.remove(name)
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError as exc:
+        return str(exc)
+
+
+#: The process that dumps, as an agent would, until it is killed: prints ``listening``
+#: once the page server listens.
+_DUMPER = """
+import asyncio, sys
+from pathlib import Path
+from drivers.podman import PodmanNode
+from drivers.podman.lazy import start_lazy_dump
+
+async def main():
+    node = PodmanNode(Path(sys.argv[1]), runtime=sys.argv[2])
+    await start_lazy_dump(node, sys.argv[3], address=sys.argv[4], workdir=Path(sys.argv[5]))
+    print("listening", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_dump_whose_process_dies_before_any_target_came_is_rolled_back(
+        nodes: tuple[PodmanNode, PodmanNode], tmp_path: Path) -> None:
+    """The process that dumps (an agent) SIGKILLed while its page server waits for a
+    target: the dump's watchdog (:mod:`drivers.podman.lazy_watch`) rolls it back — the
+    same process counts on with every page, its network unlocked — instead of leaving it
+    frozen and podman's lock held for good."""
+    a, _ = nodes
+    name = _name("orphan")
+    try:
+        before = await _counting(a, name)
+        dumper = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _DUMPER, str(a.root), a.runtime, name, ADDRESS,
+            str(tmp_path / "dump"), stdout=asyncio.subprocess.PIPE,
+            cwd=ROOT)
+        assert dumper.stdout is not None
+        line = await asyncio.wait_for(dumper.stdout.readline(), 120)
+        assert line.strip() == b"listening"
+        dumper.kill()
+        await dumper.wait()
+        ticks = await _ticks_after(a, name, time.time())  # it runs again, by itself
+        raw = await a.run("container", "inspect", "--format", "{{.State.Pid}}", name)
+        bundle = Path((await a.run("container", "inspect", "--format", "{{.StaticDir}}",
+                                   name)).strip())
+        await eventually(lambda: not _network_locked(int(raw.strip())), limit_seconds=60,
+                         what=f"{name}'s network unlocked",
+                         describe=lambda: _read(bundle / WATCH_LOG))
+        assert ticks[:len(before)] == before
+        counts = [t.count for t in ticks]
+        assert counts == list(range(1, len(counts) + 1)), counts
+        assert all(t.ok for t in ticks)
+    finally:
+        await a.remove(name)
+
+
 class WithholdingRelay:
     """A TCP relay between the target's daemon and the page server that passes the
     daemon's requests but only the first ``budget`` bytes of the answers (enough for the
@@ -310,6 +374,75 @@ async def test_a_page_server_killed_while_the_target_runs_loses_the_workload_and
         _release(dump)
         await b.remove(moved)
         await a.remove(name)
+
+
+#: The process that restores, as an agent would, until it is killed: prints ``running``
+#: once the container runs (its pages still to come).
+_RESTORER = """
+import asyncio, sys
+from pathlib import Path
+from drivers.podman import PodmanNode
+from drivers.podman.lazy import Handoff, restore_lazily
+
+async def main():
+    node = PodmanNode(Path(sys.argv[1]), runtime=sys.argv[2])
+    handoff = Handoff(Path(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
+    await restore_lazily(node, handoff, sys.argv[6], workdir=Path(sys.argv[7]))
+    print("running", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_pages_lost_while_no_process_watched_them_remove_the_target(
+        nodes: tuple[PodmanNode, PodmanNode], tmp_path: Path) -> None:
+    """The process that restored (an agent) SIGKILLed while the target runs with pages to
+    come, then the page server killed: the restore's watchdog, which held the tasks'
+    faults, removes the target (it never computes on missing memory) and leaves a
+    verdict saying the pages were lost; the source, whose transfer had begun, is lost
+    too: nothing runs."""
+    a, b = nodes
+    name, moved = _name("unwatched"), _name("unwatched-half")
+    workdir = tmp_path / "target"
+    await _counting(a, name, at_least=3)
+    dump = await start_lazy_dump(a, name, address=ADDRESS, workdir=tmp_path / "source")
+    try:
+        async with WithholdingRelay(dump.handoff, budget=1 << 20) as relay:
+            restorer = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", _RESTORER, str(b.root), b.runtime,
+                str(dump.handoff.archive), ADDRESS, str(relay.port), moved, str(workdir),
+                stdout=asyncio.subprocess.PIPE, cwd=ROOT)
+            assert restorer.stdout is not None
+            line = await asyncio.wait_for(restorer.stdout.readline(), 120)
+            assert line.strip() == b"running"
+            await eventually(lambda: relay.withheld > 0, limit_seconds=60,
+                             what="the daemon to ask for pages the relay withholds")
+            restorer.kill()
+            await restorer.wait()
+            server = dump.page_server_pid()
+            assert server is not None
+            os.kill(server, signal.SIGKILL)
+            verdict = await eventually(lambda: _verdict(verdict_path(workdir)),
+                                       limit_seconds=120, what="the watchdog's verdict")
+            assert verdict is not None
+            assert "lost" in verdict, verdict
+            assert await b.state(moved) is None
+        with pytest.raises(LazyPagesLost):
+            await dump.finish(limit_seconds=120)
+        assert await a.state(name) is None
+    finally:
+        _release(dump)
+        await b.remove(moved)
+        await a.remove(name)
+
+
+def _verdict(path: Path) -> dict[str, object] | None:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) and not found.get("pending") else None
 
 
 def test_pre_copy_is_refused_here_for_want_of_soft_dirty_tracking() -> None:

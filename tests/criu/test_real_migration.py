@@ -43,7 +43,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CriuWorld]:
 def _ticking(w: CriuWorld, name: str, node: str, at_least: int = 5) -> list[Tick]:
     pod = w.make_counter(name, node, mib=MIB)
     return wait_for(lambda: t if len(t := w.ticks(pod)) >= at_least else None,
-                    f"{name} to tick {at_least} times")
+                    f"{name} to tick {at_least} times", every=0.25)
 
 
 def _resumed(w: CriuWorld, name: str, node: str, before: list[Tick],
@@ -54,7 +54,7 @@ def _resumed(w: CriuWorld, name: str, node: str, before: list[Tick],
     no count repeats."""
     moved = wait_running_on(w, name, node)
     ticks = wait_for(lambda: t if ticked_since(t := w.ticks(moved), since) else None,
-                     f"{name} on {node} to count on")
+                     f"{name} on {node} to count on", every=0.25)
     resumed(ticks, before, quiesced=True)
     return ticks
 
@@ -161,7 +161,7 @@ def test_a_push_cut_mid_way_fails_the_suspend_and_the_process_runs_on(
     # The quiesced container was resumed in place: the same log counts on, no gap, no repeat.
     ended = time.time()
     ticks = wait_for(lambda: t if ticked_since(t := w.ticks(still), ended) else None,
-                     f"{name} to count on after the failed suspend")
+                     f"{name} to count on after the failed suspend", every=0.25)
     resumed(ticks, before, quiesced=True)
 
 
@@ -264,7 +264,7 @@ def test_sealed_checkpoints_leave_no_plain_text_at_rest(world: CriuWorld) -> Non
 def _ticking_seeded(w: CriuWorld, name: str, node: str) -> list[Tick]:
     pod = w.make_counter(name, node, mib=MIB, seed=SEED)
     return wait_for(lambda: t if len(t := w.ticks(pod)) >= 5 else None,
-                    f"{name} to tick 5 times")
+                    f"{name} to tick 5 times", every=0.25)
 
 
 def test_a_streamed_migration_restores_before_the_source_goes_with_no_repeat(
@@ -289,7 +289,7 @@ def test_a_streamed_migration_restores_before_the_source_goes_with_no_repeat(
     notes = moved["metadata"]["annotations"]
     assert json.loads(notes[protocol.RESTORED_FROM_HANDOFF])["checkpoint"] == operation
     ticks = wait_for(lambda: t if ticked_since(t := w.ticks(moved), ended) else None,
-                     f"{name} on node-2 to count on")
+                     f"{name} on node-2 to count on", every=0.25)
     resumed(ticks, before, quiesced=True)  # no count repeated, none skipped, pages intact
     assert _pod_containers(w, "node-1", source["metadata"]["uid"]) == []  # the source is gone
 
@@ -308,7 +308,7 @@ def test_a_lazy_migration_runs_the_target_first_and_deletes_the_source_after_eve
     with pipe_limit_raised():  # CRIU's page server grows a 4 MiB pipe
         pod = w.make_counter(name, "node-1", mib=LAZY_MIB, dirty_mib_per_s=4)
         before = wait_for(lambda: t if len(t := w.ticks(pod)) >= 5 else None,
-                          f"{name} to tick 5 times")
+                          f"{name} to tick 5 times", every=0.25)
         source = w.kube.pod(w.namespace, name)
         assert source is not None
         done = w.cpctl("migrate", f"{w.namespace}/{name}", "--to", "node-2", "--repository",
@@ -328,7 +328,7 @@ def test_a_lazy_migration_runs_the_target_first_and_deletes_the_source_after_eve
     notes = moved["metadata"]["annotations"]
     assert json.loads(notes[protocol.RESTORED_FROM_HANDOFF])["checkpoint"] == operation
     ticks = wait_for(lambda: t if ticked_since(t := w.ticks(moved), ended) else None,
-                     f"{name} on node-2 to count on")
+                     f"{name} on node-2 to count on", every=0.25)
     found = resumed(ticks, before, quiesced=True)  # no repeat, no gap, every page intact
     print(f"lazy migration of {LAZY_MIB} MiB (4 MiB/s rewritten): downtime {found.downtime:.2f}s, "
           f"{pages['pages']} pages, source frozen -> last page {pages.get('seconds')}s")

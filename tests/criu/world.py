@@ -56,6 +56,7 @@ from tests.support.envtest import (
     start_kubelet_role,
 )
 from tests.support.pump import pump_to_file
+from tests.support.stopping import stop_processes
 from tests.support.waiting import wait_for
 
 NODES = ("node-1", "node-2", "node-3")
@@ -78,6 +79,7 @@ class CriuWorld(World):
     image: str = ""
     runtime_root: Path = field(default_factory=Path)
     keys: Path = field(default_factory=Path)
+    killed: list[subprocess.Popen[str]] = field(default_factory=list)
 
     @property
     def classes_file(self) -> Path:
@@ -87,9 +89,11 @@ class CriuWorld(World):
         """The flags of a verb using the sealed class."""
         return ["--class", "sealed", "--classes-file", str(self.classes_file)]
 
-    def streamed(self) -> list[str]:
-        """The flags of a migration whose class streams between agents (plain layers)."""
-        return ["--class", "streamed", "--classes-file", str(self.classes_file)]
+    def streamed(self, *, relayed: bool = False) -> list[str]:
+        """The flags of a migration whose class streams between agents (plain layers);
+        ``relayed``: its registry copy goes through :attr:`relay`."""
+        return ["--class", "streamed-relayed" if relayed else "streamed",
+                "--classes-file", str(self.classes_file)]
 
     @property
     def repository(self) -> str:
@@ -113,6 +117,36 @@ class CriuWorld(World):
 
     def _pump(self, name: str, proc: subprocess.Popen[str]) -> None:
         pump_to_file(proc, self.tmp / f"{name}.stdout", name)
+
+    def start_agent(self, node: str, *, workdir: Path | None = None) -> None:
+        """Start (or start again) ``node``'s agent; returns once it serves."""
+        name = f"agent-{node}"
+        agent = self.start(name, "drivers.agent", "--node", node,
+                           "--kubeconfig", str(self.kubeconfig), "--dumper", "criu",
+                           "--runtime-root", str(self.runtime_root),
+                           "--workdir", str(workdir or self.tmp / "work" / node),
+                           "--signing-key", str(self.keys / "signing.pem"),
+                           "--trusted-key", str(self.keys / "signing.pub"),
+                           "--handoff-key", str(self.keys / "handoff.key"),
+                           "--handoff-listen", "127.0.0.1:0")
+        assert agent.stdout is not None
+        assert agent.stdout.readline(), self.stderr(name)
+        self._pump(name, agent)
+
+    def start_worker(self) -> None:
+        self.start("worker", "controlplane.cli.main", "--db", self.db, "worker",
+                   "--poll-seconds", "0.05", "--trusted-key", str(self.keys / "signing.pub"),
+                   # a killed worker's leases lapse soon: the next one takes them over
+                   "--lease-seconds", "6", *self.cluster_args())
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a process of the world (``worker``, ``agent-node-1``...) and reap it:
+        what a node's OOM killer or a lost machine does. Start it again with
+        :meth:`start_agent` / :meth:`start_worker`."""
+        proc = self.procs.pop(name)
+        proc.kill()
+        proc.wait(30)
+        self.killed.append(proc)
 
     def node(self, name: str) -> PodmanNode:
         return PodmanNode(self.runtime_root / name)
@@ -140,7 +174,11 @@ class CriuWorld(World):
 class CuttingRelay:
     """A TCP relay to the registry that, while :attr:`cutting`, drops every connection
     once it has carried ``limit`` bytes towards the registry: the registry going away in
-    the middle of a push (small requests, a manifest check, still pass)."""
+    the middle of a push (small requests, a manifest check, still pass). Between
+    :meth:`hold` and :meth:`release` such a connection waits there instead: a push that
+    has begun and cannot end, for as long as a test needs it. While
+    :attr:`cutting_pulls`, a connection is dropped once ``limit`` bytes came back from
+    the registry: the registry going away in the middle of a pull."""
 
     def __init__(self, upstream: str, *, limit: int = 256 * 1024) -> None:
         host, port = upstream.rsplit(":", 1)
@@ -148,6 +186,11 @@ class CuttingRelay:
         self.limit = limit
         self.cutting = False
         self.cuts = 0
+        self.cutting_pulls = False
+        self.pull_cuts = 0
+        self.held = 0  # connections that waited at the limit
+        self._open = threading.Event()
+        self._open.set()
         self._server = socket.create_server(("127.0.0.1", 0))
         self.host = f"127.0.0.1:{self._server.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True, name="relay").start()
@@ -162,7 +205,7 @@ class CuttingRelay:
 
     def _serve(self, client: socket.socket) -> None:
         with client, socket.create_connection(self.upstream) as server:
-            sent = [0]
+            sent, received = [0], [0]
 
             def pump(src: socket.socket, dst: socket.socket, upload: bool) -> None:
                 with contextlib.suppress(OSError):
@@ -171,6 +214,14 @@ class CuttingRelay:
                             sent[0] += len(data)
                             if self.cutting and sent[0] > self.limit:
                                 self.cuts += 1
+                                break
+                            if sent[0] > self.limit and not self._open.is_set():
+                                self.held += 1
+                                self._open.wait()
+                        else:
+                            received[0] += len(data)
+                            if self.cutting_pulls and received[0] > self.limit:
+                                self.pull_cuts += 1
                                 break
                         dst.sendall(data)
                 for sock in (src, dst):
@@ -182,7 +233,14 @@ class CuttingRelay:
             pump(client, server, True)
             back.join(30)
 
+    def hold(self) -> None:
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
     def close(self) -> None:
+        self.release()
         self._server.close()
 
 
@@ -216,6 +274,10 @@ def _reset(root: Path) -> None:
     """Remove every container and image of a node root (unmounting what podman mounted)."""
     if root.exists():
         node = PodmanNode(root)
+        # Killed at once: `system reset` would stop each running container with a 10 s
+        # grace (a counter ignores SIGTERM), half a minute for a world's leftovers.
+        subprocess.run([*node.base_args(), "rm", "--all", "--force", "--time", "0"],
+                       capture_output=True, timeout=120, check=False)
         subprocess.run([*node.base_args(), "system", "reset", "--force"], capture_output=True,
                        timeout=120, check=False)
         shutil.rmtree(root, ignore_errors=True)
@@ -244,31 +306,21 @@ def open_criu_world(tmp: Path) -> Iterator[CriuWorld]:
                           env.restart_apiserver, db=f"sqlite:///{tmp / 'cp.db'}",
                           registry=reg, runtime_root=runtime_root, relay=CuttingRelay(reg),
                           keys=keys)
-        write_sealed_class(world.classes_file, world.repository, keys)
+        write_classes(world.classes_file, world.repository, keys,
+                      relayed=world.relayed_repository)
         builder = PodmanNode(tmp / "builder")
         try:
             world.image = asyncio.run(build_image(builder, reg, tmp / "image"))
             role = start_kubelet_role(kubeconfig, NODES, tmp / "kubelets.log",
                                       "--runtime-root", str(runtime_root))
             for node in NODES:
-                agent = world.start(f"agent-{node}", "drivers.agent", "--node", node,
-                                    "--kubeconfig", str(kubeconfig), "--dumper", "criu",
-                                    "--runtime-root", str(runtime_root),
-                                    "--workdir", str(tmp / "work" / node),
-                                    "--signing-key", str(keys / "signing.pem"),
-                                    "--trusted-key", str(keys / "signing.pub"),
-                                    "--handoff-key", str(keys / "handoff.key"),
-                                    "--handoff-listen", "127.0.0.1:0")
-                assert agent.stdout is not None
-                assert agent.stdout.readline(), world.stderr(f"agent-{node}")
-                world._pump(f"agent-{node}", agent)
+                world.start_agent(node)
             world.ok("db", "upgrade", cluster=False)
-            world.start("worker", "controlplane.cli.main", "--db", world.db, "worker",
-                        "--poll-seconds", "0.05", "--trusted-key", str(keys / "signing.pub"),
-                        *world.cluster_args())
+            world.start_worker()
             yield world
         finally:
             world.stop()
+            stop_processes(world.killed)  # closes the pipes of the killed ones
             if world.relay is not None:
                 world.relay.close()
             if role is not None:
@@ -300,12 +352,15 @@ def write_keys(where: Path) -> Path:
     return where
 
 
-def write_sealed_class(path: Path, repository: str, keys: Path) -> None:
+def write_classes(path: Path, repository: str, keys: Path, *, relayed: str) -> None:
+    """The world's classes: ``sealed``, ``streamed`` and ``streamed-relayed`` (its
+    registry copy through the relay at ``relayed``)."""
     path.write_text(json.dumps({"classes": [{
         "name": "sealed", "repository": repository,
         "encryption": {"recipients": [f"file:{keys / 'recipient.pub'}"],
                        "keyFile": str(keys / "recipient.pem")}},
-        {"name": "streamed", "repository": repository, "transfer": "stream"}]}))
+        {"name": "streamed", "repository": repository, "transfer": "stream"},
+        {"name": "streamed-relayed", "repository": relayed, "transfer": "stream"}]}))
 
 
 def resumed(ticks: list[Tick], before: list[Tick], *, quiesced: bool) -> Resumption:

@@ -24,6 +24,7 @@ from controlplane.machines.stages.restore import restore_pod_name
 from tests.machines.machines_gwt import (
     NS,
     POD,
+    REPO,
     SRC_NODE,
     SRC_UID,
     T0,
@@ -126,6 +127,20 @@ def test_the_first_decision_asks_for_a_lazy_handed_off_capture_and_creates_the_t
     assert "labels" not in template["metadata"]  # parked until the source is gone
     assert then.state.spec.lazy
     assert not then.state.spec.keep_name
+
+
+def test_a_cri_o_target_gets_a_pod_naming_the_hand_over_checkpoint_image() -> None:
+    """CRI-O restores only a checkpoint image: the target pod names, from the start, the
+    tag the target's agent pushes the memory-less hand-over to (``repo:lazy-<id>-<c>``);
+    the rest of the first decision is the agent nodes' one."""
+    crio = NodeView(name=TARGET, ready=True, runtime="cri-o://1.36.3")
+    then = given().when(observe({SRC: pod()}, nodes={TARGET: crio}), T0)
+    then.then_events("Started", "CaptureRequested", "RestorePodRequested")
+    create = then.action("CreatePod").params
+    ann = create["annotations"]
+    assert isinstance(ann, dict)
+    assert protocol.restore_handoff(ann) == protocol.RestoreHandoff(MID, NS, POD, SRC_UID)
+    assert create["images"] == {"app": f"{REPO}:lazy-{MID}-app"}
 
 
 def test_a_class_default_mode_lazy_applies_and_ignores_the_transfer() -> None:
@@ -364,12 +379,11 @@ def _submitted(klass: dict[str, object], runtime: str = "") -> None:
     MigrationRequests().check(spec, seen)
 
 
-def test_lazy_on_cri_o_nodes_is_refused_at_submission() -> None:
-    with pytest.raises(SubmissionRejected, match=r"spec\.mode: mode 'lazy' is not offered.*"
-                                                 r"kubelet dumper does not drive lazy pages"):
-        _submitted({"repository": "localhost:5000/ckpt"}, runtime="cri-o://1.36.3")
+def test_lazy_is_taken_at_submission_by_agent_and_cri_o_nodes() -> None:
+    _submitted({"repository": "localhost:5000/ckpt"}, runtime="cri-o://1.36.3")
     _submitted({"repository": "localhost:5000/ckpt"})  # agent nodes take it
     assert mode_refusal(MigrationMode.LAZY, RestorePath.AGENT, node="n") is None
+    assert mode_refusal(MigrationMode.LAZY, RestorePath.RUNTIME, node="n") is None
 
 
 def test_lazy_with_a_sealed_class_is_refused_at_submission() -> None:

@@ -10,7 +10,12 @@ from controlplane.engine.decider import InvalidSpec
 from controlplane.engine.observation import NodeView
 from controlplane.machines.base.requests import Fields, Seen, SubmissionRejected
 from controlplane.machines.config.classes import class_to_json, parse_class
-from controlplane.machines.config.modes import MigrationMode, mode_refusal, parse_mode
+from controlplane.machines.config.modes import (
+    MigrationMode,
+    lazy_checkpoint_images,
+    mode_refusal,
+    parse_mode,
+)
 from controlplane.machines.config.runtimes import RestorePath
 from controlplane.machines.contract import protocol
 from controlplane.machines.migration.machine import MigrationDecider
@@ -115,3 +120,11 @@ def test_a_precopy_migration_between_cri_o_nodes_is_refused_at_submission() -> N
                                                  r"driven by the node agent"):
         MigrationRequests().check(spec, seen)
     MigrationRequests().check({**spec, "mode": "stop-and-copy"}, seen)  # takes it
+
+
+def test_a_lazy_hand_over_image_sits_beside_the_capture_tag_one_per_container() -> None:
+    """``registry:port/repo:tag`` keeps its registry port; the tag names the checkpoint
+    and the container (the target's agent pushes there, the restore pod names it)."""
+    assert lazy_checkpoint_images("localhost:5000/ckpt/web:ck-1", "ck-1", ("app", "side")) == {
+        "app": "localhost:5000/ckpt/web:lazy-ck-1-app",
+        "side": "localhost:5000/ckpt/web:lazy-ck-1-side"}

@@ -15,20 +15,24 @@ of what the runtime did: a container's log with the runtime's own time on each l
 (:meth:`ProductWorld.timed_ticks`), waiting until a restored process has printed a line of
 its own (:meth:`ProductWorld.counting_since`), and the shapes a restored log may take
 (:func:`consecutive` for a quiesced capture, :func:`went_on` for one that kept
-running).
+running), and a base image of a test's own that it can then delete from the registry
+(:func:`push_base`, :func:`delete_manifest`: a target that cannot pull it cannot restore).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
+import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from drivers.realnode import images
 from tests.e2e.world import World
 from tests.support.envtest import ADMIN_TOKEN
 from tests.support.pump import pump_to_file
@@ -176,6 +180,9 @@ def _start_product(w: ProductWorld, tmp: Path) -> None:
     real = w.real
     token = tmp / "agent-token"
     token.write_text(ADMIN_TOKEN)  # AlwaysAllow: the API server authorizes nodes/checkpoint
+    handoff_key = tmp / "handoff.key"  # the agents' shared key (lazy migrations hand over)
+    handoff_key.touch(mode=0o600)
+    handoff_key.write_bytes(os.urandom(32))
     assert real.nodes.pki is not None
     for name in real.names:
         s = real.node(name).settings
@@ -188,6 +195,10 @@ def _start_product(w: ProductWorld, tmp: Path) -> None:
                         "--kubelet-checkpoint-dir", str(s.checkpoints),
                         "--cri-endpoint", f"unix://{s.crio_socket}",
                         "--crictl", str(s.binaries / "crictl"),
+                        "--crio-root", str(s.folder / "crio" / "storage"),
+                        "--runc-root", str(s.folder / "runc"),
+                        "--criu", os.environ.get("CONTROLPLANE_CRIU") or "criu",
+                        "--handoff-key", str(handoff_key), "--handoff-listen", "127.0.0.1:0",
                         "--workdir", str(tmp / "work" / name))
         assert (tmp / f"agent-{name}.stdout").read_text(), w.stderr(f"agent-{name}")
     w.ok("db", "upgrade", cluster=False)
@@ -223,3 +234,25 @@ def restored_status(pod: dict[str, Any], repository: str) -> None:
         assert "running" in s["state"], s
         assert s["restartCount"] == 0, s
         assert images[s["name"]].startswith(f"{repository}@sha256:"), images
+
+
+def push_base(w: ProductWorld, repository: str) -> str:
+    """Busybox under ``repository:v1``, an image of this test's own (its config names
+    the repository, so no node holds it already under the world's busybox ID)."""
+    layer = images.blob_of(images.rootfs_tar(
+        {"bin/busybox": images.BUSYBOX},
+        links={f"bin/{a}": "busybox" for a in images.APPLETS},
+        dirs=("bin", "tmp", "proc", "sys", "dev", "etc")))
+    return images.push_image(w.real.registry, repository, "v1", [layer],
+                             config={"Cmd": ["/bin/sh"],
+                                     "Env": ["PATH=/bin", f"IMAGE={repository}"]})
+
+
+def delete_manifest(w: ProductWorld, image_id: str) -> None:
+    """Delete ``registry/repo@sha256:...`` from the registry (the image is then gone)."""
+    name, _, digest = image_id.partition("@")
+    repository = name.split("/", 1)[1]
+    request = urllib.request.Request(
+        f"http://{w.real.registry}/v2/{repository}/manifests/{digest}", method="DELETE")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status == 202, answer.status

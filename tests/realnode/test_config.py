@@ -143,3 +143,20 @@ def test_a_restored_counter_goes_on_from_its_checkpoint(
         restored: list[tuple[int, str]], archived: list[tuple[int, str]],
         expected: int | None) -> None:
     assert resumed_at(restored, archived, "77") == expected
+
+
+def test_a_node_folder_too_deep_for_the_kubelets_sockets_is_refused_before_it_starts(
+        tmp_path: Path) -> None:
+    """The kubelet binds ``<root>/pod-resources/<10 digits>``: past 107 bytes it exits
+    with a bare "bind: invalid argument". The node says why, before anything runs."""
+    from drivers.realnode.node import NodeFailed, RealNode
+
+    deep = tmp_path / ("d" * (config.SOCKET_PATH_MAX - len(str(tmp_path))))
+    s = settings()
+    node = RealNode(config.NodeSettings(**{**s.__dict__, "folder": deep}), tmp_path / "hosts")
+    assert len(str(node.settings.longest_socket)) > config.SOCKET_PATH_MAX
+    with pytest.raises(NodeFailed, match="too deep for the kubelet's unix sockets"):
+        node.write_files()
+    assert not deep.exists()  # refused before any file was written
+    fits = settings()
+    assert len(str(fits.longest_socket)) <= config.SOCKET_PATH_MAX

@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 from pathlib import Path
 
 import pytest
 
-from drivers.realnode.lazy import every_task_fetched, rootfs_changes
+from drivers.realnode.lazy import every_task_fetched, handed_over_pages, rootfs_changes
 from drivers.realnode.runc_wrapper import (
     LAZY_IMAGES,
     LAZY_REQUEST,
@@ -53,8 +54,28 @@ def test_memory_less_images_without_a_daemon_are_not_restored(tmp_path: Path) ->
     argv = restore_argv(tmp_path)
     (tmp_path / "images" / LAZY_IMAGES).write_text(json.dumps({"serve": "127.0.0.1:4242"}))
     with pytest.raises(SystemExit, match="no lazy-pages daemon is registered"):
-        request_lazy_restore(argv)
+        request_lazy_restore(argv, wait_seconds=0.2)
     assert not (tmp_path / "work" / LAZY_REQUEST).exists()
+
+
+def test_a_daemon_registered_while_the_restore_waits_is_used(tmp_path: Path) -> None:
+    """The agent registers its daemon as the kubelet starts the restore: a race the
+    wrapper waits out (the registration comes from another thread here)."""
+    argv = restore_argv(tmp_path)
+    (tmp_path / "images" / LAZY_IMAGES).write_text(json.dumps({"serve": "127.0.0.1:4242"}))
+    daemon_socket = tmp_path / "daemon" / "lazy-pages.socket"
+    daemon_socket.parent.mkdir()
+    daemon_socket.touch()
+    registered = lazy_fetches(tmp_path / "runc") / "127.0.0.1:4242.socket"
+    registered.parent.mkdir()
+    later = threading.Timer(0.3, registered.symlink_to, (daemon_socket,))
+    later.start()
+    try:
+        request_lazy_restore(argv, wait_seconds=30)
+    finally:
+        later.join()
+    request = json.loads((tmp_path / "work" / LAZY_REQUEST).read_text())
+    assert request == {"fetch": str(daemon_socket)}
 
 
 LOG = """\
@@ -92,3 +113,10 @@ def test_rootfs_changes_leave_mount_points_out_and_list_whiteouts(tmp_path: Path
     files, deleted = rootfs_changes(tmp_path, {"/etc/hosts", "/dev"})
     assert sorted(files) == ["etc", "moved.txt"]
     assert deleted == ["/etc/motd"]
+
+
+def test_pages_received_count_the_tasks_handed_over_not_their_children() -> None:
+    """The forked child's 691 copies are left out; the task that exited needs none."""
+    assert handed_over_pages(LOG) == (4133 + 9, 4133 + 9)
+    assert handed_over_pages(LOG.replace("(4133/4133)", "(4000/4133)")) == (4000 + 9, 4142)
+    assert handed_over_pages("") == (0, 0)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
@@ -23,12 +22,13 @@ from pathlib import Path
 import pytest
 
 from controlplane.machines.contract import protocol
-from drivers.realnode import images
 from tests.realnode.product import (
     ProductWorld,
     TimedTick,
     consecutive,
+    delete_manifest,
     open_product_world,
+    push_base,
     restored_status,
 )
 from tests.support.realnode import Tick, counter_command, ticks
@@ -110,39 +110,17 @@ def test_a_counter_migrates_between_real_nodes_with_no_repeat_and_no_gap(
     assert w.real.pod(name) is not None
 
 
-def _push_base(w: ProductWorld, repository: str) -> str:
-    """Busybox under ``repository:v1``, an image of this test's own (its config names
-    the repository, so no node holds it already under the world's busybox ID)."""
-    layer = images.blob_of(images.rootfs_tar(
-        {"bin/busybox": images.BUSYBOX},
-        links={f"bin/{a}": "busybox" for a in images.APPLETS},
-        dirs=("bin", "tmp", "proc", "sys", "dev", "etc")))
-    return images.push_image(w.real.registry, repository, "v1", [layer],
-                             config={"Cmd": ["/bin/sh"],
-                                     "Env": ["PATH=/bin", f"IMAGE={repository}"]})
-
-
-def _delete_manifest(w: ProductWorld, image_id: str) -> None:
-    """Delete ``registry/repo@sha256:...`` from the registry (the image is then gone)."""
-    name, _, digest = image_id.partition("@")
-    repository = name.split("/", 1)[1]
-    request = urllib.request.Request(
-        f"http://{w.real.registry}/v2/{repository}/manifests/{digest}", method="DELETE")
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        assert answer.status == 202, answer.status
-
-
 def test_a_target_that_cannot_start_the_checkpoint_rolls_back_to_the_source(
         world: ProductWorld) -> None:
     w = world
     name = w.name("rb")
-    base = _push_base(w, f"rollback/{name}")
+    base = push_base(w, f"rollback/{name}")
     w.real.create_pod(name, "node-a", image=base, command=counter_command())
     running = w.real.wait_running(name)
     before = w.ticking(name)
     source = w.real.pod(name)
     assert source is not None
-    _delete_manifest(w, running["status"]["containerStatuses"][0]["imageID"])
+    delete_manifest(w, running["status"]["containerStatuses"][0]["imageID"])
 
     done = w.cpctl("migrate", f"{w.namespace}/{name}", "--to", "node-b", "--repository",
                    w.repository, "--wait", "--wait-seconds", "240", cluster=True)

@@ -9,11 +9,13 @@
   before anything is frozen when the kernel lacks it (``docs/runtime.md``).
 - ``lazy`` (post-copy): the source dumps everything but memory and serves its pages; the
   target runs at once while CRIU's ``lazy-pages`` daemon fetches them; the source is
-  removed only after every page arrived. Nothing is pushed to the registry, so from the
-  moment the target runs until the last page arrives, losing either node loses the
-  workload (``docs/runtime.md``, *Migration modes*). It needs the agents' handoff (the
-  capture request carries ``capture-handoff``) and plain TCP for the pages: a sealed
-  class, and a CRI-O target, are refused at submission.
+  removed only after every page arrived. No memory is pushed to the registry, so from
+  the moment the target runs until the last page arrives, losing either node loses the
+  workload (``docs/runtime.md``, *Migration modes*). A CRI-O target restores from a
+  checkpoint image without memory, which its agent pushes where the restore pod names it
+  (:func:`lazy_checkpoint_images`). It needs the agents' handoff (the capture request
+  carries ``capture-handoff``) and plain TCP for the pages: a sealed class is refused at
+  submission.
 
 A migration names its mode in ``spec.mode`` (``cpctl migrate --mode``, the ``Migration``
 resource's ``spec.mode``); a checkpoint class may set the default for its migrations
@@ -32,7 +34,7 @@ Used by the migration request and decider, the class parser and the submission c
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import TypeVar
 
@@ -93,15 +95,22 @@ def parse_transfer(value: JsonValue, *, field: str) -> Transfer:
     return _choice(Transfer, _TRANSFERS, value, field=field, what="a transfer")
 
 
+def lazy_checkpoint_images(artifact: str, checkpoint_id: str,
+                           containers: Sequence[str]) -> dict[str, str]:
+    """Where a lazy migration to a CRI-O node puts each container's memory-less checkpoint
+    image (``repo:lazy-<checkpoint id>-<container>`` beside the capture's ``artifact``
+    ``repo:tag``): the target pod names it from the start, the target's agent pushes it
+    once it has the hand-over, and the kubelet's next pull finds it."""
+    repo = artifact.rpartition(":")[0] if "/" not in artifact.rpartition(":")[2] \
+        else artifact
+    return {c: f"{repo}:lazy-{checkpoint_id}-{c}"[:len(repo) + 129] for c in containers}
+
+
 def mode_refusal(mode: MigrationMode, path: RestorePath, *, node: str,
                  sealed: bool = False) -> str | None:
     """Why ``node``, restoring on ``path``, cannot migrate in ``mode`` (``None``: it may;
     the source node's agent still checks its kernel before anything is frozen).
     ``sealed``: the class encrypts its checkpoints."""
-    if mode is MigrationMode.LAZY and path is RestorePath.RUNTIME:
-        return (f"mode 'lazy' is not offered on node {node}, which restores through CRI-O: "
-                "the kubelet dumper does not drive lazy pages yet; the driver works: "
-                "docs/runtime.md. Migrate with mode 'stop-and-copy'")
     if mode is MigrationMode.LAZY and sealed:
         return ("mode 'lazy' sends memory as plain TCP from CRIU's page server, and this "
                 "class seals its checkpoints (encryption): migrate with mode "

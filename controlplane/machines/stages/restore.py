@@ -532,7 +532,9 @@ def _cleanup(r: Restore, pod: PodFact, now: datetime, machine_id: str) -> Step:
     assert r.cleanup_issued_at is not None
     assert r.cleanup_deadline is not None
     facts = pod_facts(r.plan.key, pod)
-    if pod is None or (isinstance(pod, PodView) and (pod.uid != r.cleanup_uid or pod.deleting)):
+    # Gone, not merely terminating: a graceful deletion leaves the object until the node
+    # stopped its containers, and a source woken before that would run beside them.
+    if pod is None or (isinstance(pod, PodView) and pod.uid != r.cleanup_uid):
         return _cleaned(r, now, "deleted", facts)
     if r.action_error is not None:
         return _cleaned(r, now, f"gave-up: {r.action_error.message}",
@@ -540,6 +542,8 @@ def _cleanup(r: Restore, pod: PodFact, now: datetime, machine_id: str) -> Step:
     if now >= r.cleanup_deadline:
         return _cleaned(r, now, "gave-up: deletion not observed in time", facts)
     reissue_at = r.cleanup_issued_at + REISSUE_AFTER
+    if isinstance(pod, PodView) and pod.deleting:
+        return wait(r.cleanup_deadline)  # the node is stopping its containers
     if isinstance(pod, PodView) and now >= reissue_at:
         attempt = r.cleanup_attempt + 1
         event = RestoredPodDeletionRequested(at=now, attempt=r.plan.attempt,

@@ -74,6 +74,12 @@ class Offer:
     def is_delivered(self) -> bool:
         return self._delivery is not None
 
+    @property
+    def may_have_reached_target(self) -> bool:
+        """The target may hold the whole checkpoint, and run it: a stream's FINAL went out
+        (acknowledged or not) or a stream is under way (its FINAL may still go out)."""
+        return self.is_delivered or bool(self._sent) or self.streaming
+
     async def delivered(self) -> Delivery:
         """Once the target acknowledged a whole stream; ``HandoffRefused`` with the reason
         if the offer is withdrawn first. Bound it with the caller's own timeout."""
