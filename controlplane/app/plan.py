@@ -116,9 +116,11 @@ async def _more(observer: Observer, seen: Observation, interests: Interests) -> 
 
 
 async def plan(db: Database, observer: Observer, prepared: Prepared, *, limits: Limits,
-               now: datetime) -> JsonObject:
+               now: datetime, parallel_given: bool = True) -> JsonObject:
     """What ``prepared`` would do; ``refused`` says why it would not be accepted
-    (``None``: it would). Raises ``ControlPlaneError`` when the registry did not answer."""
+    (``None``: it would). Raises ``ControlPlaneError`` when the registry did not answer.
+    ``parallel_given``: the request named its parallelism (a default capped by an
+    admission limit is said in the plan, not warned about)."""
     spec = prepared.spec
     doc: JsonObject = {"dry_run": True, "operation": prepared.kind}
     pod = spec.get("pod")
@@ -138,7 +140,8 @@ async def plan(db: Database, observer: Observer, prepared: Prepared, *, limits: 
     if isinstance(asked, int):  # an operation that runs others: how many at once
         run = parallelism(asked, limits)
         doc.update(max_parallel=asked, effective_parallel=run.effective,
-                   capped_by=run.capped_by, warnings=[run.warning] if run.warning else [])
+                   capped_by=run.capped_by,
+                   warnings=[run.warning] if run.warning and parallel_given else [])
     for ref in _strings(prepared.shown.get("artifacts_read")):
         tag = (await _more(observer, Observation(), Interests(tags=frozenset({ref})))
                ).tags.get(ref)
@@ -179,8 +182,8 @@ def _strings(value: JsonValue) -> list[str]:
 
 
 async def plan_request(db: Database, access: ClusterAccess, asked: Asked, *,
-                       limits: Limits, now: datetime, found: Found | None = None
-                       ) -> JsonObject:
+                       limits: Limits, now: datetime, found: Found | None = None,
+                       parallel_given: bool = True) -> JsonObject:
     """Prepare the request as a submission would and plan it; a refused request is a plan
     whose ``refused`` says why (and ``field`` names the field)."""
     kind = asked.kind
@@ -191,4 +194,5 @@ async def plan_request(db: Database, access: ClusterAccess, asked: Asked, *,
         if exc.field:
             doc["field"] = exc.field
         return doc
-    return await plan(db, access.observer, prepared, limits=limits, now=now)
+    return await plan(db, access.observer, prepared, limits=limits, now=now,
+                      parallel_given=parallel_given)

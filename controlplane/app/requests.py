@@ -102,6 +102,8 @@ def _refusals(kind: str) -> Iterator[None]:
         raise unverifiable(exc, kind) from None
     except SubmissionRejected as exc:
         raise refused(exc, kind) from None
+    except InvalidSpec as exc:  # a value the request let through and the spec refuses
+        raise refused(SubmissionRejected(str(exc)), kind) from None
 
 
 def refused(exc: SubmissionRejected, kind: str) -> RequestRefused:
@@ -260,7 +262,7 @@ async def submit(db: Database, kinds: KindRegistry, prepared: Prepared, *, machi
 
 def check_machine_id(machine_id: str) -> None:
     if not 0 < len(machine_id) <= MAX_MACHINE_ID:
-        raise UsageError(f"machine id {machine_id[:80]!r} has {len(machine_id)} characters, "
+        raise UsageError(f"operation id {machine_id[:80]!r} has {len(machine_id)} characters, "
                          f"not 1 to {MAX_MACHINE_ID}",
                          hint="pick a shorter --id, or leave it out for a UUID")
 

@@ -146,7 +146,10 @@ def _members(tp: Any) -> tuple[Any, ...]:
 
 
 def decode(cls: type[T], data: JsonValue) -> T:
-    """Rebuild a dataclass of type ``cls`` from :func:`encode`'s output."""
+    """Rebuild a dataclass of type ``cls`` from :func:`encode`'s output.
+
+    Strict: a key no dataclass field declares raises :class:`UnknownField`, an enum value
+    the enum lacks ``ValueError``, so what a newer release wrote is never half read."""
     result: T = _decode(cls, data)
     return result
 
@@ -259,13 +262,22 @@ def _type_decoder(tp: type) -> Decoder:
     return _refuse(f"cannot decode type {tp.__name__}")
 
 
+class UnknownField(ValueError):
+    """A JSON object with a key its dataclass does not declare: written by a newer release
+    (or for another type). Refused rather than dropped: dropping it would be a guess about
+    what the writer meant, and re-encoding would lose it (``worker.readable``)."""
+
+
 def _dataclass_decoder(tp: type) -> Decoder:
     names = tuple(f.name for f in dataclasses.fields(tp))
+    known = frozenset(names)
     fields: list[tuple[str, Decoder]] = []  # filled on first use: states nest recursively
 
     def decode_dataclass(data: JsonValue) -> Any:
         if not isinstance(data, dict):
             raise ValueError(f"expected a JSON object for {tp.__name__}, got {data!r}")
+        if not known.issuperset(data):
+            raise UnknownField(f"{tp.__name__} has no field {sorted(set(data) - known)}")
         if not fields:
             hints = _hints(tp)
             fields.extend((name, _decoder(hints[name])) for name in names)

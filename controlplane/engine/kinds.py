@@ -37,7 +37,7 @@ class KindRegistry:
             return self._by_kind[kind]
         except KeyError:
             known = ", ".join(sorted(self._by_kind)) or "none"
-            raise UnknownKind(f"unknown machine kind {kind!r} (known kinds: {known})") from None
+            raise UnknownKind(f"unknown operation kind {kind!r} (known kinds: {known})") from None
 
     def __contains__(self, kind: object) -> bool:
         return kind in self._by_kind

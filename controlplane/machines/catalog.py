@@ -20,24 +20,30 @@ from controlplane.engine.kinds import KindRegistry
 from controlplane.errors import UsageError
 from controlplane.machines.base.requests import RequestKind
 from controlplane.machines.base.views import View
-from controlplane.machines.checkpoint.machine import CheckpointDecider, CheckpointState
+from controlplane.machines.checkpoint.machine import (
+    CheckpointDecider,
+    CheckpointPhase,
+    CheckpointState,
+)
 from controlplane.machines.checkpoint.request import CheckpointRequests
 from controlplane.machines.checkpoint.view import CheckpointView
 from controlplane.machines.drain.machine import DrainDecider, DrainState
 from controlplane.machines.drain.request import DrainRequests
+from controlplane.machines.drain.state import DrainPhase
 from controlplane.machines.drain.view import DrainView
 from controlplane.machines.migration.machine import MigrationDecider, MigrationState
 from controlplane.machines.migration.request import MigrationRequests
+from controlplane.machines.migration.state import MigrationPhase
 from controlplane.machines.migration.view import MigrationView
-from controlplane.machines.restore.machine import RestoreDecider, RestoreState
+from controlplane.machines.restore.machine import RestoreDecider, RestorePhase, RestoreState
 from controlplane.machines.restore.request import RestoreRequests
 from controlplane.machines.restore.view import RestoreView
-from controlplane.machines.resume.machine import ResumeDecider, ResumeState
+from controlplane.machines.resume.machine import ResumeDecider, ResumePhase, ResumeState
 from controlplane.machines.resume.request import ResumeRequests
 from controlplane.machines.resume.view import ResumeView
-from controlplane.machines.selftest.steps import StepsDecider
+from controlplane.machines.selftest.steps import StepsDecider, StepsPhase
 from controlplane.machines.selftest.view import StepsView
-from controlplane.machines.suspend.machine import SuspendDecider, SuspendState
+from controlplane.machines.suspend.machine import SuspendDecider, SuspendPhase, SuspendState
 from controlplane.machines.suspend.request import SuspendRequests
 from controlplane.machines.suspend.view import SuspendView
 
@@ -105,6 +111,13 @@ def view_of(name: str) -> View | None:
     """How a kind is read (``None``: a kind this build does not know)."""
     found = kinds().get(name)
     return found.view if found else None
+
+
+def phase_names() -> list[str]:
+    """Every phase some kind can be in, sorted: what ``list --phase`` matches."""
+    phases = (CheckpointPhase, RestorePhase, MigrationPhase, SuspendPhase, ResumePhase,
+              DrainPhase, StepsPhase)
+    return sorted({phase.value for enum in phases for phase in enum})
 
 
 def success_phases() -> frozenset[str]:

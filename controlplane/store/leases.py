@@ -11,7 +11,7 @@ Time is always the caller's ``now`` (an injectable clock), never the database's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -71,12 +71,19 @@ async def claim_due(
     limit: int,
     lease_seconds: float,
     kinds: Sequence[str] | None = None,
+    exclude: Collection[str] = (),
 ) -> list[Claimed]:
-    """Lease up to ``limit`` due machines to ``owner`` under ``token``; oldest wake first."""
+    """Lease up to ``limit`` due machines to ``owner`` under ``token``; oldest wake first.
+
+    ``exclude``: machines this worker left to a newer one (:func:`leave`); they stay due
+    for the others and never fill this worker's claims.
+    """
     expires = now + timedelta(seconds=lease_seconds)
     pick = select(m.c.id).where(*_due(now)).order_by(m.c.next_wake_at).limit(limit)
     if kinds is not None:
         pick = pick.where(m.c.kind.in_(list(kinds)))
+    if exclude:
+        pick = pick.where(m.c.id.not_in(sorted(exclude)))
     if db.backend == "postgresql":
         pick = pick.with_for_update(skip_locked=True)
     stmt = (
@@ -207,6 +214,23 @@ async def _release_batch_txn(
          "now": r.now, "wake_at": r.wake_at, "reset": r.reset_attempts}
         for r in requests
     ])
+
+
+async def leave(db: Database, *, lease: Lease, now: datetime) -> None:
+    """Give a machine back untouched, due now, for a worker that can read it.
+
+    Unlike :func:`release` it keeps the outbox (``pending_actions``: actions this worker
+    may not know) and the claim count, and ignores ``wake_seq``: the machine is due at
+    once either way. Fenced by the lease token like every write of a lease holder.
+    """
+    stmt = (update(m)
+            .where(m.c.id == lease.machine_id, m.c.lease_token == lease.token)
+            .values(lease_owner=None, lease_token=None, lease_expires_at=None,
+                    next_wake_at=now))
+    async with write_txn(db) as conn:
+        result = await conn.execute(stmt)
+    if result.rowcount != 1:
+        raise LeaseLost(f"lease on machine {lease.machine_id} was taken over before it was left")
 
 
 async def wake_by_key(db: Database, *, key: str, now: datetime) -> int:

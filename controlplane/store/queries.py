@@ -12,6 +12,7 @@ from sqlalchemy import Row, Select, and_, case, func, or_, select
 
 from controlplane.engine.decider import Cause
 from controlplane.engine.events import ActionFailed
+from controlplane.errors import UsageError
 from controlplane.store import codec, schema
 from controlplane.store.database import Database
 from controlplane.store.errors import MachineNotFound
@@ -68,6 +69,22 @@ def _merged(legacy: list[DecisionRecord], recorded: list[DecisionRecord]) -> lis
     return sorted([*legacy, *recorded], key=lambda d: d.first_seq)
 
 
+async def recorded_operation_ids(db: Database, ids: Sequence[str]) -> set[str]:
+    """Which of ``ids`` the history records: an operation's machine, or the summary a
+    prune left of it (``operation_summaries``)."""
+    wanted = sorted({i for i in ids if "\x00" not in i})
+    found: set[str] = set()
+    async with read_txn(db) as conn:
+        for start in range(0, len(wanted), 500):  # bounded IN lists
+            chunk = wanted[start:start + 500]
+            for table, column in ((m, m.c.id), (schema.operation_summaries,
+                                                schema.operation_summaries.c.machine_id)):
+                rows = await conn.execute(select(column).select_from(table)
+                                          .where(column.in_(chunk)))
+                found.update(str(r[0]) for r in rows)
+    return found
+
+
 async def get_machine(db: Database, machine_id: str) -> MachineRecord:
     # PostgreSQL text cannot hold NUL, so no stored id has one; asking the server anyway
     # is an encoding error (a 500 from the API), not an answer.
@@ -77,9 +94,38 @@ async def get_machine(db: Database, machine_id: str) -> MachineRecord:
             row = (await conn.execute(select(m).where(m.c.id == machine_id))).first()
     if row is None:
         raise MachineNotFound(
-            f"no machine with id {machine_id!r}", hint="list ids with `cpctl list`"
+            f"no operation with id {machine_id!r}", hint="list ids with `cpctl list`"
         )
     return row_to_record(row)
+
+
+#: The shortest prefix taken for an id (the dashboard shows 8 characters).
+MIN_ID_PREFIX = 4
+
+
+async def resolve_machine_id(db: Database, asked: str) -> str:
+    """The id of the operation ``asked`` names: its whole id, or a unique prefix of at
+    least :data:`MIN_ID_PREFIX` characters. An ambiguous prefix is refused listing the
+    candidates (``UsageError``); none is ``MachineNotFound``."""
+    if "\x00" in asked:
+        raise MachineNotFound(f"no operation with id {asked!r}",
+                              hint="list ids with `cpctl list`")
+    async with read_txn(db) as conn:
+        if (await conn.execute(select(m.c.id).where(m.c.id == asked))).first() is not None:
+            return asked
+        found: list[str] = []
+        if len(asked) >= MIN_ID_PREFIX:
+            escaped = asked.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            found = [str(r[0]) for r in await conn.execute(
+                select(m.c.id).where(m.c.id.like(escaped + "%", escape="\\"))
+                .order_by(m.c.id).limit(6))]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+        raise UsageError(f"id prefix {asked!r} names more than one operation: {shown}",
+                         hint="give more characters of the id")
+    raise MachineNotFound(f"no operation with id {asked!r}", hint="list ids with `cpctl list`")
 
 
 async def machine_versions(db: Database, ids: Sequence[str]) -> dict[str, int]:

@@ -57,6 +57,13 @@ async def translate_errors(db: Database) -> AsyncIterator[None]:
                 f"({_first_line(exc)})",
                 hint="run `cpctl db upgrade` first",
             ) from exc
+        if _sqlstate(exc, _NO_DATABASE):
+            raise DatabaseUnavailable(
+                f"the database at {db.display_url} does not exist ({_first_line(exc)})",
+                hint="create it (`createdb NAME`, or `CREATE DATABASE NAME` in psql) and "
+                     "run `cpctl db upgrade`, or name an existing one with --db / "
+                     "CONTROLPLANE_DATABASE_URL",
+            ) from exc
         # Any other driver error on a live connection is a bug (bad data, bad SQL): surface it.
         transient = isinstance(exc, (OperationalError, InterfaceError)) or _server_gone(exc)
         if not transient and not exc.connection_invalidated:
@@ -83,10 +90,19 @@ _SERVER_GONE = ("08", "57P01", "57P02", "57P03", "53300",
                 "40P01", "40001")
 
 
+#: invalid_catalog_name: the URL names a database the server does not have — a
+#: configuration to fix, not a bug (exit 3, naming the fix).
+_NO_DATABASE = ("3D000",)
+
+
 def _server_gone(exc: DBAPIError) -> bool:
+    return _sqlstate(exc, _SERVER_GONE)
+
+
+def _sqlstate(exc: DBAPIError, prefixes: tuple[str, ...]) -> bool:
     for err in (exc.orig, getattr(exc.orig, "__cause__", None)):
         code = getattr(err, "sqlstate", None) or getattr(err, "pgcode", None)
-        if isinstance(code, str) and code.startswith(_SERVER_GONE):
+        if isinstance(code, str) and code.startswith(prefixes):
             return True
     return False
 

@@ -65,11 +65,11 @@ class KubeClusterAccess:
 
 @contextlib.asynccontextmanager
 async def cluster_access(db: Database, *, registry: Registry, kubeconfig: str | None = None,
-                         in_cluster: bool | None = None,
+                         context: str | None = None, in_cluster: bool | None = None,
                          kube: KubeSettings | None = None) -> AsyncIterator[KubeClusterAccess]:
     """Connect to the cluster for reads only (nothing started), closed on the way out."""
-    driver = await KubeDriver.connect(kubeconfig=kubeconfig, in_cluster=in_cluster,
-                                      settings=kube)
+    driver = await KubeDriver.connect(kubeconfig=kubeconfig, context=context,
+                                      in_cluster=in_cluster, settings=kube)
     try:
         yield KubeClusterAccess(driver, registry, db)
     finally:

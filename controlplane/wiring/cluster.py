@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from controlplane.app.unrecorded import ListingRegistry
 from controlplane.clock import Clock
 from controlplane.engine.jsonvalue import JsonObject
 from controlplane.frontdoor.class_lookup import ResourceClasses
@@ -24,6 +25,8 @@ from controlplane.wiring.product import product
 from controlplane.worker.loop import Worker, WorkerConfig
 from drivers.kube import KubeSettings
 from drivers.kube.custom import CustomResources
+from drivers.registry.client import RegistryClient
+from drivers.registry.layout import OciLayout
 from drivers.registry.options import registry_from_options
 from drivers.registry.port import Registry
 
@@ -34,9 +37,18 @@ def registry_from_args(args: argparse.Namespace) -> Registry:
                                  credentials=args.registry_credentials)
 
 
+def listing_registry_from_args(args: argparse.Namespace) -> ListingRegistry:
+    """The registry the flags name, as one whose repositories' tags can be listed."""
+    registry = registry_from_args(args)
+    assert isinstance(registry, (RegistryClient, OciLayout)), registry
+    return registry
+
+
 def connect_options(args: argparse.Namespace) -> dict[str, Any]:
     """``product()``'s cluster arguments from the command line (checked when parsed)."""
-    return {"kubeconfig": args.kubeconfig, "in_cluster": True if args.in_cluster else None,
+    # context: `kubectl checkpoint --context NAME` (cli/plugin.py); cpctl has no such flag.
+    return {"kubeconfig": args.kubeconfig, "context": getattr(args, "context", None),
+            "in_cluster": True if args.in_cluster else None,
             "kube": KubeSettings(qps=args.kube_qps, burst=args.kube_burst)}
 
 

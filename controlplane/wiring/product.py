@@ -56,6 +56,11 @@ class RunsProduct:
     def submission_observer(self) -> CompositeObserver:
         return self.product.fresh
 
+    def access(self, db: Database) -> KubeClusterAccess:
+        """What the verbs' requests read the cluster through (``app.requests``): the
+        demos submit as ``cpctl migrate`` does."""
+        return KubeClusterAccess(self.product.kube, self.product.registry, db)
+
 
 @dataclass
 class Product:
@@ -72,8 +77,8 @@ async def _noop(_action: Any) -> None:
 
 @contextlib.asynccontextmanager
 async def product(db: Database, clock: Clock, *, registry: Registry, config: WorkerConfig,
-                  kubeconfig: str | None = None, in_cluster: bool | None = None,
-                  kube: KubeSettings | None = None,
+                  kubeconfig: str | None = None, context: str | None = None,
+                  in_cluster: bool | None = None, kube: KubeSettings | None = None,
                   run_worker: bool = True,
                   trusted_keys: Sequence[bytes] = ()) -> AsyncIterator[Product]:
     workers: list[Worker] = []
@@ -92,8 +97,9 @@ async def product(db: Database, clock: Clock, *, registry: Registry, config: Wor
         for worker in workers:
             worker.nudge()
 
-    driver = await KubeDriver.connect(kubeconfig=kubeconfig, in_cluster=in_cluster,
-                                      settings=kube, on_pod_changes=wake)
+    driver = await KubeDriver.connect(kubeconfig=kubeconfig, context=context,
+                                      in_cluster=in_cluster, settings=kube,
+                                      on_pod_changes=wake)
     drivers.append(driver)
     async with driver:
         children = StoreMachineObserver(db)

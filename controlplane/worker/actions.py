@@ -59,6 +59,11 @@ class ActionRunner:
         self._handlers = dict(handlers)
         self._policy = policy
 
+    def knows(self, action_type: str) -> bool:
+        """Whether an action of this type has a handler here (an older worker may meet
+        one a newer release wrote in a machine's outbox: ``worker.readable``)."""
+        return action_type in self._handlers
+
     async def run_all(self, actions: Sequence[Action]) -> ActionFailure | None:
         for action in actions:
             failure = await self.run(action)

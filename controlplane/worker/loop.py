@@ -27,6 +27,10 @@ commit and action, or mid-action, loses only its lease: the next owner first per
 pending actions (idempotent by key), then decides again. A stale worker's commit is
 refused by the lease fence (``LeaseLost``) or the version check (``ConcurrencyConflict``).
 
+A machine this worker cannot read (a kind, a state field or value, an outbox action of a
+newer release: ``readable``) is given back untouched, due, and never claimed by this
+worker again: left to a newer worker, logged once and counted, never guessed at.
+
 A decision that fails a step (``Decision.confirm``) or would end the machine (its folded
 state terminal) is not taken on a cache's word: given a ``confirm`` observer (pods and
 nodes read from the API server), the worker reads the machine's pods and nodes through
@@ -67,6 +71,7 @@ from controlplane.worker.child_machines import wake_parents
 from controlplane.worker.committer import GroupCommitter
 from controlplane.worker.metrics import WorkerMetrics
 from controlplane.worker.ports import Observer
+from controlplane.worker.readable import LeftMachines, Unreadable, read_claimed
 
 log = get_logger("controlplane.worker")
 
@@ -145,6 +150,7 @@ class Worker:
         self.metrics = WorkerMetrics()
         self._ended: list[str] = []  # machines that ended, whose parents to wake
         self._waking: asyncio.Task[None] | None = None
+        self.left = LeftMachines()  # machines left to a newer worker
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -246,7 +252,7 @@ class Worker:
         token = new_id()
         claimed = await leases.claim_due(
             self.db, owner=cfg.worker_id, token=token, now=self.clock.now(), limit=free,
-            lease_seconds=cfg.lease_seconds, kinds=cfg.kinds,
+            lease_seconds=cfg.lease_seconds, kinds=cfg.kinds, exclude=self.left.excluded,
         )
         if claimed:
             self._tokens[token] = len(claimed)
@@ -284,7 +290,11 @@ class Worker:
 
     async def drive(self, claimed: Claimed) -> None:
         """Observe -> decide -> commit -> act, while the machine keeps changing."""
-        held = self._hold(claimed)
+        try:
+            held = self._hold(claimed)
+        except Unreadable as why:
+            await self._leave(claimed, why)
+            return
         try:
             if claimed.record.pending_actions:
                 await self._perform_outbox(held, claimed.record.pending_actions)
@@ -298,8 +308,7 @@ class Worker:
     def _hold(self, claimed: Claimed) -> _Held:
         """The claimed machine's state as its row has it, and a log bound to it."""
         record = claimed.record
-        decider = self.kinds.get(record.kind)
-        state: Any = decider.load_state(record.state)
+        decider, state = read_claimed(record, self.kinds, self.actions.knows)
         return _Held(
             decider=decider, lease=claimed.lease, attempts=record.attempts,
             state=state, version=record.version,
@@ -395,6 +404,17 @@ class Worker:
         await self._release(held.lease, self._sleep_until(decision, step.now, retry_at),
                             reset_attempts=not unseen)
         return True
+
+    async def _leave(self, claimed: Claimed, why: Unreadable) -> None:
+        """Give an unreadable machine back as it is, due now, for a newer worker."""
+        self.left.leave(claimed.record, why, worker_id=self.config.worker_id)
+        self.metrics.machines_left = self.left.by_reason
+        self.metrics.machines_left_now = len(self.left.ids)
+        try:
+            await leases.leave(self.db, lease=claimed.lease, now=self.clock.now())
+        except (StaleWriter, DatabaseUnavailable) as exc:  # the lease expires on its own
+            log.info("could not hand a left machine back; its lease will expire",
+                     machine_id=claimed.record.id, error=str(exc))
 
     def _wake_parents_of(self, machine_id: str) -> None:
         """A machine ended: wake whoever waits on it (a drain, for its child) now rather

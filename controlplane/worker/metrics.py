@@ -28,6 +28,9 @@ class WorkerMetrics:
     confirmations: int = 0  # decisions that would end a machine, read through first
     overturned: int = 0  # ... whose fresh read differed from the cache's
     action_failures: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: Machines left to a newer worker (``worker.readable``), by reason; and how many now.
+    machines_left: Counter[str] = field(default_factory=Counter)
+    machines_left_now: int = 0
     started: float = field(default_factory=time.monotonic)
     last_loop: float = field(default_factory=time.monotonic)  # the claim loop's last turn
 
@@ -62,6 +65,14 @@ class WorkerMetrics:
         for (action, error_class), n in sorted(self.action_failures.items()):
             out.sample("controlplane_worker_action_failures_total", n, action=action,
                        error_class=error_class, **w)
+        out.family("controlplane_worker_machines_left_total", "counter",
+                   "Machines this worker could not read (a newer release's kind, state field "
+                   "or value, or outbox action) and left to a newer worker, by reason.")
+        for reason, n in sorted(self.machines_left.items()):
+            out.sample("controlplane_worker_machines_left_total", n, reason=reason, **w)
+        out.family("controlplane_worker_machines_left", "gauge",
+                   "Machines this worker leaves to a newer worker and no longer claims.")
+        out.sample("controlplane_worker_machines_left", self.machines_left_now, **w)
         out.family("controlplane_worker_in_flight", "gauge", "Machines being driven now.")
         out.sample("controlplane_worker_in_flight", in_flight, **w)
         out.family("controlplane_worker_uptime_seconds", "gauge", "Seconds since start.")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import os
 import re
 from collections import OrderedDict
@@ -57,6 +58,8 @@ from drivers.registry.transport import RegistrySettings, Sleep, Transport
 
 ACCEPT = ", ".join(MANIFEST_TYPES)
 READ_SIZE = 1024 * 1024
+#: Tags asked for per page of a tag list (registries cap ``n``; the Link header says more).
+TAGS_PAGE = 100
 
 
 def split_repository(repository: str) -> tuple[str, str]:
@@ -118,6 +121,31 @@ class RegistryClient:
                             manifest_annotations(manifest.body))
         self._remember(f"{repository}@{manifest.digest}", resolved)
         return resolved
+
+    async def list_tags(self, repository: str) -> list[str]:
+        """Every tag of ``repository``, sorted (``GET /v2/<name>/tags/list``, page by page
+        with ``n``/``last``); none for a repository the registry does not know."""
+        host, name = split_repository(repository)
+        tags: list[str] = []
+        params = {"n": str(TAGS_PAGE)}
+        while True:
+            try:
+                reply = await self.transport.send(
+                    "GET", host, f"/v2/{name}/tags/list", scope=request_scope(name, push=False),
+                    params=params)
+            except RegistryNotFound:
+                return tags
+            try:
+                page = json.loads(reply.body).get("tags") or []
+            except (ValueError, AttributeError) as exc:
+                raise RegistryBadResponse(f"{repository}: the tag list is not JSON: {exc}") \
+                    from None
+            if not isinstance(page, list):
+                raise RegistryBadResponse(f"{repository}: the tag list is not a list")
+            tags.extend(str(tag) for tag in page)
+            if not page or 'rel="next"' not in reply.headers.get("Link", ""):
+                return sorted(set(tags))
+            params = {"n": str(TAGS_PAGE), "last": str(page[-1])}
 
     async def get_manifest(self, repository: str, reference: str) -> Manifest:
         host, name = split_repository(repository)

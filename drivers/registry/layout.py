@@ -85,6 +85,15 @@ class OciLayout:
         return Resolved(manifest.digest, manifest.media_type,
                         manifest_annotations(manifest.body))
 
+    async def list_tags(self, repository: str) -> list[str]:
+        """Every tag of ``repository``'s layout, sorted (none if it has no layout)."""
+        where = self.layout_dir(repository)
+
+        def tags() -> list[str]:
+            return sorted({_tag_of(e) for e in _load_index(where)["manifests"]
+                           if isinstance(e, dict) and _tag_of(e)})
+        return await self._run(tags, f"list the tags of {repository}")
+
     async def get_manifest(self, repository: str, reference: str) -> Manifest:
         where = self.layout_dir(repository)
         return await self._run(lambda: _read_manifest(where, repository, reference),

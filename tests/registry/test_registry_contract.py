@@ -16,6 +16,7 @@ import pytest
 
 from drivers.registry.client import RegistryClient
 from drivers.registry.errors import RegistryError, RegistryNotFound, RegistryUnsupported
+from drivers.registry.layout import OciLayout
 from drivers.registry.port import OCI_MANIFEST, Descriptor
 from tests.registry.backends import Backend
 
@@ -174,3 +175,18 @@ async def test_delete_refused_by_the_registry_is_typed_unsupported(
     assert caught.value.status == 405
     assert not caught.value.retryable
     assert await b.registry.resolve(repo, "keep") is not None
+
+
+async def test_the_tags_of_a_repository_are_listed_sorted_and_an_unknown_one_has_none(
+        backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    import drivers.registry.client as client_module
+
+    monkeypatch.setattr(client_module, "TAGS_PAGE", 2)  # the real registry pages: 3 pages
+    repo = backend.repo()
+    for n in (3, 1, 5, 2, 4):
+        await push_image(backend, repo, tag=f"ckpt-{n}", payload=b"state %d" % n,
+                         annotations={"n": str(n)})
+    lister = backend.registry
+    assert isinstance(lister, (RegistryClient, OciLayout))
+    assert await lister.list_tags(repo) == [f"ckpt-{n}" for n in range(1, 6)]
+    assert await lister.list_tags(backend.repo("checkpoints/never-pushed")) == []

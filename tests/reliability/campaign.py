@@ -14,6 +14,9 @@ At the end it checks the promises from evidence, never from the workers' word
 (:func:`check_invariants`): event histories in the database, the simulator's final pod
 set and deletion log, the registry's contents and ``cpctl replay --verify``.
 
+With ``upgrade_from`` it starts on the previous release and upgrades to this tree in
+its middle (:mod:`tests.reliability.soak_upgrade`; the soak's default).
+
 Used by ``tests/reliability/test_crash_campaign.py`` (CI size) and by ``make soak``
 (``python -m tests.reliability.campaign --migrations 5000``).
 """
@@ -88,6 +91,23 @@ class CampaignConfig:
     limit_seconds: float = 900.0
     pg_admin_url: str = PG_ADMIN_URL
     keep_database: bool = False  # for a post-mortem: print its URL instead of dropping it
+    #: a rolling upgrade in the middle (tests/reliability/soak_upgrade.py): "previous" or a
+    #: release's version from CHANGELOG.md runs that release's workers and schema first
+    upgrade_from: str | None = None
+    upgrade_at: float = 0.4  # the share of the migrations finished when it starts
+    progress_every: int = 0  # print a progress line each time this many more have ended
+    #: stop submitting after this many seconds (then the in-flight ones end and every check
+    #: runs as usual): a soak on a loaded machine ends with fewer migrations, not none
+    submit_seconds: float | None = None
+
+    def share_reached(self, share: float, ended: int, elapsed: float) -> str | None:
+        """Whether ``share`` of the campaign is behind it: "count" when that share of the
+        migrations ended, "time" when that share of ``submit_seconds`` went by."""
+        if ended >= max(1, int(self.migrations * share)):
+            return "count"
+        if self.submit_seconds is not None and elapsed >= share * self.submit_seconds:
+            return "time"
+        return None
 
 
 @dataclass
@@ -115,6 +135,8 @@ class CampaignResult:
     secret_leaks: list[str] = field(default_factory=list)
     failure_reasons: Counter[str] = field(default_factory=Counter)
     gc_refusals_visible: dict[str, int] = field(default_factory=dict)
+    upgrade_lines: list[str] = field(default_factory=list)  # what the upgrade step saw
+    submissions_stopped_at: float | None = None  # by submit_seconds, before N were submitted
 
     def summary(self) -> str:
         c = self.config
@@ -122,7 +144,9 @@ class CampaignResult:
             f"campaign profile={c.profile} seed={c.seed} workers={c.workers} "
             f"workloads={c.workloads} nodes={c.nodes}",
             f"  migrations: {sum(self.outcomes.values())} of {c.migrations} "
-            f"(submissions refused and retried: {self.refused_submissions})",
+            f"(submissions refused and retried: {self.refused_submissions})" + (
+                f"; submitting stopped at {self.submissions_stopped_at:.0f}s by the time cap"
+                if self.submissions_stopped_at is not None else ""),
             f"  kills: {self.kills}  restarts: {self.restarts}  outbox takeovers: "
             f"{self.takeovers}  repeated actions: {self.repeated_actions}  "
             f"ActionFailed events: {self.action_failures}",
@@ -143,6 +167,7 @@ class CampaignResult:
         if self.gc_refusals_visible:
             lines.append("  GC refusals visible: " + ", ".join(
                 f"{k}={v}" for k, v in sorted(self.gc_refusals_visible.items())))
+        lines.extend(f"  {line}" for line in self.upgrade_lines)
         if self.config.profile in FAULTY:
             lines.append(f"  secrets found in logs, events, decisions, pods: "
                          f"{len(self.secret_leaks)}")
@@ -189,20 +214,29 @@ async def campaign_database(admin_url: str, keep: bool = False) -> AsyncIterator
 # --- worker processes and chaos -------------------------------------------------------------
 
 class Fleet:
-    """``cpctl worker --kubeconfig`` processes, one per slot; killed and restarted."""
+    """``cpctl worker --kubeconfig`` processes, one per slot; killed and restarted.
+
+    ``tree`` and ``env`` say which release's code runs (this tree by default; a previous
+    release's checkout in a rolling upgrade) and ``prefix`` names its workers apart."""
 
     def __init__(self, db_url: str, workdir: Path, worker_args: list[str],
-                 lease_seconds: float) -> None:
+                 lease_seconds: float, *, tree: Path = ROOT,
+                 env: dict[str, str] | None = None, prefix: str = "") -> None:
         self.db_url, self.workdir, self.args = db_url, workdir, worker_args
         self.lease_seconds = lease_seconds
+        self.tree, self.env, self.prefix = tree, env, prefix
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.generation: Counter[int] = Counter()
         self.logs: list[Path] = []
         self.current_log: dict[int, Path] = {}
+        #: the schema is ahead of this fleet's code: a worker of it that starts exits 3
+        #: (schema not ready), as an old replica restarted mid-upgrade waits in Init
+        self.schema_ahead = False
+        self.retired = False  # stopped on purpose: its exits are the stopper's to judge
 
     def start(self, slot: int) -> None:
         self.generation[slot] += 1
-        name = f"w{slot}g{self.generation[slot]}"
+        name = f"{self.prefix}w{slot}g{self.generation[slot]}"
         log = self.workdir / f"{name}.log"
         self.logs.append(log)
         self.current_log[slot] = log
@@ -212,7 +246,8 @@ class Fleet:
                  "--log-format", "json", "--log-level", "info", "worker", "--worker-id", name,
                  "--lease-seconds", str(self.lease_seconds), "--poll-seconds", "0.05",
                  "--concurrency", "32", *self.args],
-                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
+                cwd=self.tree, env=self.env, stdout=subprocess.DEVNULL, stderr=err,
+                stdin=subprocess.DEVNULL)
 
     def kill(self, slot: int) -> bool:
         proc = self.procs.get(slot)
@@ -225,10 +260,13 @@ class Fleet:
     def check_alive(self, *, database_may_be_down: bool = False) -> None:
         """Fail on a worker that exited by itself; with ``database_may_be_down``, one that
         exited because it could not reach the database at start is not a failure (the
-        campaign restarts it once the database is back, as its Deployment would)."""
+        campaign restarts it once the database is back, as its Deployment would). Neither
+        is one that refused a schema ahead of its code (:attr:`schema_ahead`)."""
+        if self.retired:
+            return
         for slot, proc in self.procs.items():
             code = proc.poll()
-            if database_may_be_down and code == EXIT_DB_UNREACHABLE:
+            if (database_may_be_down or self.schema_ahead) and code == EXIT_DB_UNREACHABLE:
                 continue
             if code is not None and code != -signal.SIGKILL:
                 raise AssertionError(f"worker {slot} exited by itself with {proc.returncode}: "
@@ -236,22 +274,27 @@ class Fleet:
 
     def restart_unreachable(self) -> int:
         """Start again every worker that exited because the database was down."""
+        if self.schema_ahead or self.retired:
+            return 0  # it exited because its code is behind the schema: it stays down
         slots = [slot for slot, proc in self.procs.items()
                  if proc.poll() == EXIT_DB_UNREACHABLE]
         for slot in slots:
             self.start(slot)
         return len(slots)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 30) -> dict[int, int]:
+        """SIGTERM every live worker; each slot's exit code (-9: killed after ``timeout``)."""
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
+        codes = {}
+        for slot, proc in self.procs.items():
             try:
-                proc.wait(30)
+                codes[slot] = proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait()
+                codes[slot] = proc.wait()
+        return codes
 
     def takeovers(self) -> tuple[int, int]:
         """(outbox takeovers, actions performed again in them), from the workers' logs."""
@@ -265,26 +308,47 @@ class Fleet:
         return takeovers, repeated
 
 
-async def chaos(fleet: Fleet, rng: random.Random, cfg: CampaignConfig,
+async def chaos(fleets: Fleets, rng: random.Random, cfg: CampaignConfig,
                 result: CampaignResult, stop: asyncio.Event,
                 database_up: asyncio.Event) -> None:
-    """SIGKILL a random worker every little while and restart it: never while the database
-    is down (a worker that starts against a stopped database exits 3, by design)."""
+    """SIGKILL a random worker of the current fleet every little while and restart it:
+    never while the database is down (a worker that starts against a stopped database
+    exits 3, by design), nor while a rolling upgrade swaps the fleets (``fleets.lock``)."""
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(rng.uniform(*cfg.kill_every)):
                 await stop.wait()
         if stop.is_set():
             return
-        slot = rng.randrange(cfg.workers)
-        if fleet.kill(slot):
-            result.kills += 1
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(rng.uniform(*cfg.restart_after)):
-                await stop.wait()
-        await database_up.wait()
-        fleet.start(slot)
-        result.restarts += 1
+        async with fleets.lock:
+            fleet = fleets.current
+            slot = rng.randrange(cfg.workers)
+            if fleet.kill(slot):
+                result.kills += 1
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(rng.uniform(*cfg.restart_after)):
+                    await stop.wait()
+            await database_up.wait()
+            fleet.start(slot)
+            result.restarts += 1
+
+
+class Fleets:
+    """Every fleet a campaign started, the one the chaos task hits (``current``), and the
+    lock a rolling upgrade holds while it stops the old fleet and makes the new current."""
+
+    def __init__(self, first: Fleet) -> None:
+        self.current = first
+        self.all = [first]
+        self.lock = asyncio.Lock()
+
+    def takeovers(self) -> tuple[int, int]:
+        pairs = [fleet.takeovers() for fleet in self.all]
+        return sum(t for t, _ in pairs), sum(r for _, r in pairs)
+
+    def stop(self) -> None:
+        for fleet in self.all:
+            fleet.stop()
 
 
 # --- the campaign ---------------------------------------------------------------------------
@@ -329,45 +393,51 @@ class Campaign:
         self.deleted_pods: list[tuple[str, str]] = []  # (uid, name) of every pod deleted
         self.specs: dict[str, JsonObject] = {}
         self.failure_messages: list[str] = []
+        self.submitted_at: dict[str, float] = {}  # machine id -> time.monotonic()
+        self.ended_at: dict[str, tuple[float, str]] = {}  # machine id -> (when, phase)
+        self.fleets: Fleets  # set by run()
+        self.started = time.monotonic()
+        self.progress_printed = 0
 
     async def run(self) -> CampaignResult:
-        started = time.monotonic()
+        started = self.started = time.monotonic()
         async with contextlib.AsyncExitStack() as stack:
             db_url = await stack.enter_async_context(campaign_database(self.cfg.pg_admin_url,
                                                                      self.cfg.keep_database))
             self.result.db_url = db_url
             db = open_database(db_url, pool_size=5)
             stack.push_async_callback(db.dispose)
-            await migrate.upgrade(db)
+            await self.prepare_schema(db, db_url)
             world = await stack.enter_async_context(self.world())
-            fleet = Fleet(db_url, self.workdir, world.worker_args, self.cfg.lease_seconds)
-            stack.callback(fleet.stop)
+            fleets = self.fleets = Fleets(self.first_fleet(db_url, world))
+            stack.callback(fleets.stop)
             for slot in range(self.cfg.workers):
-                fleet.start(slot)
+                fleets.current.start(slot)
             stop = asyncio.Event()
             background = [asyncio.create_task(world.disturb(self.rng, stop, self.result)),
-                          *(asyncio.create_task(d(self.result, stop)) for d in self.disturbers)]
+                          *(asyncio.create_task(d(self.result, stop)) for d in self.disturbers),
+                          *(asyncio.create_task(c) for c in self.steps(db_url, world, stop))]
             if self.cfg.kills:
                 up = self.database_up or asyncio.Event()
                 if self.database_up is None:
                     up.set()
                 background.append(asyncio.create_task(
-                    chaos(fleet, random.Random(self.cfg.seed + 1), self.cfg, self.result,
+                    chaos(fleets, random.Random(self.cfg.seed + 1), self.cfg, self.result,
                           stop, up)))
             try:
                 async with asyncio.timeout(self.cfg.limit_seconds):
-                    await self.drive(db, db_url, world, fleet)
+                    await self.drive(db, db_url, world)
             finally:
                 stop.set()
                 await asyncio.gather(*background)
             async with asyncio.timeout(120):
-                await self.settle(db_url, fleet)
-            fleet.stop()
+                await self.settle(db_url)
+            fleets.stop()
             world.calm()
             await world.cluster.wait_for(lambda: not any(
                 p["metadata"].get("deletionTimestamp") for p in world.cluster.store.peek("pods")),
                 limit_seconds=30, what="terminating pods gone")
-            self.result.takeovers, self.result.repeated_actions = fleet.takeovers()
+            self.result.takeovers, self.result.repeated_actions = fleets.takeovers()
             self.result.duration = time.monotonic() - started
             await self.check(db_url, world)
             world.count_faults(self.result)
@@ -376,7 +446,20 @@ class Campaign:
     def world(self) -> contextlib.AbstractAsyncContextManager[World]:
         return open_world(self.cfg, self.workdir, self.deleted_pods)
 
-    async def drive(self, db: Database, db_url: str, world: World, fleet: Fleet) -> None:
+    async def prepare_schema(self, db: Database, db_url: str) -> None:
+        """This tree's schema (a rolling upgrade starts at the previous release's)."""
+        await migrate.upgrade(db)
+
+    def first_fleet(self, db_url: str, world: World) -> Fleet:
+        """The workers the campaign starts with: this tree's."""
+        return Fleet(db_url, self.workdir, world.worker_args, self.cfg.lease_seconds)
+
+    def steps(self, db_url: str, world: World,
+              stop: asyncio.Event) -> list[Coroutine[Any, Any, None]]:
+        """Background steps of a subclass's own (the rolling upgrade), beside the chaos."""
+        return []
+
+    async def drive(self, db: Database, db_url: str, world: World) -> None:
         cfg = self.cfg
         nodes = world.cluster.node_names
         workloads = []
@@ -391,7 +474,7 @@ class Campaign:
         pg = Poller(db_url)
         try:
             while True:
-                self.keep_alive(fleet)
+                self.keep_alive()
                 live = [w for w in workloads if w.live]
                 if live:
                     rows = await pg.fetch("SELECT id, phase, terminal FROM machines WHERE id = "
@@ -400,15 +483,25 @@ class Campaign:
                     for w in live:
                         if w.live in ended:
                             self.result.outcomes[ended[w.live]] += 1
+                            self.ended_at[str(w.live)] = (time.monotonic(), ended[w.live])
                             w.live = None
                             self.locate(world, w)
+                    self.progress()
                 idle = [w for w in workloads if not w.live and not w.lost]
-                if self.result.submitted >= cfg.migrations and not live:
+                elapsed = time.monotonic() - self.started
+                if (cfg.submit_seconds is not None and elapsed >= cfg.submit_seconds
+                        and self.result.submissions_stopped_at is None
+                        and self.result.submitted < cfg.migrations):
+                    self.result.submissions_stopped_at = elapsed
+                enough = (self.result.submitted >= cfg.migrations
+                          or self.result.submissions_stopped_at is not None)
+                if enough and not live:
                     return
                 if not idle and not live:
                     raise AssertionError("every workload was lost")
                 for w in idle:
-                    if self.result.submitted >= cfg.migrations:
+                    if (self.result.submitted >= cfg.migrations
+                            or self.result.submissions_stopped_at is not None):
                         break
                     if _running(world, w.pod):
                         await self.submit(db, world, w, limits)
@@ -416,17 +509,29 @@ class Campaign:
         finally:
             await pg.close()
 
-    def keep_alive(self, fleet: Fleet) -> None:
+    def progress(self) -> None:
+        """A line on stdout each ``progress_every`` ended migrations (a long soak's only
+        sign of life before its summary)."""
+        every, done = self.cfg.progress_every, sum(self.result.outcomes.values())
+        if every and done // every > self.progress_printed:
+            self.progress_printed = done // every
+            r = self.result
+            print(f"progress: {done} of {self.cfg.migrations} ended at "
+                  f"{time.monotonic() - self.started:.0f}s; kills {r.kills}; " + ", ".join(
+                      f"{k}={v}" for k, v in sorted(r.outcomes.items())), flush=True)
+
+    def keep_alive(self) -> None:
         """Fail on a worker that died by itself. With database outages in the campaign, a
         worker started just before one (the chaos task does not restart a worker while the
         database is down, but a worker takes a second to connect) exits 3 by design: it is
         started again once the database is back."""
         outages = self.database_up is not None
-        fleet.check_alive(database_may_be_down=outages)
-        if outages and self.database_up is not None and self.database_up.is_set():
-            revived = fleet.restart_unreachable()
-            self.result.restarts += revived
-            self.result.db_exits += revived
+        for fleet in self.fleets.all:
+            fleet.check_alive(database_may_be_down=outages)
+            if outages and self.database_up is not None and self.database_up.is_set():
+                revived = fleet.restart_unreachable()
+                self.result.restarts += revived
+                self.result.db_exits += revived
 
     def locate(self, world: World, w: Workload) -> None:
         """Follow the workload to wherever its marker now lives."""
@@ -459,11 +564,13 @@ class Campaign:
             self.result.refused_submissions += 1
             return
         self.specs[outcome.machine_id] = spec
+        self.submitted_at[outcome.machine_id] = time.monotonic()
         w.live = outcome.machine_id
         self.result.submitted += 1
 
-    async def settle(self, db_url: str, fleet: Fleet) -> None:
+    async def settle(self, db_url: str) -> None:
         """Every machine terminal, its outbox performed and its lease released."""
+        fleet = self.fleets.current
         for slot in range(self.cfg.workers):  # chaos is over: every slot has a live worker
             proc = fleet.procs.get(slot)
             if proc is None or proc.poll() is not None:
@@ -477,7 +584,7 @@ class Campaign:
                     "OR lease_owner IS NOT NULL OR next_wake_at IS NOT NULL")
                 if rows is not None and rows[0]["n"] == 0:
                     return
-                self.keep_alive(fleet)
+                self.keep_alive()
                 await asyncio.sleep(0.2)  # polls the database: other processes decide
         finally:
             await pg.close()
@@ -695,7 +802,7 @@ async def scan_for_secrets(db_url: str, world: World, workdir: Path) -> list[str
 
 def _worker_logs(workdir: Path) -> list[tuple[str, str]]:
     return [(f"worker log {p.name}", p.read_text(errors="replace"))
-            for p in sorted(workdir.glob("w*g*.log"))]
+            for p in sorted(workdir.glob("*w*g*.log"))]  # a previous release's too
 
 
 # --- the world: cluster, agents, registry ---------------------------------------------------
@@ -793,7 +900,8 @@ def main() -> int:
         prog="python -m tests.reliability.campaign", description=__doc__.split("\n\n")[0],
         epilog="The soak profile (make soak) runs the fault world with worker kills on a "
                "throwaway PostgreSQL server of its own, stopped once for --outage-seconds "
-               "when half the migrations have finished.")
+               "when half the migrations have finished, and a rolling upgrade from the "
+               "previous release (--upgrade-from) when --upgrade-at of them have.")
     p.add_argument("--migrations", type=int, default=5000)
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
@@ -805,10 +913,27 @@ def main() -> int:
                    help="soak profile: how long the database stays down (default 5)")
     p.add_argument("--workdir", type=Path, default=ROOT / "var" / "soak")
     p.add_argument("--limit-seconds", type=float, default=6 * 3600)
+    p.add_argument("--upgrade-from", metavar="previous|VERSION|none", default=None,
+                   help="start on that release of CHANGELOG.md (its workers, its schema) and "
+                        "upgrade to this tree in the middle, as docs/install.md's procedure "
+                        "does (default: previous for the soak profile, none otherwise)")
+    p.add_argument("--upgrade-at", type=float, default=0.4,
+                   help="the share of the migrations finished when the upgrade starts "
+                        "(default 0.4)")
+    p.add_argument("--submit-seconds", type=float, default=None, metavar="S",
+                   help="stop submitting after S seconds, let the rest end and check as "
+                        "usual; the upgrade and the outage then come at their share of S "
+                        "if the migrations' count has not brought them earlier")
+    p.add_argument("--progress-every", type=int, default=250, metavar="N",
+                   help="print a progress line each N ended migrations (0: none)")
     args = p.parse_args()
+    upgrade_from = args.upgrade_from or ("previous" if args.profile == "soak" else "none")
     cfg = CampaignConfig(migrations=args.migrations, workers=args.workers, seed=args.seed,
                          profile=args.profile, workloads=args.workloads,
-                         kills=not args.no_kills, limit_seconds=args.limit_seconds)
+                         kills=not args.no_kills, limit_seconds=args.limit_seconds,
+                         upgrade_from=None if upgrade_from == "none" else upgrade_from,
+                         upgrade_at=args.upgrade_at, progress_every=args.progress_every,
+                         submit_seconds=args.submit_seconds)
     from controlplane import logs
 
     logs.configure("console", "warning")  # this process: the agents and the simulator
@@ -818,7 +943,7 @@ def main() -> int:
     if cfg.profile == "soak":
         result = asyncio.run(_soak(cfg, args.workdir, args.outage_seconds))
     else:
-        result = asyncio.run(Campaign(cfg, args.workdir).run())
+        result = asyncio.run(campaign_class(cfg)(cfg, args.workdir).run())
     print(result.summary(), flush=True)
     return 0 if not result.violations else 1
 
@@ -833,10 +958,29 @@ async def _soak(cfg: CampaignConfig, workdir: Path, outage_seconds: float) -> Ca
     with throwaway_postgres() as server:
         up = asyncio.Event()
         up.set()
-        outage = outages(server, after=(max(1, cfg.migrations // 2),),
-                         down_seconds=outage_seconds, database_up=up)
-        return await Campaign(replace(cfg, pg_admin_url=server.admin_url), workdir,
-                              disturbers=[outage], database_up=up).run()
+        outage = outages(server, after=(0,), down_seconds=outage_seconds, database_up=up)
+        started = time.monotonic()
+
+        async def half_way(result: CampaignResult, stop: asyncio.Event) -> None:
+            """The outage once half the migrations ended (or half the time cap went by)."""
+            while not cfg.share_reached(0.5, sum(result.outcomes.values()),
+                                        time.monotonic() - started) and not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.1):
+                        await stop.wait()  # polls the campaign's progress
+            await outage(result, stop)
+
+        return await campaign_class(cfg)(replace(cfg, pg_admin_url=server.admin_url), workdir,
+                                         disturbers=[half_way], database_up=up).run()
+
+
+def campaign_class(cfg: CampaignConfig) -> type[Campaign]:
+    """The campaign, or with ``upgrade_from`` the one with a rolling upgrade in it."""
+    if cfg.upgrade_from is None:
+        return Campaign
+    from tests.reliability.soak_upgrade import UpgradingCampaign
+
+    return UpgradingCampaign
 
 
 if __name__ == "__main__":

@@ -217,7 +217,7 @@ async def test_terminal_machines_are_never_due(db: Database, clock: FakeClock) -
 
 
 async def test_unknown_machine_ids_are_reported_as_such(db: Database) -> None:
-    with pytest.raises(MachineNotFound, match="no machine with id 'nope'"):
+    with pytest.raises(MachineNotFound, match="no operation with id 'nope'"):
         await queries.get_machine(db, "nope")
     with pytest.raises(MachineNotFound):
         await queries.history(db, "nope")

@@ -9,11 +9,13 @@ import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from controlplane.cli.demo import Demo
 from controlplane.clock import SystemClock
 from controlplane.store import reports
 from controlplane.store.database import Database
+from controlplane.store.session import write_txn
 from controlplane.wiring.embedded import embedded
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reporting.md"
@@ -116,3 +118,23 @@ async def test_migration_and_class_summaries_report_phase_medians_and_bytes(
     assert all(by_class[f"p50_{p}"] is not None for p in reports.MIGRATION_PHASES)
     by_node = await reports.summary(history, report="checkpoints", by="class")
     assert [(r["class"], r["count"]) for r in by_node] == [("default", 3)]
+
+
+async def test_a_restore_verified_before_its_source_went_has_no_restore_phase(
+    history: Database,
+) -> None:
+    """A streamed migration verifies its restore before it deletes the source: its
+    ``restore_seconds`` is NULL (not negative), and the phases around it stand."""
+    [m] = await reports.rows(history, "SELECT * FROM report_migrations")
+    async with write_txn(history) as conn:  # the restore verified with the artifact
+        await conn.execute(text("""
+            UPDATE events SET recorded_at = (
+                SELECT recorded_at FROM events s
+                WHERE s.machine_id = events.machine_id AND s.type = 'ArtifactVerified')
+            WHERE type = 'RestoreVerified' AND machine_id = :id"""),
+                           {"id": m["operation_id"]})
+    [streamed] = await reports.rows(history, "SELECT * FROM report_migrations")
+    assert float(m["restore_seconds"]) >= 0
+    assert streamed["restore_seconds"] is None
+    for phase in ("queued_seconds", "checkpoint_seconds", "delete_seconds"):
+        assert streamed[phase] == m[phase], phase

@@ -82,7 +82,11 @@ from controlplane.machines.checkpoint.machine import capture_spec, validate_capt
 from controlplane.machines.config.modes import DEFAULT_MODE, MigrationMode, Transfer, parse_mode
 from controlplane.machines.contract.actions import EventType, emit_event
 from controlplane.machines.migration.events import MigrationCancelRequested, Retargeted
-from controlplane.machines.migration.phases import decide_migration
+from controlplane.machines.migration.phases import (
+    behind_the_cluster,
+    decide_migration,
+    restore_candidates,
+)
 from controlplane.machines.migration.state import (
     GATED,
     KIND,
@@ -194,6 +198,8 @@ class MigrationDecider:
                 r is not None and r.status not in (rs_.RestoreStatus.CLEANED,
                                                    rs_.RestoreStatus.VERIFIED):
             return Interests(pods=source | {r.plan.key})  # its pod is removed first
+        if behind_the_cluster(state):  # where a restore of it would be, if it ran
+            return Interests(pods=source | restore_candidates(state))
         if s in (MigrationPhase.CHECKPOINTING, MigrationPhase.UNSTICKING,
                  MigrationPhase.WAKING_IN_PLACE, MigrationPhase.DELETING_SOURCE):
             return Interests(pods=source)

@@ -20,12 +20,15 @@ into the engine's ``Decision``. The source deletion guard is
   both ends reported every page (``PagesTransferred``). Before the target runs a failure
   wakes the source as a stream's does; after it, lost pages or the transfer deadline
   lose the workload (``WorkloadLost``): both pods are removed, the source never woken.
+  A CRI-O target's pod names the hand-over's checkpoint image, which its agent pushes
+  (:func:`~controlplane.machines.config.modes.lazy_checkpoint_images`).
 
 Called by :class:`controlplane.machines.migration.machine.MigrationDecider`. Pure.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 from controlplane.engine.jsonvalue import JsonObject
@@ -35,6 +38,7 @@ from controlplane.machines.base.frozen import replace
 from controlplane.machines.base.stepping import Step, action_key, emit, failing, wait
 from controlplane.machines.base.timing import REISSUE_AFTER, next_poll, seconds
 from controlplane.machines.config.classes import OnFailure
+from controlplane.machines.config.modes import lazy_checkpoint_images
 from controlplane.machines.config.runtimes import RestorePath, restore_path
 from controlplane.machines.contract import protocol
 from controlplane.machines.contract.actions import EventType, annotate_pod, emit_event
@@ -103,11 +107,12 @@ def decide_migration(state: MigrationState, obs: Observation, now: datetime) -> 
 
 
 def _finish(state: MigrationState, now: datetime, phase: MigrationPhase, reason: str,
-            message: str, *, final_node: str | None = None) -> Step:
+            message: str, *, final_node: str | None = None,
+            facts: JsonObject | None = None) -> Step:
     c = state.spec.capture
     warning = phase not in (MigrationPhase.SUCCEEDED, MigrationPhase.CANCELLED)
     event = MigrationFinished(at=now, phase=phase.value, reason=reason, message=message,
-                              final_node=final_node).recorded()
+                              final_node=final_node).recorded(facts or {})
     notice = emit_event(action_key(state.machine_id, "event", "finished"),
                         namespace=c.namespace, pod_name=c.name, pod_uid=c.uid,
                         type_=EventType.WARNING if warning else EventType.NORMAL,
@@ -123,6 +128,10 @@ def _unstick(state: MigrationState, obs: Observation, now: datetime) -> Step:
         return removing
     since = state.capture.failed_at or state.started_at
     assert since is not None
+    if behind_the_cluster(state):
+        found = _found_restored(state, obs, now, since)
+        if found is not None:
+            return found
     result = src_.decide_unstick(
         state.source_op, state.source, obs, now, machine_id=state.machine_id,
         kill=state.klass.on_failure is OnFailure.KILL, timeout=state.klass.timeouts.release,
@@ -137,6 +146,67 @@ def _unstick(state: MigrationState, obs: Observation, now: datetime) -> Step:
     note = f"; source NOT unstuck: {result.note}" if result.note else ""
     return _finish(state, now, MigrationPhase.FAILED, failure.reason, failure.message + note,
                    final_node=None)
+
+
+def behind_the_cluster(state: MigrationState) -> bool:
+    """The capture failed because the source is gone, and this history started no restore:
+    the cluster may be ahead of it (its database restored from a backup taken before the
+    migration went on). Then the pods a restore of it would have made are looked for
+    (:func:`restore_candidates`) before the migration is called failed."""
+    failure = state.failure
+    return (state.status is MigrationPhase.UNSTICKING and failure is not None
+            and failure.reason == "SourceGone" and state.restore is None
+            and not state.spec.lazy)
+
+
+def restore_candidates(state: MigrationState) -> frozenset[str]:
+    """Every pod key a restore of this migration is created as: each attempt's name (the
+    target's attempts and a rollback's), the kept name, and the source's own name (a
+    StatefulSet's successor takes it)."""
+    c = state.spec.capture
+    keys = {f"{c.namespace}/{rs_.restore_pod_name(state.spec.restore_name, state.machine_id, n)}"
+            for n in range(1, state.klass.restore_attempts + 2)}
+    if state.spec.keep_name:
+        keys.add(state.spec.name_key)
+    keys.add(c.pod_key)
+    return frozenset(keys)
+
+
+def _restored_by_this_migration(state: MigrationState, pod: PodView) -> bool:
+    """``pod`` runs, restored by the agent from one of this migration's own attempts (its
+    ``restore-key`` names this machine; the agent marked what it restored)."""
+    key = pod.annotations.get(protocol.RESTORE_KEY, "")
+    report = protocol.restore_report(pod)
+    marked = bool(report.restored_from) or pod.annotations.get(
+        protocol.RESTORED_FROM_HANDOFF, "") != ""
+    return (key.startswith(f"{state.machine_id}/") and pod.uid != state.spec.capture.uid
+            and pod.phase == "Running" and not pod.deleting and not report.failure
+            and bool(report.instance_id) and marked)
+
+
+def _found_restored(state: MigrationState, obs: Observation, now: datetime,
+                    since: datetime) -> Step | None:
+    """The workload found where a restore of this migration put it: the migration ends as
+    the cluster says it did (``FoundRestored``), its steps in between unrecorded. A pod
+    that could not be observed is waited for (gate 3) until the release deadline."""
+    unseen = False
+    for key in sorted(restore_candidates(state)):
+        pod = obs.pods.get(key)  # not asked (None): an observation before this release
+        unseen = unseen or isinstance(pod, ProbeError)
+        if not (isinstance(pod, PodView) and _restored_by_this_migration(state, pod)):
+            continue
+        on_source = pod.node == state.spec.source_node
+        phase = MigrationPhase.ROLLED_BACK if on_source else MigrationPhase.SUCCEEDED
+        return _finish(state, now, phase, "FoundRestored",
+                       f"workload found running on {pod.node} as pod {key}, restored by "
+                       f"attempt {pod.annotations[protocol.RESTORE_KEY].split('/')[-1]} of "
+                       "this migration: the cluster is ahead of this history (a database "
+                       "restored from a backup?); the steps in between are not recorded",
+                       final_node=pod.node, facts=pod_facts(key, pod))
+    deadline = since + seconds(state.klass.timeouts.release)
+    if unseen and now < deadline:
+        return wait(deadline, next_poll(since, now))
+    return None
 
 
 def _wake(state: MigrationState, obs: Observation, now: datetime) -> Step:
@@ -243,16 +313,21 @@ def _target_not_by_agent(state: MigrationState, obs: Observation,
     return f"node {state.target} {how}"
 
 
-def _capture_and_target(state: MigrationState, obs: Observation, now: datetime) -> Step:
-    """The capture handed off to the target and the target pod, in one decision."""
+def _capture_and_target(state: MigrationState, obs: Observation, now: datetime, *,
+                        images: Mapping[str, str] | None = None) -> Step:
+    """The capture handed off to the target and the target pod, in one decision; with
+    ``images`` (a lazy migration to CRI-O), the pod names those checkpoint images."""
     assert state.started_at is not None
     capture = cap_.decide_capture(state.spec.capture, state.capture, obs, now,
                                   machine_id=state.machine_id, started_at=state.started_at,
                                   handoff_to=state.target)
     if capture.idle or capture.confirm:
         return capture  # the source not observed (wait) or not capturable (fail)
-    start = rs_.start_restore(_plan(state, state.target, None), state.context(), now,
-                              machine_id=state.machine_id)
+    plan = _plan(state, state.target, None)
+    if images:
+        plan = replace(plan, path=RestorePath.RUNTIME.value, images=tuple(
+            rs_.ContainerImage(c, ref) for c, ref in sorted(images.items())))
+    start = rs_.start_restore(plan, state.context(), now, machine_id=state.machine_id)
     return Step(events=(*capture.events, *start.events),
                 actions=(*capture.actions, *start.actions))
 
@@ -371,12 +446,29 @@ def _lazy_start(state: MigrationState, obs: Observation, now: datetime) -> Step:
     not_agent = _target_not_by_agent(state, obs, now)
     if isinstance(not_agent, Step):
         return not_agent
+    target = obs.nodes.get(state.target)
+    if not_agent and not isinstance(target, ProbeError) and target is not None and \
+            restore_path(target.runtime, state.klass.runtime_paths()) is RestorePath.RUNTIME:
+        # CRI-O restores the hand-over's checkpoint image, which the target's agent pushes
+        # where the pod names it (docs/runtime.md, lazy pages on real nodes).
+        c = state.spec.capture
+        names = c.containers or _template_containers(state.spec.template)
+        return _capture_and_target(state, obs, now, images=lazy_checkpoint_images(
+            c.artifact, c.checkpoint_id, names))
     if not_agent:
         return _finish(state, now, MigrationPhase.FAILED, "LazyRefused",
                        f"{not_agent}, so it cannot fetch lazy pages; nothing was asked of "
                        "the source: migrate with mode 'stop-and-copy'",
                        final_node=state.spec.source_node)
     return _capture_and_target(state, obs, now)
+
+
+def _template_containers(template: JsonObject) -> tuple[str, ...]:
+    spec = template.get("spec")
+    containers = spec.get("containers") if isinstance(spec, dict) else None
+    if not isinstance(containers, list):
+        return ()
+    return tuple(str(c.get("name")) for c in containers if isinstance(c, dict))
 
 
 #: How the agents name a lost transfer (``report-reason``, ``restore-failure``).
@@ -495,7 +587,7 @@ def _lazy_retire_source(state: MigrationState, obs: Observation, now: datetime) 
         # Only now the labels: a ReplicaSet never sees two pods it would scale one away of.
         done = _finish(state, now, MigrationPhase.SUCCEEDED, "Migrated",
                        f"workload running on {state.final_node}; every page arrived lazily "
-                       "(no checkpoint kept: nothing was pushed)", final_node=state.final_node)
+                       "(no checkpoint kept: no memory was pushed)", final_node=state.final_node)
         labels = template_labels(state.spec.template)
         if not labels:
             return done
