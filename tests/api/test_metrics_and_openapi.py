@@ -66,6 +66,11 @@ async def test_metrics_text_parses_and_has_the_expected_series(
         "controlplane_queue_depth": "gauge",
         "controlplane_action_failures_total": "counter",
         "controlplane_migration_phase_duration_seconds": "histogram",
+        "controlplane_operation_wake_overdue_seconds": "gauge",
+        "controlplane_node_operations": "gauge",
+        "controlplane_operations_failed_total": "counter",
+        "controlplane_checkpoint_bytes_total": "counter",
+        "controlplane_history_events": "gauge",
     }
     ops = {labels: v for name, labels, v in samples if name == "controlplane_operations"}
     assert ops['{kind="migration",phase="Succeeded"}'] == 1
