@@ -89,6 +89,9 @@ examples:
   cpctl sim up --seed 7 --fault error,verb=patch+delete,rate=0.1,code=503 \\
       --fault latency,seconds=0.05,jitter=0.02 --fault forbid,verb=delete,resource=pods
   cpctl sim up --no-kubelets   # then: cpctl sim nodes --kubeconfig ... --nodes node-1,...
+  cpctl sim up --crds deploy/base/crds   # the custom resources too (docs/resources.md)
+  cpctl sim up --nodes 2 --kubeconfig var/kube.yaml --crds deploy/base/crds --workers
+      # and agents and a worker on it: kubectl apply a Migration and watch it succeed
 See docs/simulator.md.
 exit: 0 after SIGTERM/SIGINT, 2 on bad input (the flag named).
 """
@@ -114,6 +117,22 @@ def add_up_parser(verbs: argparse._SubParsersAction[Any]) -> None:
     up.add_argument("--seed", type=int, default=0, metavar="N",
                     help="seed of the faults' random sequence: the same seed and the same "
                          "requests in the same order fail the same way (default 0)")
+    up.add_argument("--crds", default=None, metavar="DIR",
+                    help="serve the CustomResourceDefinitions in DIR's *.yaml files (other "
+                         "kinds there are skipped), e.g. deploy/base/crds: the product's "
+                         "custom resources, for kubectl apply/get/describe and the workers' "
+                         "front door; installed before the ready line (default: none; "
+                         "kubectl apply -f of a CRD works too)")
+    up.add_argument("--workers", action="store_true",
+                    help="also run the control plane on it, each as its own process: the "
+                         "schema upgraded (cpctl db upgrade on --db), a node agent per node "
+                         "(sim dumper) and a cpctl worker, over the OCI layout "
+                         "--registry-layout; their logs in a folder beside the kubeconfig. "
+                         "With --crds: a whole local world where the custom resources act, "
+                         "in one command (docs/resources.md, \"Try it locally\")")
+    up.add_argument("--registry-layout", default="var/oci", metavar="DIR",
+                    help="with --workers: the OCI image layout the agents push to and the "
+                         "worker reads (default var/oci)")
     up.add_argument("--no-kubelets", dest="kubelets", action="store_false",
                     help="no in-process scheduler, kubelets or nodes: run `cpctl sim nodes` "
                     "against it instead (default: they run)")
@@ -121,20 +140,182 @@ def add_up_parser(verbs: argparse._SubParsersAction[Any]) -> None:
 
 
 async def sim_cmd(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from controlplane.errors import UsageError
     from controlplane.wiring.sim import run_simulator
 
-    def ready(url: str, kubeconfig: Path | None) -> None:
+    if args.workers and (not args.kubelets or not args.kubeconfig):
+        raise UsageError("--workers needs the simulator's nodes and a kubeconfig",
+                         hint="drop --no-kubelets; keep --kubeconfig (default "
+                              "var/sim-kubeconfig.yaml)")
+    crds = read_crds(args.crds) if args.crds else []
+    signalled = _stop_on_signals()
+    stop = asyncio.Event()  # the simulator's: set once the processes on it have stopped
+    starting: list[asyncio.Task[None]] = []
+    world = World()
+    failed: list[str] = []
+
+    async def start(url: str, kubeconfig: Path | None) -> None:
+        try:
+            await asyncio.to_thread(install_crds, url, crds)
+            if args.workers and kubeconfig is not None:
+                await world.start(args, kubeconfig)
+        except (OSError, RuntimeError) as exc:
+            failed.append(str(exc))
+            signalled.set()
+            return
         sys.stdout.write(up_line(args, url, kubeconfig) + "\n")
         sys.stdout.flush()
 
-    await run_simulator(nodes=args.nodes, port=args.port, kubeconfig=args.kubeconfig,
-                        kubelets=args.kubelets, node_cpu=args.node_cpu,
-                        node_memory=args.node_memory, node_pods=args.node_pods,
-                        start_seconds=args.start_seconds, stop_seconds=args.stop_seconds,
-                        faults=args.fault, seed=args.seed, on_ready=ready,
-                        stop=_stop_on_signals())
+    async def stop_world_first() -> None:
+        await signalled.wait()
+        for task in starting:
+            await task
+        await world.stop()
+        stop.set()
+
+    def ready(url: str, kubeconfig: Path | None) -> None:
+        starting.append(asyncio.get_running_loop().create_task(start(url, kubeconfig)))
+
+    stopper = asyncio.get_running_loop().create_task(stop_world_first())
+    try:
+        await run_simulator(nodes=args.nodes, port=args.port, kubeconfig=args.kubeconfig,
+                            kubelets=args.kubelets, node_cpu=args.node_cpu,
+                            node_memory=args.node_memory, node_pods=args.node_pods,
+                            start_seconds=args.start_seconds, stop_seconds=args.stop_seconds,
+                            faults=args.fault, seed=args.seed, on_ready=ready, stop=stop)
+    finally:
+        stopper.cancel()
+        await world.stop()
+    if failed:
+        sys.stderr.write(f"cpctl sim up: {failed[0]}\n")
+        return 1
     sys.stdout.write("simulated cluster stopped\n")
     return 0
+
+
+class World:
+    """``--workers``: the control plane's processes on the simulator (the schema upgrade,
+    an agent per node, a worker), each started and waited for in turn by its ready line,
+    and stopped (SIGTERM, then SIGKILL after 20 s) before the simulator stops."""
+
+    def __init__(self) -> None:
+        self.procs: list[asyncio.subprocess.Process] = []
+        self.pumps: list[asyncio.Task[None]] = []
+        self.logs = Path()
+
+    async def start(self, args: argparse.Namespace, kubeconfig: Path) -> None:
+        self.logs = kubeconfig.parent / "sim-world"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        cpctl = [sys.executable, "-m", "controlplane.cli.main", "--db", args.db]
+        await self._run("db-upgrade", [*cpctl, "db", "upgrade"], ready=None)
+        for i in range(1, args.nodes + 1):
+            await self._run(f"agent-node-{i}", [
+                sys.executable, "-m", "drivers.agent", "--node", f"node-{i}", "--kubeconfig",
+                str(kubeconfig), "--layout", args.registry_layout, "--dumper", "sim"],
+                ready="node agent serving")
+        await self._run("worker", [*cpctl, "worker", "--kubeconfig", str(kubeconfig),
+                                   "--registry-layout", args.registry_layout], ready="worker ")
+
+    async def _run(self, name: str, argv: list[str], *, ready: str | None) -> None:
+        """Start ``argv`` (its output to ``<logs>/<name>.log``) and wait for its line
+        starting with ``ready`` (``None``: for it to exit 0)."""
+        import asyncio
+
+        log = (self.logs / f"{name}.log").open("ab")
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=asyncio.subprocess.PIPE, stderr=log,
+                stdin=asyncio.subprocess.DEVNULL)
+        finally:
+            log.close()
+        assert proc.stdout is not None
+        if ready is None:
+            out, _ = await proc.communicate()
+            with (self.logs / f"{name}.log").open("ab") as written:
+                written.write(out)
+            if proc.returncode != 0:
+                raise RuntimeError(f"--workers: {name} exited {proc.returncode}; see "
+                                   f"{self.logs / name}.log")
+            return
+        self.procs.append(proc)
+        async with asyncio.timeout(120):
+            while True:
+                line = await proc.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"--workers: {name} exited before it was ready; see "
+                                       f"{self.logs / name}.log")
+                if line.decode(errors="replace").startswith(ready):
+                    break
+        self.pumps.append(asyncio.get_running_loop().create_task(
+            _pump(proc.stdout, self.logs / f"{name}.log")))
+
+    async def stop(self) -> None:
+        import asyncio
+        import contextlib
+
+        procs, self.procs = self.procs, []
+        for proc in reversed(procs):  # the worker first, then the agents
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+        for proc in procs:
+            try:
+                async with asyncio.timeout(20):
+                    await proc.wait()
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        pumps, self.pumps = self.pumps, []
+        for pump in pumps:
+            await pump
+
+
+async def _pump(stream: asyncio.StreamReader, log: Path) -> None:
+    """The rest of a process's stdout to its log, so that it never blocks on a full pipe."""
+    with log.open("ab") as out:
+        while line := await stream.readline():
+            out.write(line)
+            out.flush()
+
+
+def read_crds(folder: str) -> list[dict[str, Any]]:
+    """The CustomResourceDefinitions of ``folder``'s ``*.yaml`` files (other kinds, such
+    as the roles beside them in deploy/base/crds, skipped); a usage error if there are
+    none or a file cannot be read."""
+    import yaml
+
+    from controlplane.errors import UsageError
+
+    found: list[dict[str, Any]] = []
+    try:
+        for path in sorted(Path(folder).glob("*.yaml")):
+            found += [doc for doc in yaml.safe_load_all(path.read_text())
+                      if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition"]
+    except (OSError, yaml.YAMLError) as exc:
+        raise UsageError(f"--crds {folder}: cannot read it ({exc})",
+                         hint="e.g. --crds deploy/base/crds") from None
+    if not found:
+        raise UsageError(f"--crds {folder}: no CustomResourceDefinition in its *.yaml files",
+                         hint="e.g. --crds deploy/base/crds")
+    return found
+
+
+def install_crds(url: str, crds: list[dict[str, Any]]) -> None:
+    """Create the CRDs through the simulator's own API, as ``kubectl create`` would (a
+    thread's blocking HTTP: the server answers on the event loop meanwhile)."""
+    import json
+    import urllib.request
+
+    for crd in crds:
+        request = urllib.request.Request(
+            f"{url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+            data=json.dumps(crd).encode(), method="POST",
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10):
+            pass
 
 
 def up_line(args: argparse.Namespace, url: str, kubeconfig: Path | None) -> str:
@@ -142,6 +323,11 @@ def up_line(args: argparse.Namespace, url: str, kubeconfig: Path | None) -> str:
     Scripts read the URL as the word after ``listening on``."""
     parts = [f"{args.nodes} nodes, each cpu {args.node_cpu}, memory {args.node_memory}, "
              f"pods {args.node_pods}" if args.kubelets else "no nodes, no kubelets"]
+    if getattr(args, "crds", None):
+        parts.append(f"the CRDs of {args.crds}")
+    if getattr(args, "workers", False) and kubeconfig is not None:
+        parts.append(f"{args.nodes} node agent(s) and a worker on {args.db}, registry layout "
+                     f"{args.registry_layout}, logs in {kubeconfig.parent / 'sim-world'}")
     if args.kubelets and (args.start_seconds or args.stop_seconds):
         parts.append(f"pods start after {args.start_seconds:g}s, "
                      f"stop after {args.stop_seconds:g}s")

@@ -31,6 +31,7 @@ def node_status(name: str, index: int, *, cpu: str, memory: str, pods: int) -> O
                           {"type": "Hostname", "address": name}],
             "nodeInfo": {"kubeletVersion": KUBELET_VERSION,
                          "containerRuntimeVersion": "sim://1", "operatingSystem": "linux",
+                         "osImage": "simulated", "kernelVersion": "none",
                          "architecture": "amd64"}}
 
 

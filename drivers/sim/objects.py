@@ -36,6 +36,14 @@ class Resource:
     namespaced: bool
     has_status: bool
     group: str = ""
+    version: str = "v1"
+    #: A custom resource (defined by a CustomResourceDefinition: :mod:`drivers.sim.custom`).
+    custom: bool = False
+    short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    #: A custom resource's ``additionalPrinterColumns``:
+    #: (name, type, format, priority, jsonPath, description) each.
+    columns: tuple[tuple[str, str, str, int, str, str], ...] = ()
 
     @property
     def list_kind(self) -> str:
@@ -43,7 +51,12 @@ class Resource:
 
     @property
     def api_version(self) -> str:
-        return f"{self.group}/v1" if self.group else "v1"
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def group_version(self) -> str:
+        """``v1``, ``apps/v1``: how a discovery document names where it is served."""
+        return self.api_version
 
     @property
     def qualified_plural(self) -> str:
@@ -65,6 +78,8 @@ class Resource:
 
 
 APPS = "apps"
+APIEXTENSIONS = "apiextensions.k8s.io"
+CRDS = "customresourcedefinitions"
 
 RESOURCES: dict[str, Resource] = {
     r.plural: r for r in (
@@ -77,6 +92,9 @@ RESOURCES: dict[str, Resource] = {
         Resource("deployments", "Deployment", namespaced=True, has_status=True, group=APPS),
         Resource("replicasets", "ReplicaSet", namespaced=True, has_status=True, group=APPS),
         Resource("statefulsets", "StatefulSet", namespaced=True, has_status=True, group=APPS),
+        Resource(CRDS, "CustomResourceDefinition", namespaced=False, has_status=True,
+                 group=APIEXTENSIONS, short_names=("crd", "crds"),
+                 categories=("api-extensions",)),
     )
 }
 

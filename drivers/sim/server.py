@@ -13,6 +13,9 @@ subresource, plus ``/version``, ``/api``, ``/apis``, ``/apis/apps``, ``/api/v1``
 (429 carries ``Retry-After``). ``pods/NAME/eviction`` deletes like a DELETE (no
 disruption budgets). ``dryRun=All`` validates and answers without storing;
 ``fieldValidation=Strict`` refuses unknown fields (see :mod:`drivers.sim.validation`).
+A GET or LIST whose ``Accept`` asks for ``as=Table`` (what ``kubectl get`` sends) is
+answered with kubectl's columns for pods, nodes, events and namespaces
+(:mod:`drivers.sim.tables`).
 
 Every request is counted by verb (``requests``) and passes the fault hooks first. The
 audit (``audit``, served as JSON at ``/sim/audit``) counts them by who sent them (the
@@ -32,14 +35,15 @@ import json
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
 
 from controlplane.logs import get_logger
-from drivers.sim import selectors, validation
+from drivers.sim import custom, selectors, tables, validation
 from drivers.sim.faults import Faults, Request
-from drivers.sim.objects import APPS, RESOURCES, ApiError, Obj, Resource, dumps, meta
+from drivers.sim.objects import RESOURCES, ApiError, Obj, Resource, dumps, meta
 from drivers.sim.store import Store
 from drivers.sim.watch import WatchHub, parse_resource_version, stream, stream_error
 
@@ -58,8 +62,10 @@ class Target:
     subresource: str | None
 
 
-def parse_path(tail: str, group: str = "") -> Target:
-    """What ``/api/v1/{tail}`` (``group`` empty) or ``/apis/{group}/v1/{tail}`` names."""
+def parse_path(tail: str, group: str = "", version: str = "v1",
+               served: dict[str, Resource] | None = None) -> Target:
+    """What ``/api/v1/{tail}`` (``group`` empty) or ``/apis/{group}/{version}/{tail}``
+    names, among the ``served`` resources (default: the built-in ones)."""
     parts = [p for p in tail.strip("/").split("/") if p]
     if not parts:
         raise ApiError(404, "the server could not find the requested resource")
@@ -67,8 +73,8 @@ def parse_path(tail: str, group: str = "") -> Target:
         namespace, rest = parts[1], parts[2:]
     else:
         namespace, rest = None, parts
-    resource = RESOURCES.get(rest[0])
-    if resource is not None and resource.group != group:
+    resource = (RESOURCES if served is None else served).get(rest[0])
+    if resource is not None and (resource.group, resource.version) != (group, version):
         resource = None
     if resource is None or len(rest) > 3 or (namespace is not None and not resource.namespaced):
         raise ApiError(404, "the server could not find the requested resource")
@@ -141,22 +147,71 @@ class SimServer:
             app.router.add_get(probe, _static("ok"))
         app.router.add_get("/api", _static(
             {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}))
-        app.router.add_get("/apis", _static(
-            {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group(APPS)]}))
-        app.router.add_get(f"/apis/{APPS}", _static(
-            {"kind": "APIGroup", "apiVersion": "v1", **_group(APPS)}))
-        app.router.add_get("/api/v1", _static(self._discovery("")))
-        app.router.add_get(f"/apis/{APPS}/v1", _static(self._discovery(APPS)))
+        app.router.add_get("/apis", self._groups)
+        app.router.add_get("/apis/{group}", self._group)
+        app.router.add_get("/api/v1", self._versions)
+        app.router.add_get("/apis/{group}/{version}", self._versions)
+        app.router.add_get("/openapi/v3", self._openapi)
+        app.router.add_get("/openapi/v3/{gv:.+}", self._openapi)
         app.router.add_get("/sim/audit", self._audit)
         app.router.add_route("*", "/api/v1/{tail:.+}", self._dispatch)
-        app.router.add_route("*", f"/apis/{APPS}/v1/{{tail:.+}}", self._dispatch)
+        app.router.add_route("*", "/apis/{group}/{version}/{tail:.+}", self._dispatch)
         return app
 
-    def _discovery(self, group: str) -> Obj:
-        verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
-        served = [r for r in RESOURCES.values() if r.group == group]
+    def _group_versions(self) -> dict[str, list[str]]:
+        """Served API groups (``""``: core) and their versions, built-ins first."""
+        out: dict[str, list[str]] = {}
+        for r in self.store.resources.values():
+            versions = out.setdefault(r.group, [])
+            if r.version not in versions:
+                versions.append(r.version)
+        return out
+
+    async def _groups(self, _: web.Request) -> web.StreamResponse:
+        return _json({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+            _group(g, vs) for g, vs in self._group_versions().items() if g]})
+
+    async def _group(self, request: web.Request) -> web.StreamResponse:
+        group = request.match_info["group"]
+        versions = self._group_versions().get(group)
+        if not group or versions is None:
+            return error_response(ApiError(404, "the server could not find the requested "
+                                           "resource"))
+        return _json({"kind": "APIGroup", "apiVersion": "v1", **_group(group, versions)})
+
+    async def _versions(self, request: web.Request) -> web.StreamResponse:
+        group = request.match_info.get("group", "")
+        version = request.match_info.get("version", "v1")
+        if version not in self._group_versions().get(group, []):
+            return error_response(ApiError(404, "the server could not find the requested "
+                                           "resource"))
+        return _json(self._discovery(group, version))
+
+    async def _openapi(self, request: web.Request) -> web.StreamResponse:
+        """OpenAPI v3: the root, or one group version's document (``drivers.sim.custom``)."""
+        served: dict[str, list[Resource]] = {}
+        for r in self.store.resources.values():
+            served.setdefault(r.group_version, []).append(r)
+        docs = {gv: custom.openapi_group(rs) for gv, rs in served.items()}
+        gv = request.match_info.get("gv")
+        if gv is None:
+            return _json(custom.openapi_root(docs, docs))
+        doc = docs.get(gv.removeprefix("api/").removeprefix("apis/"))
+        if doc is None:
+            return error_response(ApiError(404, "the server could not find the requested "
+                                           "resource"))
+        return _json(doc)
+
+    def _discovery(self, group: str, version: str = "v1") -> Obj:
+        verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update",
+                 "watch"]
+        served = [r for r in self.store.resources.values()
+                  if (r.group, r.version) == (group, version)]
         listed = [{"name": r.plural, "singularName": r.kind.lower(), "namespaced": r.namespaced,
-                   "kind": r.kind, "verbs": verbs} for r in served]
+                   "kind": r.kind, "verbs": verbs, **_SHORT_NAMES.get(r.plural, {}),
+                   **({"shortNames": list(r.short_names)} if r.short_names else {}),
+                   **({"categories": list(r.categories)} if r.categories else {})}
+                  for r in served]
         listed += [{"name": f"{r.plural}/status", "singularName": "", "namespaced": r.namespaced,
                     "kind": r.kind, "verbs": ["get", "patch", "update"]}
                    for r in served if r.has_status]
@@ -164,7 +219,8 @@ class SimServer:
             listed.append({"name": "pods/eviction", "singularName": "", "namespaced": True,
                            "group": "policy", "version": "v1", "kind": "Eviction",
                            "verbs": ["create"]})
-        return {"kind": "APIResourceList", "groupVersion": f"{group}/v1" if group else "v1",
+        return {"kind": "APIResourceList",
+                "groupVersion": f"{group}/{version}" if group else version,
                 "resources": listed}
 
     async def _audit(self, _: web.Request) -> web.StreamResponse:
@@ -174,8 +230,8 @@ class SimServer:
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         try:
-            group = APPS if request.path.startswith("/apis/") else ""
-            target = parse_path(request.match_info["tail"], group)
+            target = parse_path(request.match_info["tail"], request.match_info.get("group", ""),
+                                request.match_info.get("version", "v1"), self.store.resources)
             query = request.query
             verb = verb_of(request.method, target, _flag(query.get("watch")))
             self.requests[verb] += 1
@@ -224,24 +280,32 @@ class SimServer:
                 try:
                     watch = self.hub.open(t.resource, t.namespace, selector,
                                           resource_version=query.get("resourceVersion"),
-                                          bookmarks=_flag(query.get("allowWatchBookmarks")))
+                                          bookmarks=_flag(query.get("allowWatchBookmarks")),
+                                          initial_events=_flag(query.get("sendInitialEvents")))
                 except ApiError as exc:
                     if exc.code != 410:
                         raise
                     return await stream_error(request, exc)
+                version = tables.wanted(request.headers.get("Accept", ""))
+                rows = None if version is None else tables.watch_rows(
+                    t.resource, version, query.get("includeObject"), lambda: datetime.now(UTC))
                 return await stream(request, self.hub, watch,
-                                    timeout_seconds=_number(timeout, "timeoutSeconds"))
+                                    timeout_seconds=_number(timeout, "timeoutSeconds"),
+                                    transform=rows)
             if verb == "list":
                 if query.get("resourceVersion"):  # checked, then ignored: lists are current
                     parse_resource_version(query["resourceVersion"], watch=False)
-                return _json(self._list(t, selector, query.get("limit"), query.get("continue")))
+                body = self._list(t, selector, query.get("limit"), query.get("continue"))
+                return _json(self._as_table(request, t, body["items"], body["metadata"]) or body)
             items, _ = self.store.select(plural, t.namespace, selector)
             for obj in items:
                 self.store.delete(plural, str(meta(obj).get("namespace") or ""),
                                   str(meta(obj)["name"]), dry_run=dry_run)
             return self._list_response(t.resource, items, None)
         if verb == "get":
-            return _json(self.store.get(plural, ns, name))
+            obj = self.store.get(plural, ns, name)
+            metadata = {"resourceVersion": str(meta(obj).get("resourceVersion", ""))}
+            return _json(self._as_table(request, t, [obj], metadata) or obj)
         if verb == "create":
             if t.resource.namespaced and t.namespace is None:
                 raise ApiError(405, f"create {plural} needs a namespace in the path")
@@ -276,6 +340,16 @@ class SimServer:
         if verb == "delete":
             return _json(self._delete(t, await self._body(request), query, dry_run))
         raise ApiError(405, f"method {request.method} is not allowed here")
+
+    def _as_table(self, request: web.Request, t: Target, items: list[Obj],
+                  metadata: Obj) -> Obj | None:
+        """The ``Table`` kubectl asks for in ``Accept`` (see :mod:`drivers.sim.tables`), or
+        ``None``: the plain object or list, when it was not asked for or has no table."""
+        version = tables.wanted(request.headers.get("Accept", ""))
+        if version is None:
+            return None
+        return tables.table(t.resource, items, version=version, list_metadata=metadata,
+                            include=request.query.get("includeObject"), now=datetime.now(UTC))
 
     def _delete(self, t: Target, body: Any, query: Any, dry_run: bool = False) -> Obj:
         options = body if isinstance(body, dict) else {}
@@ -332,9 +406,22 @@ class SimServer:
         return _json(self._list_body(resource, items, None, token))
 
 
-def _group(name: str) -> Obj:
-    version = {"groupVersion": f"{name}/v1", "version": "v1"}
-    return {"name": name, "versions": [version], "preferredVersion": version}
+#: What a real server's discovery says beside each name: ``kubectl get po``, ``get all``.
+_SHORT_NAMES: dict[str, Obj] = {
+    "pods": {"shortNames": ["po"], "categories": ["all"]},
+    "nodes": {"shortNames": ["no"]},
+    "namespaces": {"shortNames": ["ns"]},
+    "events": {"shortNames": ["ev"]},
+    "persistentvolumeclaims": {"shortNames": ["pvc"]},
+    "deployments": {"shortNames": ["deploy"], "categories": ["all"]},
+    "replicasets": {"shortNames": ["rs"], "categories": ["all"]},
+    "statefulsets": {"shortNames": ["sts"], "categories": ["all"]},
+}
+
+
+def _group(name: str, versions: list[str]) -> Obj:
+    listed = [{"groupVersion": f"{name}/{v}", "version": v} for v in versions]
+    return {"name": name, "versions": listed, "preferredVersion": listed[0]}
 
 
 def _strict(resource: Resource, body: Obj) -> None:

@@ -36,9 +36,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from drivers.sim import custom, strategies
 from drivers.sim import patch as patches
-from drivers.sim import strategies
 from drivers.sim.objects import (
+    CRDS,
     RESOURCES,
     ApiError,
     Obj,
@@ -89,6 +90,8 @@ class Store:
 
     def __init__(self, *, history_limit: int = 100_000) -> None:
         self.rv = 0
+        #: What this store serves: the built-in resources, and those its CRDs define.
+        self.resources: dict[str, Resource] = dict(RESOURCES)
         self._objects: dict[str, dict[Key, Obj]] = {plural: {} for plural in RESOURCES}
         self._history: deque[Change] = deque()
         self._history_limit = history_limit
@@ -98,7 +101,7 @@ class Store:
     # --- reading ---------------------------------------------------------------------
 
     def resource(self, plural: str) -> Resource:
-        found = RESOURCES.get(plural)
+        found = self.resources.get(plural)
         if found is None:
             raise ApiError(404, f"the server could not find the requested resource ({plural})")
         return found
@@ -199,6 +202,9 @@ class Store:
         """``check``: called with the patched object before it is stored (strict fields)."""
         resource = self.resource(plural)
         current = self.get(plural, namespace, name)
+        if resource.custom and content_type == STRATEGIC:  # as a real server: no schema
+            raise ApiError(415, "the body of the request was in an unknown format - accepted "
+                           f"media types include: {JSON_PATCH}, {MERGE}")
         try:
             if content_type == STRATEGIC:
                 patched = patches.strategic_merge_patch(current, body)
@@ -292,7 +298,7 @@ class Store:
                            f"({m.get('resourceVersion')}). The object might have been modified",
                            by_kind=True)
         if plural == "namespaces" and not dry_run:
-            for inner in RESOURCES.values():
+            for inner in list(self.resources.values()):
                 if inner.namespaced:
                     for key in [k for k in self._objects[inner.plural] if k[0] == name]:
                         self._remove(inner, key)
@@ -349,9 +355,28 @@ class Store:
         self.rv += 1
         meta(obj)["resourceVersion"] = str(self.rv)
         self._objects[resource.plural][key] = obj
+        if resource.plural == CRDS:
+            self._define(obj)
         self._emit(Change(self.rv, resource.plural, "MODIFIED" if prev else "ADDED",
                           clone(obj), prev))
         return clone(obj)
+
+    def _define(self, crd: Obj) -> None:
+        """Serve what a CRD defines (its objects kept if it was served already)."""
+        for resource in custom.resources(crd):
+            if resource.plural in RESOURCES:
+                continue  # a built-in name is not taken over
+            self.resources[resource.plural] = resource
+            self._objects.setdefault(resource.plural, {})
+
+    def _undefine(self, crd: Obj) -> None:
+        """A deleted CRD's kind is served no more, and its objects go with it."""
+        for resource in custom.resources(crd):
+            if self.resources.get(resource.plural) == resource:
+                for key in list(self._objects.get(resource.plural, {})):
+                    self._remove(resource, key)
+                del self.resources[resource.plural]
+                self._objects.pop(resource.plural, None)
 
     def _remove(self, resource: Resource, key: Key, *, last: Obj | None = None,
                 dry_run: bool = False) -> Obj:
@@ -362,6 +387,8 @@ class Store:
         gone = clone(last if last is not None else prev)
         meta(gone)["resourceVersion"] = str(self.rv)
         self._emit(Change(self.rv, resource.plural, "DELETED", gone, prev))
+        if resource.plural == CRDS:
+            self._undefine(prev)
         return clone(gone)
 
     def _emit(self, change: Change) -> None:

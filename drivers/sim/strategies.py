@@ -8,7 +8,8 @@
   ``name``, ``creationTimestamp`` and ``deletionTimestamp`` are immutable (422), a pod's
   spec may change only where Kubernetes allows it (images, tolerations, deadlines,
   scheduling gates), never ``nodeName`` (binding sets it).
-- the workload kinds (apps/v1 and claims) follow :mod:`drivers.sim.workloads`.
+- the workload kinds (apps/v1 and claims) follow :mod:`drivers.sim.workloads`; custom
+  resources and their definitions, :mod:`drivers.sim.custom`.
 - :func:`deletion_grace`: how long a DELETE waits before the object may go: pods bound
   to a node get their grace period (the simulated kubelet stops them), everything else
   goes at once.
@@ -20,8 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from drivers.sim import validation, workloads
+from drivers.sim import custom, validation, workloads
 from drivers.sim.objects import (
+    CRDS,
     ApiError,
     Obj,
     Resource,
@@ -62,7 +64,12 @@ def prepare_create(resource: Resource, obj: Obj) -> None:
     validate_meta(resource, obj, check_name=True)
     obj["kind"], obj["apiVersion"] = resource.kind, resource.api_version
     name = str(meta(obj)["name"])
-    if resource.group or resource.plural == "persistentvolumeclaims":
+    if resource.custom:
+        custom.prepare_create(resource, obj)
+    elif resource.plural == CRDS:
+        custom.check_crd(obj)
+        obj["status"] = custom.accepted_status(obj)
+    elif resource.group or resource.plural == "persistentvolumeclaims":
         workloads.prepare_create(resource, obj)
     elif resource.plural == "pods":
         _prepare_pod(resource, name, obj)
@@ -148,6 +155,11 @@ def prepare_update(resource: Resource, old: Obj, new: Obj, *, subresource: str |
             out.pop("status", None)
     if resource.plural == "pods":
         _check_pod_spec(resource, name, old.get("spec") or {}, out.get("spec") or {})
+    elif resource.custom:
+        custom.prepare_update(old, out)
+    elif resource.plural == CRDS:
+        custom.check_crd(out)
+        out["status"] = custom.accepted_status(out)
     elif resource.group or resource.plural == "persistentvolumeclaims":
         workloads.prepare_update(resource, old, out)
     return out

@@ -103,16 +103,30 @@ class WatchHub:
             watch.offer(change)
 
     def open(self, resource: Resource, namespace: str | None, selector: Selector, *,
-             resource_version: str | None, bookmarks: bool) -> Watch:
+             resource_version: str | None, bookmarks: bool,
+             initial_events: bool = False) -> Watch:
         """Register a watch and queue its start (synthetic adds or the replayed history).
 
-        Raises a 410 :class:`ApiError` when ``resource_version`` was compacted away.
+        ``initial_events`` (``sendInitialEvents=true``, a client's streaming list: what
+        ``kubectl wait`` sends): the current objects as ``ADDED``, then a ``BOOKMARK``
+        annotated ``k8s.io/initial-events-end: "true"`` (needs ``allowWatchBookmarks``,
+        as on a real server: 422 otherwise). Raises a 410 :class:`ApiError` when
+        ``resource_version`` was compacted away.
         """
+        if initial_events and not bookmarks:
+            raise ApiError(422, "ListOptions.meta.k8s.io \"\" is invalid: "
+                           "allowWatchBookmarks: Required value: sendInitialEvents requires "
+                           "setting allowWatchBookmarks to true")
         watch = Watch(resource, namespace, selector, bookmarks)
-        if resource_version in (None, "", "0"):
-            items, _ = self.store.select(resource.plural, namespace, selector)
+        if initial_events or resource_version in (None, "", "0"):
+            items, version = self.store.select(resource.plural, namespace, selector)
             for obj in items:
                 watch.queue.put_nowait({"type": "ADDED", "object": obj})
+            if initial_events:
+                end = self.bookmark(resource, version)
+                end["object"]["metadata"]["annotations"] = {
+                    "k8s.io/initial-events-end": "true"}
+                watch.queue.put_nowait(end)
         else:
             since = parse_resource_version(str(resource_version), watch=True)
             for change in self.store.changes_since(since):
@@ -195,20 +209,22 @@ async def stream_error(request: web.Request, error: ApiError) -> web.StreamRespo
     return response
 
 
-async def _send(response: web.StreamResponse, hub: WatchHub,
-                item: Obj | _Signal) -> str | None:
-    """Write one queued item; then None to go on, "end" the stream, or "cut" it."""
+async def _send(response: web.StreamResponse, hub: WatchHub, item: Obj | _Signal,
+                transform: Callable[[Obj], Obj] | None = None) -> str | None:
+    """Write one queued item (an event through ``transform`` when given); then None to go
+    on, "end" the stream, or "cut" it."""
     if isinstance(item, _Signal):
         if item.kind == "expire":
             status = ApiError(410, "too old resource version", reason="Expired").status()
             await response.write(_line({"type": "ERROR", "object": status}))
         return "cut" if item.kind == "cut" else "end"
-    await response.write(_line(item))
+    await response.write(_line(item if transform is None else transform(item)))
     stop = hub.interrupt()
     return "cut" if stop == "cut" else None if stop is None else "end"
 
 
-async def _close(response: web.StreamResponse, hub: WatchHub, watch: Watch) -> str:
+async def _close(response: web.StreamResponse, hub: WatchHub, watch: Watch,
+                 transform: Callable[[Obj], Obj] | None = None) -> str:
     """At the deadline: send what is queued, then a bookmark no later than that.
 
     A real API server's closing bookmark follows every event before it on the same stream.
@@ -220,7 +236,7 @@ async def _close(response: web.StreamResponse, hub: WatchHub, watch: Watch) -> s
     """
     version, pending = hub.store.rv, watch.queue.qsize()
     for _ in range(pending):
-        outcome = await _send(response, hub, watch.queue.get_nowait())
+        outcome = await _send(response, hub, watch.queue.get_nowait(), transform)
         if outcome is not None:
             return outcome
     if watch.bookmarks:
@@ -229,8 +245,10 @@ async def _close(response: web.StreamResponse, hub: WatchHub, watch: Watch) -> s
 
 
 async def stream(request: web.Request, hub: WatchHub, watch: Watch, *,
-                 timeout_seconds: float | None) -> web.StreamResponse:
-    """Write ``watch`` to the client until its timeout, a signal or a disconnect."""
+                 timeout_seconds: float | None,
+                 transform: Callable[[Obj], Obj] | None = None) -> web.StreamResponse:
+    """Write ``watch`` to the client until its timeout, a signal or a disconnect;
+    ``transform``: what each event becomes on the wire (a table row: ``kubectl get -w``)."""
     response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
     response.enable_chunked_encoding()
     await response.prepare(request)
@@ -242,7 +260,7 @@ async def stream(request: web.Request, hub: WatchHub, watch: Watch, *,
             left = None if deadline is None else deadline - now()
             outcome: str | None
             if left is not None and left <= 0:
-                outcome = await _close(response, hub, watch)
+                outcome = await _close(response, hub, watch, transform)
             else:
                 if left is not None:
                     wait = left if wait is None else min(wait, left)
@@ -255,7 +273,7 @@ async def stream(request: web.Request, hub: WatchHub, watch: Watch, *,
                             deadline is None or deadline > now()):
                         await response.write(_line(hub.bookmark(watch.resource)))
                     continue
-                outcome = await _send(response, hub, item)
+                outcome = await _send(response, hub, item, transform)
             if outcome == "cut" and request.transport is not None:
                 request.transport.close()
                 return response
