@@ -12,8 +12,8 @@ STAMP := $(VENV)/.installed
 # (docs/testing.md has the budget per folder).
 TEST_WORKERS ?= 4
 
-.PHONY: demo test lint unit bench bench-quick bench-scale bench-growth bench-recovery bench-replay \
-	bench-history bench-kube-api bench-criu bench-sealing bench-cli bench-all soak clean
+.PHONY: demo test lint unit bench bench-smoke bench-quick bench-scale bench-growth bench-recovery bench-replay \
+	bench-history bench-kube-api bench-criu bench-sealing bench-cli bench-migration-locks bench-all soak clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -34,11 +34,20 @@ test: $(STAMP) lint
 	scripts/ensure-registry
 	scripts/ensure-chromium
 	scripts/ensure-kustomize
+	scripts/ensure-zsh
 	scripts/ensure-skopeo
+	scripts/ensure-prometheus
 	eval "$$(scripts/ensure-envtest)" && eval "$$(scripts/ensure-criu)" && \
 		eval "$$(scripts/ensure-realnode)" && \
 		$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
-		--durations=25 $(PYTEST_ARGS)
+		-m "not bench_smoke" --durations=25 $(PYTEST_ARGS)
+
+# The benchmarks' long smoke runs (bench_smoke marker: docs/testing.md), not in make test:
+# their product paths run in tests/criu; this checks the benchmark harness itself.
+bench-smoke: $(STAMP)
+	scripts/ensure-postgres
+	scripts/ensure-registry
+	eval "$$(scripts/ensure-criu)" && $(BIN)/pytest -q -m bench_smoke tests/bench
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/engine tests/machines tests/golden
@@ -81,6 +90,12 @@ bench-history: $(STAMP)
 	scripts/ensure-postgres
 	$(BIN)/python -m bench.history_growth --sizes 10000,100000 --days 365 --keep-days 30
 
+# Each schema revision's write-blocking locks on events and machines while upgrading a
+# 1,000,000-event history one revision at a time (docs/install.md, "Lock times per revision").
+bench-migration-locks: $(STAMP)
+	scripts/ensure-postgres
+	$(BIN)/python -m bench.migration_locks --events 1000000
+
 # cpctl's start-up as whole processes: --help, every verb's --help, list on SQLite.
 bench-cli: $(STAMP)
 	$(BIN)/python -m bench.cli_startup --runs 9
@@ -101,7 +116,8 @@ bench-realnode: $(STAMP)
 	eval "$$(scripts/ensure-envtest)" && eval "$$(scripts/ensure-criu)" && eval "$$(scripts/ensure-realnode)" && $(BIN)/python -m bench.realnode_downtime --sizes 1,64,512 --runs 3
 
 # Reliability soak (never in CI): 5,000 migrations, 3 workers SIGKILLed at random, the
-# API/registry/node fault mix and one PostgreSQL restart (a throwaway server of its own);
+# API/registry/node fault mix, one PostgreSQL restart (a throwaway server of its own) and a
+# rolling upgrade from the previous release at 40% (--upgrade-from none: without it);
 # docs/reliability.md. SOAK_ARGS adds options, e.g. SOAK_ARGS="--seed 7".
 soak: $(STAMP)
 	scripts/ensure-postgres

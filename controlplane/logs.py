@@ -58,6 +58,12 @@ def _apply() -> None:
     )
 
 
+def reset() -> None:
+    """Forget a ``configure`` not yet applied (tests put logging back between cases)."""
+    global _pending
+    _pending = None
+
+
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:
     import structlog
 

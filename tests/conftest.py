@@ -144,6 +144,23 @@ def _collect_what_the_test_left() -> Iterator[None]:
     gc.collect()
 
 
+@pytest.fixture(autouse=True)
+def _logging_as_the_test_found_it() -> Iterator[None]:
+    """A test that runs ``cpctl`` in-process configures structlog for the whole worker
+    process (``--log-level error`` filters warnings out): put structlog back to its
+    defaults after each test, so a later test's ``capture_logs`` sees every line."""
+    yield
+    import sys
+
+    if "structlog" in sys.modules:
+        import structlog
+
+        from controlplane import logs
+
+        structlog.reset_defaults()
+        logs.reset()
+
+
 @pytest.fixture(scope="session")
 def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
     """The real Kubernetes API server of this session (envtest), or the one named by

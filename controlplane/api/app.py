@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict
 from datetime import datetime
@@ -20,13 +21,14 @@ from typing import Any, Protocol, runtime_checkable
 
 from aiohttp import web
 
-from controlplane.api import dashboard, metrics, params, summary
+from controlplane.api import dashboard, login, metrics, params, summary
 from controlplane.api.keys import (
     CLOCK_KEY,
     CLUSTER_KEY,
     DB_KEY,
     KINDS_KEY,
     LIMITS_KEY,
+    LOGIN_KEY,
     PUBLIC_KEY,
     PUBLIC_PATHS,
     REQUESTER,
@@ -34,14 +36,14 @@ from controlplane.api.keys import (
 )
 from controlplane.api.openapi import document
 from controlplane.api.pages import page_headers
-from controlplane.app.drains import drain_children, drain_summary
+from controlplane.app.drains import drain_children
+from controlplane.app.operation_doc import operation_json
 from controlplane.app.operations import send_command
 from controlplane.app.plan import plan_request
 from controlplane.app.ports import ClusterAccess
 from controlplane.app.replay import phase_after_each
 from controlplane.app.requester import token_requester
 from controlplane.app.requests import RequestRefused, parse, prepare_asked, submit
-from controlplane.app.waiting import settled, waiting_for
 from controlplane.clock import Clock, SystemClock, new_id
 from controlplane.engine.commands import Command
 from controlplane.engine.kinds import KindRegistry
@@ -49,7 +51,6 @@ from controlplane.errors import ControlPlaneError, UsageError
 from controlplane.machines.base.commands import Cancel, Retarget
 from controlplane.machines.catalog import default_kinds, requested_kinds
 from controlplane.machines.drain.state import KIND as DRAIN
-from controlplane.machines.drain.state import child_id
 from controlplane.machines.submission import Limits
 from controlplane.store import queries, reports
 from controlplane.store.database import Database
@@ -67,13 +68,15 @@ def make_app(db: Database, *, token: str | Mapping[str, str],
              kinds: KindRegistry | None = None,
              clock: Clock | None = None, metrics_public: bool = False,
              cluster: ClusterAccess | None = None,
-             limits: Limits | None = None) -> web.Application:
+             limits: Limits | None = None,
+             sign_in: login.Login | None = None) -> web.Application:
     """The API application. ``token`` is required on every route but ``/``, ``/healthz``
     and the OpenAPI document (and ``/metrics`` when ``metrics_public``): one token (named
     ``default``) or several by name; the name of the one presented is recorded as who
     asked (``token:<name>``) on the events a request causes. ``cluster`` is
     what submissions read (``POST /api/v1/operations`` answers 503 without one);
-    ``limits`` are the admission limits they are held to."""
+    ``limits`` are the admission limits they are held to. ``sign_in``: the one-time link
+    ``cpctl serve`` prints, whose cookie opens the reads to a browser (``api.login``)."""
     tokens = {"default": token} if isinstance(token, str) else dict(token)
     if not tokens or not all(tokens.values()):
         raise ValueError("an API token is required")
@@ -86,7 +89,9 @@ def make_app(db: Database, *, token: str | Mapping[str, str],
     app[PUBLIC_KEY] = PUBLIC_PATHS | ({"/metrics"} if metrics_public else frozenset())
     app[CLUSTER_KEY] = cluster
     app[LIMITS_KEY] = limits if limits is not None else Limits()
+    app[LOGIN_KEY] = sign_in
     app.router.add_get("/", _dashboard)
+    app.router.add_get(login.PATH, _login)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/api/v1/openapi.json", _openapi)
@@ -141,6 +146,14 @@ async def _auth_middleware(request: web.Request, handler: Handler) -> web.Stream
     if request.path in request.app[PUBLIC_KEY]:
         return await handler(request)
     header = request.headers.get("Authorization", "")
+    sign_in = request.app[LOGIN_KEY]
+    session = request.cookies.get(login.COOKIE, "")
+    # The sign-in link's cookie opens reads only: a change always needs the token.
+    if not header and session and request.method in ("GET", "HEAD") and \
+            isinstance(sign_in, login.Login) and \
+            sign_in.valid(session, request.app[CLOCK_KEY].now()):
+        request[REQUESTER] = token_requester("sign-in-link")
+        return await handler(request)
     scheme, _, presented = header.partition(" ")
     # compare_digest on bytes of any length, against every token: no early exit that
     # would time the token, or which of them matched.
@@ -178,38 +191,8 @@ async def _errors_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 
 def _operation(record: MachineRecord, *, detail: bool = False) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "id": record.id, "kind": record.kind, "phase": record.phase,
-        "terminal": record.terminal, "version": record.version,
-        "workload": record.workload, "source_node": record.source_node,
-        "held": record.held, "attempts": record.attempts,
-        "created_at": record.created_at, "updated_at": record.updated_at,
-        "parent": _parent(record),
-        # what it waits for now, as cpctl --wait says it; None once settled
-        "waiting_for": None if settled(record) else waiting_for(record),
-    }
-    if record.kind == DRAIN:
-        out["drain"] = drain_summary(record)
-    if detail:
-        out.update(spec=record.spec, state=record.state,
-                   next_wake_at=record.next_wake_at, lease_owner=record.lease_owner)
-    return out
-
-
-def _parent(record: MachineRecord) -> str | None:
-    """The drain that started this migration, or ``None``.
-
-    A child's id is ``child_id(drain id, pod uid)`` (``<drain id>-<12 hex digits>``), so
-    the parent is read off the id and proven by recomputing it from the pod UID in the
-    child's spec: no query, and a migration that merely looks like a child is not one.
-    (Drain ids longer than 51 characters are truncated in their children's ids; cpctl
-    makes 36-character UUIDs.)"""
-    prefix, dash, _ = record.id.rpartition("-")
-    pod = record.spec.get("pod")
-    if record.kind != "migration" or not dash or not isinstance(pod, dict):
-        return None
-    uid = pod.get("uid")
-    return prefix if isinstance(uid, str) and child_id(prefix, uid) == record.id else None
+    """The operation's document, as ``cpctl get/list -o json`` prints it."""
+    return operation_json(record, detail=detail)
 
 
 async def _drain_children(db: Database, record: MachineRecord) -> list[dict[str, Any]]:
@@ -245,6 +228,22 @@ async def _command(request: web.Request, command: Command) -> web.Response:
 
 
 # -- handlers ---------------------------------------------------------------------------
+
+async def _login(request: web.Request) -> web.Response:
+    """``GET /login?code=...``: to the dashboard with the session cookie, or to its
+    sign-in form saying the link is spent (``api.login``)."""
+    sign_in = request.app[LOGIN_KEY]
+    session = sign_in.redeem(request.query.get("code", ""), request.app[CLOCK_KEY].now()) \
+        if isinstance(sign_in, login.Login) else None
+    if session is None:
+        return web.Response(status=303, headers={"Location": "/?signin=expired",
+                                                 "Cache-Control": "no-store"})
+    response = web.Response(status=303, headers={"Location": "/", "Cache-Control": "no-store",
+                                                 "Referrer-Policy": "no-referrer"})
+    response.set_cookie(login.COOKIE, session, max_age=login.SESSION_SECONDS, path="/",
+                        httponly=True, samesite="Strict", secure=request.secure)
+    return response
+
 
 async def _dashboard(request: web.Request) -> web.Response:
     return web.Response(text=dashboard.PAGE, content_type="text/html",
@@ -302,20 +301,40 @@ class _HasObserver(ClusterAccess, Protocol):
     when no cluster was given)."""
 
 
+#: The request fields in snake_case, as every output spells them, and the camelCase the
+#: kinds' requests (and the custom resources) read; a body may use either.
+SNAKE_FIELDS = {"target_node": "targetNode", "keep_checkpoint": "keepCheckpoint",
+                "max_parallel": "maxParallel", "dry_run": "dryRun"}
+
+
+def _camel_fields(body: dict[str, Any]) -> tuple[dict[str, Any], Callable[[str], str]]:
+    """``body`` with its snake_case fields renamed to the camelCase the requests read, and
+    how to name a field in an error: as the body spelled it, else in snake_case."""
+    out, as_sent = dict(body), {camel: snake for snake, camel in SNAKE_FIELDS.items()}
+    for snake, camel in SNAKE_FIELDS.items():
+        if snake in out and camel in out:
+            raise params.BadRequest(snake, f"{snake} and {camel} are the same field: send one")
+        if snake in out:
+            out[camel] = out.pop(snake)
+        elif camel in out:
+            as_sent[camel] = camel  # sent in camelCase: named so
+    return out, lambda field: as_sent.get(field, field)
+
+
 async def _submit(request: web.Request) -> web.Response:
     """Submit an operation as the CLI's verbs do (``kind`` and ``dryRun`` are the
     endpoint's; every other field is the request's, under the names the kinds' requests
     take: ``workload``, ``targetNode``...): 201 with its id (``queued`` says why it
     waits), 200 with the plan for ``dryRun``, 400 for bad input naming the field, 409 when
     the workload has a live operation, 503 when the cluster could not be read."""
-    body = params.json_fields(await request.read())
+    body, spelled = _camel_fields(params.json_fields(await request.read()))
     kind = body.pop("kind", None)
     if not isinstance(kind, str):
         raise params.BadRequest("kind", "kind (a string) is required: one of "
                                         + ", ".join(requested_kinds()))
     dry_run = body.pop("dryRun", False)
     if not isinstance(dry_run, bool):
-        raise params.BadRequest("dryRun", "dryRun must be true or false")
+        raise params.BadRequest(spelled("dryRun"), f"{spelled('dryRun')} must be true or false")
     app = request.app
     access = app[CLUSTER_KEY]
     if not isinstance(access, _HasObserver):
@@ -331,7 +350,10 @@ async def _submit(request: web.Request) -> web.Response:
                                             now=now))
         prepared = await prepare_asked(db, access, asked)
     except RequestRefused as exc:
-        raise params.BadRequest(exc.field or "body", str(exc)) from None
+        message = str(exc)
+        for camel in SNAKE_FIELDS.values():  # named as the body named it
+            message = re.sub(rf"\b{camel}\b", spelled(camel), message)
+        raise params.BadRequest(spelled(exc.field or "body"), message) from None
     outcome = await submit(db, app[KINDS_KEY], prepared, machine_id=new_id(), now=now,
                            limits=app[LIMITS_KEY], requester=request[REQUESTER])
     location = f"/api/v1/operations/{outcome.machine_id}"

@@ -3,9 +3,12 @@ their sources are ``static/dashboard.css`` and ``static/dashboard.js``).
 
 Served at ``/`` by :mod:`controlplane.api.app` under a CSP that admits only this page's
 script and style (by hash) and requests to its own origin. The page holds no data: it
-reads the token from ``?token=`` (then drops it from the address bar and keeps it in the
-tab's ``sessionStorage`` for the summary page: :mod:`controlplane.api.pages`; it is sent
-as a Bearer header), and draws everything from the JSON API with ``textContent`` only.
+reads the token from ``?token=`` or its sign-in form (then keeps it in the tab's
+``sessionStorage`` for the summary page: :mod:`controlplane.api.pages`; it is sent as a
+Bearer header), or reads with the cookie of ``cpctl serve``'s one-time sign-in link
+(:mod:`controlplane.api.login`), and draws everything from the JSON API with
+``textContent`` only. A 401 shows the sign-in form in place of the panels and stops the
+polling.
 
 Full width, top to bottom: the operations list (filters kind, phase, node, namespace,
 since; sortable columns; pages with the API's ``total``; rows focusable, arrows move,

@@ -63,7 +63,13 @@ def document() -> dict[str, Any]:
                     "id": {"type": "string"}, "kind": {"type": "string"},
                     "phase": {"type": "string"}, "terminal": {"type": "boolean"},
                     "version": {"type": "integer"}, "workload": {"type": ["string", "null"]},
-                    "source_node": {"type": ["string", "null"]}, "held": {"type": "boolean"},
+                    "node": {"type": ["string", "null"],
+                             "description": "where it ran or landed"},
+                    "source_node": {"type": ["string", "null"]},
+                    "target_node": {"type": ["string", "null"]},
+                    "pod": {"type": ["string", "null"],
+                            "description": "the pod it left running"},
+                    "held": {"type": "boolean"},
                     "attempts": {"type": "integer"},
                     "created_at": {"type": "string", "format": "date-time"},
                     "updated_at": {"type": "string", "format": "date-time"},
@@ -119,6 +125,14 @@ def document() -> dict[str, Any]:
                 "responses": {"200": {"description": "SVG image", "content": {
                     "image/svg+xml": {"schema": {"type": "string"}}}},
                               **_errors(401, 404)}}},
+            "/login": {"get": {
+                "summary": "The one-time sign-in link cpctl serve prints: sets the session "
+                           "cookie that opens the reads to a browser, then to the dashboard",
+                "security": _PUBLIC,
+                "parameters": [{"name": "code", "in": "query", "required": True,
+                                "schema": {"type": "string"}}],
+                "responses": {"303": {"description": "to / (signed in), or to "
+                                                     "/?signin=expired (a spent link)"}}}},
             "/healthz": {"get": {"summary": "Liveness", "security": _PUBLIC,
                                  "responses": {"200": _json_response("ok")}}},
             "/metrics": {"get": {"summary": "Prometheus metrics (text format 0.0.4)",
@@ -157,13 +171,15 @@ def document() -> dict[str, Any]:
                                   "description": "how many the filter selects in all"}}}),
                               **_NOT_MODIFIED, **_errors(400, 401)}},
                 "post": {
-                "summary": "Submit an operation as the CLI's verbs do (dryRun: only the plan)",
+                "summary": "Submit an operation as the CLI's verbs do (dry_run: only the plan)",
                 "description": "checkpoint, migration, suspend and resume name a workload "
                                "(namespace/pod) and a class ({\"repository\": ...} at "
-                               "least); a migration its targetNode; a resume may name its "
+                               "least); a migration its target_node; a resume may name its "
                                "node; a restore names the checkpoint operation and the node; "
-                               "a drain names the node and a class (maxParallel, targets, "
-                               "selector as cpctl drain).",
+                               "a drain names the node and a class (max_parallel, targets, "
+                               "selector as cpctl drain). Fields are snake_case as every "
+                               "output; the custom resources' camelCase (targetNode...) "
+                               "is accepted too.",
                 "requestBody": {"required": True, "content": {"application/json": {
                     "schema": {"type": "object", "additionalProperties": False,
                                "required": ["kind"], "properties": {
@@ -172,16 +188,16 @@ def document() -> dict[str, Any]:
                                        "restore", "drain"]},
                                    "workload": {"type": "string"},
                                    "class": {"type": "object"},
-                                   "targetNode": {"type": "string"},
+                                   "target_node": {"type": "string"},
                                    "node": {"type": "string"},
                                    "checkpoint": {"type": "string"},
                                    "name": {"type": "string"},
                                    "quiesce": {"type": "boolean"},
-                                   "keepCheckpoint": {"type": "boolean"},
+                                   "keep_checkpoint": {"type": "boolean"},
                                    "mode": {"type": "string",
                                             "enum": ["stop-and-copy", "precopy", "lazy"]},
-                                   "dryRun": {"type": "boolean"},
-                                   "maxParallel": {"type": "integer", "minimum": 1},
+                                   "dry_run": {"type": "boolean"},
+                                   "max_parallel": {"type": "integer", "minimum": 1},
                                    "targets": {"type": "array", "items": {"type": "string"}},
                                    "selector": {"type": "string"}}}}}},
                 "responses": {
@@ -190,7 +206,7 @@ def document() -> dict[str, Any]:
                             "id": {"type": "string"}, "kind": {"type": "string"},
                             "queued": {"type": ["string", "null"]},
                             "location": {"type": "string"}}}),
-                    "200": _json_response("dryRun: the plan; refused says why it would "
+                    "200": _json_response("dry_run: the plan; refused says why it would "
                                           "not be accepted"),
                     **_errors(400, 401, 409, 413, 503)}}},
             "/api/v1/operations/{id}": {"get": {

@@ -1,10 +1,13 @@
 """What the HTML pages (the dashboard at ``/``, the summary at ``/summary``) share: the
 document around their inline style and script, the CSP that lets exactly those run, the
-headers they are served with, the token hand-off, and the links between them.
+headers they are served with, the token hand-off and sign-in form, and the links between
+them.
 
-The token arrives once as ``?token=``; :data:`TOKEN_JS` drops it from the address bar
+The token arrives once as ``?token=``, or through the sign-in form a page shows in place
+of its panels when the API answers 401; :data:`TOKEN_JS` drops it from the address bar
 and keeps it in this tab's ``sessionStorage`` (never the URL, never a log line), so a link
-from one page to the other keeps working without it in the URL.
+from one page to the other keeps working without it in the URL. Without a token, the
+cookie of ``cpctl serve``'s one-time sign-in link opens the reads (:mod:`.login`).
 
 The pages' CSS and JavaScript are package files, ``controlplane/api/static/*.css|js`` (so
 editors, linters and diffs see them as CSS and JavaScript), read once at import by
@@ -31,13 +34,18 @@ def asset(name: str) -> str:
 
 #: ``takeToken(url)``: the token from ``url``'s ``?token=`` (remembered for this tab and
 #: removed from ``url``), else the one this tab remembered; "" when there is none.
+#: ``bearer(token)``: the fetch headers (none without a token: the cookie then speaks).
+#: ``signIn(refused)``: the sign-in form in place of the page's panels.
 TOKEN_JS = asset("token.js")
 
 #: The header's links between the pages (the token follows in ``sessionStorage``).
 NAV_HTML = ('<nav aria-label="pages"><a href="/">operations</a> · '
             '<a href="/summary">summary</a></nav>')
-#: Their style, for a dark header.
-NAV_CSS = "header nav a{color:#fff}header nav{margin-left:auto;font-weight:400}"
+#: Their style, for a dark header; and the sign-in form's (``static/token.js``).
+NAV_CSS = ("header nav a{color:#fff}header nav{margin-left:auto;font-weight:400}"
+           "[hidden]{display:none!important}"
+           "#sign-in{max-width:34em;margin:2em auto;background:#fff;border:1px solid #d8dce3;"
+           "border-radius:6px;padding:16px 20px}#sign-in input{width:22em;margin:0 8px}")
 
 
 def page_csp(script: str, style: str, *, images: bool = False) -> str:

@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, urlencode
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-SECRET_PARAMS = frozenset({"token", "access_token"})
+SECRET_PARAMS = frozenset({"token", "access_token", "code"})  # code: the sign-in link's
 
 
 def redact(path_qs: str) -> str:

@@ -2,7 +2,9 @@
 
 :func:`add_routes` is called by :func:`controlplane.api.app.make_app`. ``GET /summary``
 is a page that holds no data, like the dashboard: its script reads the token from
-``?token=`` (then drops it from the address bar) and fetches each chart,
+``?token=`` (then drops it from the address bar) or the sign-in form it shows in place of
+the charts when the API answers 401 (the sign-in link's cookie also opens the charts),
+and fetches each chart,
 ``GET /api/v1/charts/{name}.svg`` (Bearer token; ``?drain=<id>`` picks the drain of the
 drain chart), server-rendered by :mod:`controlplane.api.summary_charts`. The SVG is
 parsed as XML and placed inline (so its ``<title>``/``<desc>`` reach a screen reader);

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from controlplane.cli import render
 from controlplane.cli.context import clock, opened
-from controlplane.cli.options import positive_int
+from controlplane.cli.options import add_registry_options, positive_int
+from controlplane.errors import UsageError
 
 if TYPE_CHECKING:
     from controlplane.app.checkpoints import Listed
@@ -39,6 +40,7 @@ examples:
   cpctl checkpoints default/web --restorable # what default/web can be restored from
   cpctl checkpoints default/web -o json      # every field: sizes in bytes, times ISO
   cpctl restore ID --node node-2             # ID: the first column
+  cpctl checkpoints --unrecorded             # in the registry, not in the history
 """
 
 
@@ -56,10 +58,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wide", action="store_true",
                    help="print every value whole; by default the table fits the terminal's "
                    "width (the id is never cut), a cut value ending in …")
+    found = p.add_argument_group(
+        "checkpoints the history does not record (after a restore from a backup)")
+    found.add_argument("--unrecorded", action="store_true",
+                       help="list the checkpoints in the registry whose operation the history "
+                       "does not record, found by the provenance in their manifests (reads "
+                       "the registry; the --registry-* flags say how to reach it)")
+    found.add_argument("--repository", action="append", default=[], metavar="REGISTRY/REPO",
+                       help="with --unrecorded: look in this repository (repeatable; default: "
+                       "every repository the recorded checkpoints are in)")
+    found.add_argument("--collect", action="store_true",
+                       help="with --unrecorded: delete what it lists (by digest; manifests "
+                       "without our provenance are never touched)")
+    add_registry_options(found)
     p.epilog = EPILOG
 
 
 async def checkpoints_cmd(args: argparse.Namespace) -> int:
+    if args.collect and not args.unrecorded:
+        raise UsageError("--collect deletes what --unrecorded lists: give both",
+                         hint="cpctl checkpoints --unrecorded  # first: what it would delete")
+    if args.unrecorded:
+        if args.workload is not None or args.restorable:
+            raise UsageError("--unrecorded lists by repository: it takes no NAMESPACE/POD "
+                             "or --restorable", hint="cpctl checkpoints --unrecorded "
+                             "--repository REGISTRY/REPO")
+        from controlplane.cli.unrecorded import unrecorded_cmd
+        return await unrecorded_cmd(args)
     from controlplane.app.checkpoints import list_checkpoints
     from controlplane.app.requests import RequestRefused
     from controlplane.machines.base.requests import Fields, SubmissionRejected
@@ -87,9 +112,10 @@ async def checkpoints_cmd(args: argparse.Namespace) -> int:
     headers = ["id", "workload", "node", "class", "size", "age", "sealed", "restorable",
                "artifact"]
     # A pinned reference runs past the default 80 characters; on a narrow terminal it
-    # gives way first (the id, never cut, is what `cpctl restore` takes).
+    # gives way first (the id, never cut, is what `cpctl restore` takes; the workload is
+    # what a reader looks for), then the key ids a sealed checkpoint names.
     render.table(headers, [_row(c, now) for c in found], max_width=256, wide=args.wide,
-                 whole=[0], fill=len(headers) - 1)
+                 whole=[0, 1], fill=len(headers) - 1)
     if total > len(found):  # stderr: a pipe reading the table stays clean
         sys.stderr.write(f"showing the newest {len(found)} of {total}; --limit N shows more\n")
     return 0

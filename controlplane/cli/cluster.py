@@ -70,12 +70,17 @@ async def operation_cmd(args: argparse.Namespace) -> int:
             if args.kind == "drain":
                 run = parallelism(args.max_parallel or DEFAULT_MAX_PARALLEL,
                                   limits_from(args))
-                if run.warning and not (args.dry_run and args.output == "table"):
+                # Only a value the user gave is warned about; a default's cap is said
+                # in the summary line ("at most N at a time (... caps ...)").
+                if run.warning and args.max_parallel is not None and \
+                        not (args.dry_run and args.output == "table"):
                     # stderr: -o json on stdout stays one document (a table plan says it)
                     sys.stderr.write(f"cpctl: warning: {run.warning}\n")
             if getattr(args, "dry_run", False):
-                doc = await plan_request(db, access, asked, limits=limits_from(args),
-                                         now=clock.now(), found=found)
+                doc = await plan_request(
+                    db, access, asked, limits=limits_from(args), now=clock.now(),
+                    found=found,
+                    parallel_given=getattr(args, "max_parallel", None) is not None)
                 return dryrun.print_plan(doc, args.output)
             prepared = await prepare_asked(db, access, asked, found)
             outcome = await submit(db, default_kinds(), prepared, machine_id=new_id(),
@@ -91,7 +96,8 @@ async def operation_cmd(args: argparse.Namespace) -> int:
             shown = prepared.shown
             moves, left = shown.get("moves"), shown.get("left")
             run = parallelism(int(str(prepared.spec["max_parallel"])), limits_from(args))
-            print(f"{label}: {len(moves) if isinstance(moves, list) else 0} pods to move, "
+            moving = len(moves) if isinstance(moves, list) else 0
+            print(f"{label}: {moving} pod{'' if moving == 1 else 's'} to move, "
                   f"{len(left) if isinstance(left, list) else 0} left alone, at most "
                   f"{run.effective} at a time"
                   + (f" ({run.capped_by} caps --max-parallel {run.asked})" if run.capped_by

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from controlplane.clock import SystemClock
+from controlplane.errors import ControlPlaneError
 
 if TYPE_CHECKING:
     from controlplane.store.database import Database
@@ -21,16 +23,38 @@ if TYPE_CHECKING:
 clock = SystemClock()
 
 
+class NoDatabase(ControlPlaneError):
+    """``--db`` names a SQLite file that does not exist."""
+
+    exit_code = 3
+
+
 @contextlib.asynccontextmanager
 async def opened(args: argparse.Namespace) -> AsyncIterator[Database]:
-    """The database named by ``--db``, disposed of on the way out."""
+    """The database named by ``--db``, disposed of on the way out. A SQLite file that is
+    not there is refused, naming where it was looked for, rather than created empty
+    (only ``cpctl db upgrade`` creates one)."""
     from controlplane.store.database import open_database
 
+    _refuse_missing_file(args)
     db = open_database(args.db)
     try:
         yield db
     finally:
         await db.dispose()
+
+
+def _refuse_missing_file(args: argparse.Namespace) -> None:
+    from controlplane.store.database import normalise_url
+
+    backend, url = normalise_url(args.db)
+    if backend == "sqlite" and getattr(args, "verb", None) != "db" and url.database and \
+            not os.path.exists(url.database):
+        raise NoDatabase(
+            f"no database at {os.path.abspath(url.database)} (--db {args.db}; a relative "
+            f"path is from the working directory, {os.getcwd()})",
+            hint="run `cpctl db upgrade` to create one there, or name yours with --db or "
+                 "CONTROLPLANE_DATABASE_URL")
 
 
 def requester(args: argparse.Namespace) -> str:

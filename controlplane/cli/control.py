@@ -27,6 +27,7 @@ async def _command_then_wait(args: argparse.Namespace, command: Command, what: s
     from controlplane.machines.catalog import default_kinds
 
     async with opened(args) as db:
+        args.id = await queries.resolve_machine_id(db, args.id)  # a unique prefix will do
         version = await send_command(db, default_kinds(), machine_id=args.id,
                                      command=command, now=clock.now(),
                                      requester=requester(args))
@@ -56,7 +57,7 @@ async def wake_cmd(args: argparse.Namespace) -> int:
 
     async with opened(args) as db:
         ids = (await queries.machines_indexing(db, args.key) if args.key
-               else [(await queries.get_machine(db, args.id)).id])
+               else [await queries.resolve_machine_id(db, args.id)])
         n = 0
         for machine_id in ids:  # each records who asked (WakeRequested)
             n += await wake(db, default_kinds(), machine_id=machine_id, now=clock.now(),

@@ -59,7 +59,7 @@ async def demo_cmd(args: argparse.Namespace) -> int:
             f"(3 nodes), OCI layout {root / 'registry'}, a node agent per node; checkpoints "
             f"sealed (encrypted and signed) with the keys in {root / 'keys'}")
         async with embedded(db, root, clock) as world:
-            demo = Demo(db, world, started)
+            demo = Demo(db, world, started, root / "controlplane.db")
             await demo.run()
         ok = await _replay(db)
     finally:
@@ -71,8 +71,10 @@ async def demo_cmd(args: argparse.Namespace) -> int:
 class Demo:
     """The demo's steps, over a running embedded world."""
 
-    def __init__(self, db: Database, world: Any, started: float) -> None:
+    def __init__(self, db: Database, world: Any, started: float,
+                 db_path: Path | None = None) -> None:
         self.db, self.world, self.started = db, world, started
+        self.db_path = db_path  # as the user names it (relative to where they ran it)
         self.repo = world.repository("checkpoints/demo")
         self.klass: JsonObject = {"repository": self.repo, "timeouts": {
             "capture": 60, "restore": 60, "schedule": 30, "gc": 60},
@@ -148,16 +150,34 @@ class Demo:
         say("the migration phase by phase (report_migrations): " + ", ".join(
             f"{p.removesuffix('_seconds')} {float(m[p]):.2f}s"
             for p in reports.MIGRATION_PHASES))
+        if self.db_path is None:
+            return
+        db = f"--db sqlite:///{self.db_path}"
+        say(f"the same with cpctl: `cpctl {db} list --wide` (every operation), "
+            f"`cpctl {db} checkpoints` (the checkpoints), `cpctl {db} report migrations` "
+            f"(phase by phase), `cpctl {db} history {mig[:8]}` (the history)")
 
     async def migrate_app(self) -> tuple[str, dict[str, Any]]:
         """Migrate ``app`` node-1 -> node-2; the operation id and the restored pod."""
-        mig = await self.submit("migration", {
-            "pod": self._ref("app"), "source_node": "node-1", "target_node": "node-2",
-            "template": self._template("app"), "class": self.klass})
+        # As `cpctl migrate default/app --to node-2` asks it (the request path: the pod
+        # read from the cluster, its template, the kept name).
+        from controlplane.app.requests import parse, prepare_asked
+        from controlplane.app.requests import submit as submit_request
+
+        asked = parse("migration", {"workload": f"{NS}/app", "targetNode": "node-2",
+                                    "class": self.klass})
+        prepared = await prepare_asked(self.db, self.world.access(self.db), asked)
+        outcome = await submit_request(self.db, default_kinds(), prepared,
+                                       machine_id=new_id(), now=clock.now(),
+                                       requester=os_identity())
+        self.world.worker.nudge()
+        mig = outcome.machine_id
         record = await self.follow(mig, "migrate app node-1 -> node-2")
         self.expect(record.phase == "Succeeded", f"migration ended {record.phase}")
         moved = self._restored("app")
         self.expect(moved["spec"].get("nodeName") == "node-2", "app is not on node-2")
+        self.expect(moved["metadata"]["name"] == "app",
+                    f"the restored pod is {moved['metadata']['name']}, not app")
         return mig, moved
 
     async def submit(self, kind: str, spec: JsonObject) -> str:

@@ -9,21 +9,27 @@ Parsing imports no verb: each verb's handler is named in :data:`HANDLERS` and im
 when that verb runs, so ``cpctl --help`` and ``cpctl VERB --help`` load none of the
 store, driver or HTTP stacks (tests/cli/test_startup_imports.py pins which
 modules stay out, ``python -m bench.cli_startup`` times it). The modules the parser does
-import (``options``, ``classes``, ``checkpoints``, ``history``, ``sim``, ``webhook``)
-import their heavy dependencies inside the functions that use them.
+import (``options``, ``classes``, ``checkpoints``, ``history``, ``sim``, ``webhook``,
+``plugin``, ``completion``) import their heavy dependencies inside the functions that use
+them. Run as ``kubectl-checkpoint`` (kubectl's plugin), it takes kubectl's flags and says
+``kubectl checkpoint`` (``cli/plugin.py``); ``cpctl __complete WORDS`` answers the shells'
+completion (``cli/completion.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
 from controlplane.cli import checkpoints as checkpoints_module
+from controlplane.cli import completion, plugin
 from controlplane.cli import retention as retention_verbs
 from controlplane.cli import sim as sim_module
 from controlplane.cli.classes import add_class_options
@@ -35,7 +41,7 @@ from controlplane.cli.options import (
     positive_int,
 )
 from controlplane.cli.webhook import add_webhook_parser
-from controlplane.errors import ControlPlaneError
+from controlplane.errors import ControlPlaneError, UsageError
 
 Handler = Callable[[argparse.Namespace], Awaitable[int]]
 
@@ -87,7 +93,8 @@ The database is --db, else $CONTROLPLANE_DATABASE_URL, else sqlite:///var/contro
 """
 
 
-_CLUSTER = "--kubeconfig var/sim-kubeconfig.yaml --registry-layout var/registry"
+#: The flags of the README's walkthrough ("Using cpctl"), so an example runs as it reads.
+_CLUSTER = "--kubeconfig var/kube.yaml --registry-layout var/oci"
 #: What ``cpctl VERB --help`` shows after the options: the verb in use.
 EXAMPLES = {
     "checkpoint": f"""examples:
@@ -160,25 +167,93 @@ Run as many as you like against one PostgreSQL: they share work through leases.
 }
 
 
+#: ``cpctl --help`` lists these first, in this order (what people reach for first), the
+#: plumbing after them.
+FIRST_VERBS = ("migrate", "checkpoint", "suspend", "resume", "restore", "drain", "history",
+               "list", "get", "wait", "cancel", "retarget", "checkpoints", "report", "demo")
+
+
 class _Parser(argparse.ArgumentParser):
+    #: How help and errors name the program: ``cpctl``, or ``kubectl checkpoint`` when run
+    #: as kubectl's plugin (set on every parser by :func:`build_parser`).
+    shown_as = plugin.CPCTL
+    routes_history = False  # the top parser: `history prune|import` are verbs of their own
+
     def error(self, message: str) -> NoReturn:  # one line, exit 2, plus where to look
-        sys.stderr.write(f"cpctl: error: {message} (see `{self.prog} --help`)\n")
+        sys.stderr.write(plugin.say(f"cpctl: error: {_unknown_verb(self, message) or message} "
+                                    f"(see `{self.prog} --help`)\n", self.shown_as))
         raise SystemExit(2)
+
+    def format_help(self) -> str:
+        return plugin.say(super().format_help(), self.shown_as)
+
+    def format_usage(self) -> str:
+        return plugin.say(super().format_usage(), self.shown_as)
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
     ) -> tuple[argparse.Namespace, list[str]]:
-        if self.prog == "cpctl":  # `history prune|import`: their own verbs (cli/retention.py)
+        if self.routes_history:  # `history prune|import`: their own verbs (cli/retention.py)
             args = retention_verbs.route(sys.argv[1:] if args is None else args)
         return super().parse_known_args(args, namespace)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="cpctl", description="Checkpoint, restore and migrate Kubernetes "
+def _visible_verbs(parser: argparse.ArgumentParser) -> list[str]:
+    """The verbs ``--help`` lists, in its order (not the internal ``history-*`` ones)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return [choice.dest for choice in action._choices_actions]
+    return []
+
+
+def _unknown_verb(parser: argparse.ArgumentParser, message: str) -> str | None:
+    """argparse's "invalid choice" for the verb, said as a person would: the nearest
+    verb, never the internal ones (``None``: another error)."""
+    found = re.match(r"argument VERB: invalid choice: '(.*)' \(choose from", message)
+    if found is None:
+        return None
+    asked, verbs = found.group(1), _visible_verbs(parser)
+    near = difflib.get_close_matches(asked, verbs, n=1, cutoff=0.6)
+    return (f"unknown verb {asked!r}" + (f": did you mean {near[0]!r}?" if near else
+                                         f"; the verbs are {', '.join(verbs)}"))
+
+
+def _first_verbs_first(parser: argparse.ArgumentParser) -> None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            rank = {name: i for i, name in enumerate(FIRST_VERBS)}
+            action._choices_actions.sort(key=lambda c: rank.get(c.dest, len(rank)))
+
+
+def _version() -> str:
+    """The installed release (pyproject's ``version``), or where it could not be read."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("controlplane")
+    except PackageNotFoundError:
+        return "(not installed: run `make .venv/.installed`)"
+
+
+def _shown_as(parser: argparse.ArgumentParser, name: str) -> None:
+    """Name the program ``name`` in the help and errors of ``parser`` and its verbs."""
+    if isinstance(parser, _Parser):
+        parser.shown_as = name
+    parser.prog = plugin.say(parser.prog, name)  # `cpctl history prune`'s own prog too
+    sub = completion.subparsers(parser)
+    for verb_parser in (sub.choices.values() if sub is not None else ()):
+        _shown_as(verb_parser, name)
+
+
+def build_parser(program: str = plugin.CPCTL) -> argparse.ArgumentParser:
+    """The parser of ``cpctl`` (``program``: how help and errors call it)."""
+    p = _Parser(prog=program, description="Checkpoint, restore and migrate Kubernetes "
                 "workloads, with every operation kept as a durable, replayable history.",
                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", default=default_url(), metavar="URL",
                    help="sqlite:///file.db or postgresql://user@host:5432/db")
+    p.add_argument("--version", action="version", version=f"cpctl {_version()}",
+                   help="print cpctl's release (CHANGELOG.md says what each changed) and exit")
     p.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                    default="warning")
@@ -199,28 +274,30 @@ def build_parser() -> argparse.ArgumentParser:
     dbsub.add_parser("current", help="print the schema revision; exit 4 if behind").set_defaults(
         handler=Lazy(HANDLERS["db current"]))
 
-    s = verb("submit", "create a machine of KIND from a JSON spec; prints its id")
-    s.add_argument("kind", help="machine kind, e.g. steps")
+    s = verb("submit", "create an operation of KIND from a JSON spec; prints its id")
+    s.add_argument("kind", help="operation kind, e.g. migration, checkpoint (steps: a self-test)")
     s.add_argument("--spec", default="{}", help="JSON object, or @file.json")
-    s.add_argument("--id", help="machine id (default: a new UUID)")
+    s.add_argument("--id", help="operation id (default: a new UUID)")
 
     for name, text in [
-        ("get", "show one machine's current state"),
-        ("history", "show a machine's event timeline: time, event, the observed facts that "
+        ("get", "show one operation's current state"),
+        ("history", "show an operation's event timeline: time, event, the observed facts that "
          "caused it, and who recorded it"),
     ]:
         g = verb(name, text)
-        g.add_argument("id", help="machine id")
+        g.add_argument("id", help="operation id (or a unique prefix of it, 4 characters or more)")
         g.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
         _wide_option(g, "the reason is cut at 32 characters, and " if name == "history"
                      else "")
 
-    ls = verb("list", "list machines, newest first")
-    ls.add_argument("--kind")
-    ls.add_argument("--phase")
+    ls = verb("list", "list operations, newest first")
+    ls.add_argument("--kind", help="only operations of this kind: checkpoint, restore, "
+                    "migration, suspend, resume, drain (or steps, the engine's self-test)")
+    ls.add_argument("--phase", help="only operations in this phase, any case "
+                    "(succeeded, Failed, RolledBack...; an unknown one lists them all)")
     ls.add_argument("--active", action="store_true",
-                    help="only machines not yet settled (not terminal, or still performing "
-                    "their last actions)")
+                    help="only operations not yet settled (not terminal, or still "
+                    "performing their last actions)")
     ls.add_argument("--node", help="only operations moving load off NODE or putting a "
                     "workload on it")
     ls.add_argument("--namespace", help="only operations on workloads in NAMESPACE")
@@ -250,12 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     wt = verb("wait", "follow an operation until it settles, as --wait does; exit 0 when "
               "it did what was asked, 1 otherwise")
-    wt.add_argument("id", help="machine id (the first line a verb printed)")
+    wt.add_argument("id", help="operation id (the first line a verb printed)")
     wt.add_argument("--wait-seconds", type=positive_float, default=600.0, metavar="S",
                     help="give up after S seconds (default 600) and exit 1: the operation "
                     "itself keeps running")
 
-    w = verb("wake", "make machines due now, by machine id or by key (e.g. a pod UID), as "
+    w = verb("wake", "make operations due now, by operation id or by key (e.g. a pod UID), as "
              "a pod watch event does")
     group = w.add_mutually_exclusive_group(required=True)
     group.add_argument("--id")
@@ -302,19 +379,22 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--verify", action="store_true", help="re-run decide on recorded inputs")
     r.add_argument("--jobs", type=positive_int, default=None,
                    help="rebuild (and verify) in this many processes, each over its own "
-                   "range of machines (default: one per CPU, at most 8, for a history of "
-                   "20,000 machines or more, else 1); progress goes to stderr on long runs")
+                   "range of operations (default: one per CPU, at most 8, for a history of "
+                   "20,000 operations or more, else 1); progress goes to stderr on long runs")
 
-    wk = verb("worker", "run a worker: claim due machines, decide, commit, act; SIGTERM "
+    wk = verb("worker", "run a worker: claim due operations, decide, commit, act; SIGTERM "
               "drains in-flight work")
     wk.add_argument("--concurrency", type=positive_int, default=32)
     wk.add_argument("--lease-seconds", type=positive_float, default=30.0)
     wk.add_argument("--poll-seconds", type=positive_float, default=0.5)
     wk.add_argument("--worker-id")
+    wk.add_argument("--status-seconds", type=float, default=60.0, metavar="S",
+                    help="print what it did every S seconds while there is work (one 'idle' "
+                    "line when there is none; 0: never); a last line as it stops")
     wk.add_argument("--upgrade-schema", action="store_true",
                     help="apply pending migrations first (guarded by a lock)")
     wk.add_argument("--until-done", action="store_true",
-                    help="exit once every machine is settled (terminal, its actions "
+                    help="exit once every operation is settled (terminal, its actions "
                     "performed, its lease released)")
     wk.add_argument("--metrics-listen", metavar="HOST:PORT",
                     default=os.environ.get("CONTROLPLANE_WORKER_METRICS_LISTEN"),
@@ -435,6 +515,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "process migrated and suspended/resumed with CRIU, its memory "
                         "proven by its own counter (needs scripts/ensure-criu and "
                         "scripts/ensure-registry; about a minute)")
+    cm = verb("completion", "print a shell completion script for cpctl and "
+              "kubectl-checkpoint (docs/kubectl.md): source <(cpctl completion bash)",
+              completion.completion_cmd)
+    cm.add_argument("shell", choices=completion.SHELLS)
+    _first_verbs_first(p)
+    p.routes_history = True
+    if program != plugin.CPCTL:
+        _shown_as(p, program)
     return p
 
 
@@ -471,7 +559,22 @@ def _dry_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """``cpctl``, and ``kubectl-checkpoint`` (the same program run by kubectl: kubectl's
+    flags are taken off the line, :mod:`controlplane.cli.plugin`)."""
+    name = plugin.shown_name(sys.argv[0])
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == [completion.HIDDEN_VERB]:  # the shell scripts' TAB
+        return completion.answer(build_parser(name), words[1:], kubectl=plugin.is_kubectl(name))
+    try:
+        flags = None
+        if plugin.is_kubectl(name):
+            words, flags = plugin.take_flags(words)
+        args = build_parser(name).parse_args(words)
+        if flags is not None:
+            plugin.apply(args, flags)
+    except UsageError as exc:
+        sys.stderr.write(plugin.say(f"cpctl: error: {exc}\n", name))
+        return exc.exit_code
     import asyncio  # after parsing: --help and bad input exit before needing either
 
     from controlplane import logs
@@ -481,17 +584,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = asyncio.run(args.handler(args))
         return code
     except ControlPlaneError as exc:
-        sys.stderr.write(f"cpctl: error: {exc}\n")
+        sys.stderr.write(plugin.say(f"cpctl: error: {exc}\n", name))
         return exc.exit_code
     except KeyboardInterrupt:
-        sys.stderr.write("cpctl: interrupted\n")
+        sys.stderr.write(plugin.say("cpctl: interrupted\n", name))
         return 130
     except Exception as exc:
         if os.environ.get("CONTROLPLANE_DEBUG"):
             raise
-        sys.stderr.write(f"cpctl: internal error: {type(exc).__name__}: {exc} (this is a bug; "
-                         "rerun with CONTROLPLANE_DEBUG=1 for the traceback)\n")
+        sys.stderr.write(plugin.say(
+            f"cpctl: internal error: {type(exc).__name__}: {exc} (this is a bug; rerun with "
+            "CONTROLPLANE_DEBUG=1 for the traceback)\n", name))
         return 70
+
+
+def kubectl_complete() -> int:
+    """``kubectl_complete-checkpoint WORDS...``: what kubectl (1.26+) runs for
+    ``kubectl checkpoint <TAB>`` (:mod:`controlplane.cli.completion`)."""
+    return completion.answer(build_parser(plugin.shown_name(plugin.EXECUTABLE)),
+                             sys.argv[1:], kubectl=True)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,17 @@ def default_url() -> str:
     return os.environ.get("CONTROLPLANE_DATABASE_URL", f"sqlite:///{DEFAULT_SQLITE_PATH}")
 
 
+def add_registry_options(g: argparse._ActionsContainer) -> None:
+    """How to reach the registries: the ``--registry-*`` flags."""
+    g.add_argument("--registry-layout", default=os.environ.get("CONTROLPLANE_REGISTRY_LAYOUT"),
+                   help="OCI layouts on disk under this directory, instead of registries "
+                   "over HTTP ($CONTROLPLANE_REGISTRY_LAYOUT)")
+    g.add_argument("--registry-plain-http", action="append", default=[], metavar="HOST",
+                   help="speak plain HTTP to this registry host (loopback always is)")
+    g.add_argument("--registry-credentials", nargs=3, action="append", default=[],
+                   metavar=("HOST", "USER", "PASSWORD_FILE"))
+
+
 def add_cluster_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster and registry")
     g.add_argument("--kubeconfig", default=os.environ.get("CONTROLPLANE_KUBECONFIG"),
@@ -43,13 +54,7 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
                    default=os.environ.get("CONTROLPLANE_KUBE_BURST", "100"),
                    help="requests allowed at once above --kube-qps (default 100, "
                    "$CONTROLPLANE_KUBE_BURST)")
-    g.add_argument("--registry-layout", default=os.environ.get("CONTROLPLANE_REGISTRY_LAYOUT"),
-                   help="OCI layouts on disk under this directory, instead of registries "
-                   "over HTTP ($CONTROLPLANE_REGISTRY_LAYOUT)")
-    g.add_argument("--registry-plain-http", action="append", default=[], metavar="HOST",
-                   help="speak plain HTTP to this registry host (loopback always is)")
-    g.add_argument("--registry-credentials", nargs=3, action="append", default=[],
-                   metavar=("HOST", "USER", "PASSWORD_FILE"))
+    add_registry_options(g)
     g.add_argument("--trusted-key", action="append", default=[], metavar="PEM",
                    help="the agents' signing public key (repeatable while rotating): a "
                    "capture's artifact is pinned only if one of them signed it, so a "

@@ -12,6 +12,8 @@ import sys
 import time
 
 from controlplane.app.waiting import settled, succeeded, waiting_for
+from controlplane.cli.render import terminal_width
+from controlplane.cli.why import fit
 from controlplane.errors import ControlPlaneError
 from controlplane.store import queries
 from controlplane.store.database import Database
@@ -34,8 +36,11 @@ async def follow(db: Database, machine_id: str, label: str, *, limit_seconds: fl
         elapsed = time.monotonic() - t0
         status = record.phase if settled(record) else \
             f"{record.phase}, waiting for {waiting_for(record)}"
-        if live:
-            sys.stdout.write(f"\r\x1b[K{prefix}{label}: {elapsed:5.1f}s {status}")
+        if live:  # one line, cut to the terminal: a wrapped one would stack at each redraw
+            # the last column stays free: a line that fills it wraps on some terminals
+            line = fit(f"{prefix}{label}: {elapsed:5.1f}s {status}",
+                       (terminal_width(sys.stdout) or 80) - 1)
+            sys.stdout.write(f"\r\x1b[K{line}")
         elif status != shown:
             sys.stdout.write(f"{prefix}{label}: {status} at {elapsed:.1f}s\n")
         shown = status

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from controlplane.cli import render
 from controlplane.cli.context import clock, opened
+from controlplane.cli.history_view import Line, describe
 from controlplane.cli.progress import follow, succeeded
 from controlplane.cli.retention import print_pruned
 from controlplane.cli.why import facts_text
@@ -26,15 +27,10 @@ if TYPE_CHECKING:
 
 
 def _record_json(r: MachineRecord) -> dict[str, Any]:
-    from controlplane.app.waiting import final_pod
+    """The operation's document, the HTTP API's (:mod:`controlplane.app.operation_doc`)."""
+    from controlplane.app.operation_doc import operation_json
 
-    return {
-        "id": r.id, "kind": r.kind, "phase": r.phase, "pod": final_pod(r),
-        "version": r.version, "terminal": r.terminal, "spec": r.spec, "state": r.state,
-        "next_wake_at": r.next_wake_at, "lease_owner": r.lease_owner,
-        "lease_expires_at": r.lease_expires_at, "created_at": r.created_at,
-        "updated_at": r.updated_at,
-    }
+    return operation_json(r, detail=True)
 
 
 async def get_cmd(args: argparse.Namespace) -> int:
@@ -43,7 +39,7 @@ async def get_cmd(args: argparse.Namespace) -> int:
 
     structured = args.output in ("json", "yaml")
     async with opened(args) as db:
-        record = await queries.get_machine(db, args.id)
+        record = await queries.get_machine(db, await queries.resolve_machine_id(db, args.id))
         children = ([(c.id, c.pod, c.target, c.outcome, c.reason or "",
                       c.joined_at or "planned")
                      for c in await drain_children(db, record)]
@@ -60,6 +56,18 @@ async def get_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _phase(asked: str) -> str:
+    """A phase as the machines spell it, whatever the case asked; an unknown one is
+    refused naming the phases there are."""
+    from controlplane.machines.catalog import phase_names
+
+    names = phase_names()
+    found = [name for name in names if name.lower() == asked.strip().lower()]
+    if not found:
+        raise UsageError(f"--phase {asked!r} is not a phase", hint="one of " + ", ".join(names))
+    return found[0]
+
+
 async def list_cmd(args: argparse.Namespace) -> int:
     if args.kind is not None:  # the machines' catalog only then: a plain list reads rows
         from controlplane.machines.catalog import default_kinds
@@ -68,9 +76,8 @@ async def list_cmd(args: argparse.Namespace) -> int:
         if args.kind not in kinds:
             raise UsageError(f"--kind {args.kind!r} is not a kind", hint="kinds: "
                              + ", ".join(kinds))
-    if args.phase is not None and not queries.PHASE_NAME.fullmatch(args.phase):
-        raise UsageError(f"--phase {args.phase!r} is not a phase name",
-                         hint="e.g. Succeeded, Restoring, Failed")
+    if args.phase is not None:
+        args.phase = _phase(args.phase)
     if args.namespace is not None and not queries.NAMESPACE_NAME.fullmatch(args.namespace):
         raise UsageError(f"--namespace {args.namespace!r} is not a namespace name",
                          hint="a DNS label such as 'default'")
@@ -86,10 +93,12 @@ async def list_cmd(args: argparse.Namespace) -> int:
         render.structured({"items": [_record_json(r) for r in records], "total": total,
                            "limit": args.limit}, args.output)
     else:
+        from controlplane.app.operation_doc import node_of
+
         now = clock.now()
         headers = ["id", "kind", "workload", "node", "phase", "age"]
         rows: list[tuple[object, ...]] = [
-            (r.id, r.kind, r.workload or "-", r.source_node or "-", r.phase,
+            (r.id, r.kind, r.workload or "-", node_of(r) or "-", r.phase,
              render.age(r.created_at, now)) for r in records]
         if args.wide:  # as kubectl's -o wide: more columns, every value whole
             headers += ["version", "next wake", "lease owner", "created"]
@@ -109,28 +118,35 @@ async def history_cmd(args: argparse.Namespace) -> int:
 
     async with opened(args) as db:
         try:
-            record = await queries.get_machine(db, args.id)
+            record = await queries.get_machine(
+                db, await queries.resolve_machine_id(db, args.id))
         except MachineNotFound:
             pruned = await retention.summary(db, args.id)
             if pruned is None:
                 raise
             print_pruned(pruned, args.output)  # its summary row, and that it was pruned
             return 0
-        events = await queries.history(db, args.id)
+        events = await queries.history(db, record.id)
     phases = phase_after_each(default_kinds(), record, events)
     if args.output in ("json", "yaml"):
         render.structured([{**_jsonable(e), "phase": p} for e, p in zip(events, phases,
                                                                          strict=True)],
                           args.output)
         return 0
-    rows, shown = [], ""
+    lines, shown = [], ""
     for e, phase in zip(events, phases, strict=True):
-        change = f"-> {phase}" if phase != shown else ""
+        lines.append(Line(e.seq, e.recorded_at, e.type, phase if phase != shown else "",
+                          _reason(e.data), e.worker_id or "", facts_text(e.facts)))
         shown = phase
-        rows.append((e.seq, e.recorded_at, change, e.type, _reason(e.data), e.worker_id,
-                     facts_text(e.facts)))
-    headers = ["seq", "time", "phase", "event", "reason", "by", "why (observed facts)"]
-    render.table(headers, rows, max_width=32, fill=len(headers) - 1, wide=args.wide)
+    if args.wide:  # one row per event, every value whole, on one line each
+        headers = ["seq", "time", "phase", "event", "reason", "by", "why (observed facts)"]
+        render.table(headers, [(x.seq, x.at, f"-> {x.phase}" if x.phase else "", x.event,
+                                " ".join(x.said.split()), x.by, " ".join(x.observed.split()))
+                               for x in lines], wide=True)
+        return 0
+    for text in describe(lines, width=render.terminal_width(sys.stdout),
+                         colour=render.colours_on(sys.stdout)):
+        print(text)
     return 0
 
 
@@ -143,14 +159,15 @@ def _reason(data: JsonObject) -> str:
     """The event's own words: its reason and message, else its data as ``key=value``
     (its time and a submitted spec left out: the row and ``get`` show them)."""
     reason, message = data.get("reason"), data.get("message")
-    if reason is not None or message is not None:
-        return ": ".join(str(p) for p in (reason, message) if p is not None)
-    return facts_text({k: v for k, v in data.items() if k not in ("at", "spec", "plan")})
+    if reason or message:
+        return ": ".join(str(p) for p in (reason, message) if p)
+    return facts_text({k: v for k, v in data.items()
+                       if k not in ("at", "spec", "plan") and v != ""})
 
 
 async def wait_cmd(args: argparse.Namespace) -> int:
     async with opened(args) as db:
-        record = await queries.get_machine(db, args.id)
+        record = await queries.get_machine(db, await queries.resolve_machine_id(db, args.id))
         record = await follow(db, record.id, f"{record.kind} {args.id}",
                               limit_seconds=args.wait_seconds)
     print(f"{args.id}: {record.phase}")

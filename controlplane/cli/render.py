@@ -73,6 +73,12 @@ GOOD = frozenset({"Succeeded", "Suspended", "Resumed", "moved", "yes"})
 BAD = frozenset({"Failed", "Cancelled", "RolledBack", "TimedOut", "failed", "refused", "no"})
 
 
+def tone(cell: str) -> str:
+    """The colour a status cell is shown in ("" for none): green for success, red for a
+    failure; an arrow (``-> Failed``) is read past."""
+    return _tone(cell)
+
+
 def _tone(cell: str) -> str:
     word = cell.removeprefix("-> ").split(" ", 1)[0].rstrip(":,;")
     return GREEN if word in GOOD else RED if word in BAD else ""

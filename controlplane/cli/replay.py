@@ -50,5 +50,18 @@ async def replay_cmd(args: argparse.Namespace) -> int:
                 vreport = await verify(db, kinds, jobs=jobs, progress=meter)
             _print_report(vreport, "verify")
             dirty |= not vreport.clean
+            print(_verdict(report, vreport, rebuilt=args.rebuild))
     return 5 if dirty else 0
 
+
+def _verdict(projections: ReplayReport, decisions: ReplayReport, *, rebuilt: bool) -> str:
+    """The run in one plain sentence, as the demo ends."""
+    stale = projections.rewritten if rebuilt else len(projections.mismatches)
+    return (f"{_count(projections.machines, 'operation')} replayed: "
+            f"{_count(stale, 'projection')} "
+            f"{'rewritten' if rebuilt else 'that disagree with their history'}, "
+            f"{_count(len(decisions.mismatches), 'decision')} that would now differ")
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"

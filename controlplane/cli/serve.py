@@ -6,6 +6,10 @@ its own, and history records which one asked) or ``$CONTROLPLANE_API_TOKEN``, ne
 the command line (where ``ps`` would show them); the access log redacts them from URLs.
 HTTPS with ``--tls-cert``/``--tls-key``; without them only a loopback ``--listen`` is
 served unless ``--insecure``. Runs until SIGTERM/SIGINT.
+
+Once it serves it prints the address a browser on this machine opens and how to sign in:
+a one-time link (``/login?code=...``, :mod:`controlplane.api.login`) whose cookie opens
+the dashboard's reads, or the token typed into the page's sign-in form.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from pathlib import Path
 
 from aiohttp import web
 
+from controlplane.api.login import CODE_SECONDS, Login
 from controlplane.cli.context import clock
+from controlplane.clock import new_id
 from controlplane.errors import UsageError
 from controlplane.exposition import CONTENT_TYPE
 from controlplane.gc_tuning import tune_for_service
@@ -63,7 +69,13 @@ def _tokens(args: argparse.Namespace) -> dict[str, str]:
                                      "twice")
                 tokens[name] = token
     else:
-        tokens = {"default": os.environ.get("CONTROLPLANE_API_TOKEN", "").strip()}
+        token = os.environ.get("CONTROLPLANE_API_TOKEN", "").strip()
+        if not token:
+            raise UsageError("the API requires a bearer token, and none was given",
+                             hint=f"make one (`openssl rand -hex 24 > api.token`, at least "
+                                  f"{MIN_TOKEN} characters) and pass --token-file api.token, "
+                                  "or set $CONTROLPLANE_API_TOKEN")
+        tokens = {"default": token}
     short = sorted(name for name, token in tokens.items() if len(token) < MIN_TOKEN)
     if not tokens or short:
         raise UsageError("the API needs tokens of at least 16 characters" +
@@ -128,16 +140,54 @@ async def serve_cmd(args: argparse.Namespace) -> int:
                 from controlplane.wiring.cluster import access_from_args
 
                 cluster = await stack.enter_async_context(access_from_args(db, args))
+            sign_in = Login(_secret, clock.now())
             app = make_app(db, token=tokens, kinds=default_kinds(), clock=clock,
-                           metrics_public=args.metrics_public, cluster=cluster)
-            await _serve_until_stopped(app, host, port, tls)
+                           metrics_public=args.metrics_public, cluster=cluster,
+                           sign_in=sign_in)
+            await _serve_until_stopped(app, host, port, tls, sign_in=sign_in,
+                                       token_source=_token_source(args))
     finally:
         await db.dispose()
     return 0
 
 
+def _secret() -> str:
+    """An unguessable string for the sign-in link's code and its sessions (244 bits)."""
+    return (new_id() + new_id()).replace("-", "")
+
+
+def _token_source(args: argparse.Namespace) -> str:
+    return f"--token-file {args.token_file}" if args.token_file else "$CONTROLPLANE_API_TOKEN"
+
+
+def browser_url(scheme: str, host: str, port: int) -> str:
+    """The address a browser on this machine opens: a wildcard listen address (``0.0.0.0``,
+    ``::``) is reached on loopback; an IPv6 address goes in brackets."""
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scheme}://{host}:{port}/"
+
+
+def ready_lines(url: str, code: str | None, token_source: str) -> str:
+    """What ``cpctl serve`` prints once it serves: where, and how a browser signs in.
+    Scripts read the address as the word after ``on`` on the first line."""
+    lines = [f"API and dashboard on {url}"]
+    if code:
+        lines.append(f"sign in: open {url}login?code={code} (once, within "
+                     f"{CODE_SECONDS // 60} minutes)")
+    lines.append(f"{'or' if code else 'sign in:'} enter the token ({token_source}) in the "
+                 "page's form; scripts send 'Authorization: Bearer <token>'")
+    return "\n".join(lines)
+
+
 async def _serve_until_stopped(app: web.Application, host: str, port: int,
-                               tls: ssl.SSLContext | None = None) -> None:
+                               tls: ssl.SSLContext | None = None, *,
+                               sign_in: Login | None = None,
+                               token_source: str = "$CONTROLPLANE_API_TOKEN") -> None:
     """Serve ``app`` on ``host:port`` (HTTPS with ``tls``) until SIGTERM or SIGINT."""
     from controlplane.api.serving import make_runner
 
@@ -146,8 +196,8 @@ async def _serve_until_stopped(app: web.Application, host: str, port: int,
     site = web.TCPSite(runner, host, port, ssl_context=tls)
     await site.start()
     bound = runner.addresses[0] if runner.addresses else (host, port)
-    scheme = "https" if tls is not None else "http"
-    print(f"API and dashboard on {scheme}://{bound[0]}:{bound[1]}/", flush=True)
+    url = browser_url("https" if tls is not None else "http", str(bound[0]), int(bound[1]))
+    print(ready_lines(url, sign_in.code if sign_in else None, token_source), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

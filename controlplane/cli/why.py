@@ -18,7 +18,9 @@ from collections.abc import Iterator, Mapping
 
 #: Keys (by their last ``_`` word) that explain an event best, in order.
 _TELLING = ("present", "phase", "deleting", "node", "ready", "unschedulable", "error",
-            "class", "message", "digest", "problem", "command", "action", "uid")
+            "class", "message", "digest", "problem", "command", "action")
+#: Said last of all: a UID tells a machine which object, a reader the name beside it does.
+_LAST = ("uid",)
 
 
 def facts_text(facts: Mapping[str, object]) -> str:
@@ -65,6 +67,7 @@ def _value(value: object) -> str:
 
 def _rank(key: str) -> tuple[int, int, str]:
     last = key.rsplit("_", 1)[-1].rsplit(".", 1)[-1]
-    telling = _TELLING.index(last) if last in _TELLING else len(_TELLING)
+    telling = (_TELLING.index(last) if last in _TELLING
+               else len(_TELLING) + 1 + _LAST.index(last) if last in _LAST else len(_TELLING))
     # The object's name itself ("pod", "tag", "node") leads its group.
     return (0 if "_" not in key and "." not in key else 1, telling, key)

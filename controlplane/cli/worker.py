@@ -11,12 +11,14 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import time
 from dataclasses import replace
 
 from controlplane.cli.classes import load_classes
 from controlplane.cli.context import clock
 from controlplane.cli.options import limits_from
 from controlplane.cli.retention import parse_policy
+from controlplane.cli.worker_status import Snapshot, report_status, stopped_line
 from controlplane.clock import new_id
 from controlplane.gc_tuning import tune_for_service
 from controlplane.machines.config.classes import class_to_json
@@ -54,10 +56,11 @@ async def worker_cmd(args: argparse.Namespace) -> int:
             classes = ({name: class_to_json(k) for name, k in
                         load_classes(args.classes_file).items()} if args.classes_file else {})
             await run_product_worker(db, args, config, lambda w: _drive(
-                w, args.until_done, args.metrics_listen, banner), clock, classes=classes)
+                w, args.until_done, args.metrics_listen, banner, args.status_seconds),
+                clock, classes=classes)
         else:  # the engine's own kinds only
             await _drive(build_worker(db, config, clock), args.until_done, args.metrics_listen,
-                         banner)
+                         banner, args.status_seconds)
     finally:
         if chores is not None:
             chores.cancel()
@@ -83,10 +86,12 @@ def worker_banner(args: argparse.Namespace, config: WorkerConfig, database: str)
 
 
 async def _drive(worker: Worker, until_done: bool,
-                 metrics_listen: str | None = None, banner: str | None = None) -> None:
+                 metrics_listen: str | None = None, banner: str | None = None,
+                 status_seconds: float = 0.0) -> None:
     """Run ``worker`` until SIGTERM/SIGINT (draining), or until every machine settled;
     with ``metrics_listen``, serve its ``/metrics`` and ``/healthz`` meanwhile. Prints
-    ``banner`` and where the metrics are, once they are served."""
+    ``banner`` and where the metrics are, once they are served; then a status line every
+    ``status_seconds`` (0: none) and, with a banner, a last line as it stops."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
@@ -99,10 +104,22 @@ async def _drive(worker: Worker, until_done: bool,
             metrics = f"metrics http://{bound}/metrics"
         if banner is not None:
             print(f"{banner}; {metrics}", flush=True)
-        if until_done:
-            await run_until_done(worker)
-        else:
-            await worker.run()
+        began = time.monotonic()
+        status = (asyncio.create_task(report_status(worker, status_seconds))
+                  if status_seconds > 0 else None)
+        try:
+            if until_done:
+                await run_until_done(worker)
+            else:
+                await worker.run()
+        finally:
+            if status is not None:
+                status.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await status
+        if banner is not None:
+            print(stopped_line(worker.config.worker_id, Snapshot.of(worker),
+                               time.monotonic() - began), flush=True)
 
 
 async def run_until_done(worker: Worker) -> None:

@@ -82,7 +82,7 @@ async def test_bad_input_is_refused_naming_the_field(served: Served) -> None:
     missing = await served.client.post("/api/v1/operations", headers=auth(), json={
         "kind": "migration", "workload": "default/web", "class": served.klass()})
     assert missing.status == 400
-    assert (await missing.json())["parameter"] == "targetNode"
+    assert (await missing.json())["parameter"] == "target_node"  # the API's spelling
     unknown = await served.client.post("/api/v1/operations", headers=auth(), json={
         "kind": "checkpoint", "workload": "default/nope", "class": served.klass()})
     assert unknown.status == 400
@@ -92,6 +92,27 @@ async def test_bad_input_is_refused_naming_the_field(served: Served) -> None:
         "class": served.klass()})
     assert same_node.status == 400
     assert "node-1" in (await same_node.json())["error"]
+    assert await queries.list_machines(served.db, queries.MachineFilter()) == []
+
+
+async def test_fields_are_snake_case_as_every_output_and_camel_case_is_accepted(
+        served: Served) -> None:
+    """One spelling in and out (``target_node`` as ``cpctl list -o json`` prints it); the
+    custom resources' camelCase is accepted too, and an error names the field as sent."""
+    for target in ({"target_node": "node-2"}, {"targetNode": "node-2"}):
+        resp = await served.client.post("/api/v1/operations", headers=auth(), json={
+            "kind": "migration", "workload": "default/web", "class": served.klass(),
+            "dry_run": True, **target})
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["target_node"] == "node-2"
+    both = await served.client.post("/api/v1/operations", headers=auth(), json={
+        "kind": "migration", "workload": "default/web", "class": served.klass(),
+        "target_node": "node-2", "targetNode": "node-3"})
+    assert (both.status, (await both.json())["parameter"]) == (400, "target_node")
+    camel = await served.client.post("/api/v1/operations", headers=auth(), json={
+        "kind": "migration", "workload": "default/web", "class": served.klass(),
+        "targetNode": 7})
+    assert (camel.status, (await camel.json())["parameter"]) == (400, "targetNode")
     assert await queries.list_machines(served.db, queries.MachineFilter()) == []
 
 

@@ -221,6 +221,7 @@ def test_kube_api_counts_and_times_every_verb_per_migration_on_the_simulator(
     assert sim["of_ceiling"] > 0
 
 
+@pytest.mark.bench_smoke  # 70 s; `make bench-smoke`: its product paths run in tests/criu
 def test_criu_migration_divides_the_products_downtime_by_criu_alone_measured_alongside(
         tmp_path: Path) -> None:
     """One run at 1 MiB: every path moved a process that went on (its restored log says

@@ -139,7 +139,7 @@ def test_every_example_in_its_help_parses(capsys: pytest.CaptureFixture[str]) ->
     assert "restorable: `cpctl restore ID` takes it" in text
     lines = [line.strip() for line in text.split("examples:")[1].splitlines()
              if line.strip().startswith("cpctl ")]
-    assert len(lines) == 4
+    assert len(lines) == 5
     for line in lines:
         command = re.split(r"\s+#\s*", line)[0].replace("ID", "some-id")
         assert build_parser().parse_args(shlex.split(command)[1:]).handler is not None

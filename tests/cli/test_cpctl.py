@@ -9,12 +9,21 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.support.cpctl import ROOT, assert_one_line_error, cpctl, reap, upgraded
+from tests.conftest import PG_ADMIN_URL
+from tests.support.cpctl import (
+    ROOT,
+    assert_one_line_error,
+    cpctl,
+    in_process,
+    reap,
+    upgraded,
+)
 
 pytestmark = pytest.mark.slow  # real subprocesses (or a browser): its file starts first
 
@@ -25,31 +34,41 @@ def ready_db(db_url: str) -> str:
 
 
 def test_submit_run_inspect_and_replay_a_machine_end_to_end(ready_db: str) -> None:
+    """Submit, the worker and replay run as processes; the reads between them run through
+    the same ``main`` in this process (each a second of interpreter start saved: this
+    test ran 20 processes, 50 s on a loaded machine)."""
     submitted = cpctl(ready_db, "submit", "steps", "--spec", '{"steps": 3}', "--id", "job-1")
     assert (submitted.returncode, submitted.stdout.strip()) == (0, "job-1")
     ran = cpctl(ready_db, "worker", "--until-done", "--poll-seconds", "0.05")
     assert ran.returncode == 0, ran.stderr
-    got = json.loads(cpctl(ready_db, "get", "job-1", "-o", "json").stdout)
+    got = json.loads(in_process(ready_db, "get", "job-1", "-o", "json").stdout)
     assert (got["phase"], got["version"], got["terminal"]) == ("Succeeded", 4, True)
-    history = json.loads(cpctl(ready_db, "history", "job-1", "-o", "json").stdout)
+    history = json.loads(in_process(ready_db, "history", "job-1", "-o", "json").stdout)
     assert [e["type"] for e in history] == ["Submitted"] + ["StepCompleted"] * 3
-    table = cpctl(ready_db, "history", "job-1").stdout
+    table = in_process(ready_db, "history", "job-1").stdout
     assert "StepCompleted" in table
     assert "SEQ" in table
-    listed = json.loads(cpctl(ready_db, "list", "--kind", "steps", "-o", "json").stdout)
+    listed = json.loads(in_process(ready_db, "list", "--kind", "steps", "-o", "json").stdout)
     assert [m["id"] for m in listed["items"]] == ["job-1"]
+    any_case = json.loads(in_process(ready_db, "list", "--phase", "succeeded", "-o", "json").stdout)
+    assert [m["id"] for m in any_case["items"]] == ["job-1"]  # the phase, whatever its case
+    assert_one_line_error(in_process(ready_db, "list", "--phase", "Done"), 2,
+                          "--phase 'Done' is not a phase", "Succeeded", "RolledBack")
     assert (listed["total"], listed["limit"]) == (1, 100)
-    as_yaml = yaml.safe_load(cpctl(ready_db, "get", "job-1", "-o", "yaml").stdout)
+    as_yaml = yaml.safe_load(in_process(ready_db, "get", "job-1", "-o", "yaml").stdout)
     assert (as_yaml["phase"], as_yaml["version"]) == ("Succeeded", 4)
-    assert [e["type"] for e in yaml.safe_load(
-        cpctl(ready_db, "history", "job-1", "-o", "yaml").stdout)] == [e["type"] for e in history]
-    report = json.loads(cpctl(ready_db, "report", "operations", "-o", "json").stdout)
+    as_yaml_history = yaml.safe_load(in_process(ready_db, "history", "job-1", "-o", "yaml").stdout)
+    assert [e["type"] for e in as_yaml_history] == [e["type"] for e in history]
+    report = json.loads(in_process(ready_db, "report", "operations", "-o", "json").stdout)
     assert [(r["kind"], r["count"]) for r in report] == [("steps", 1)]
-    csv_out = cpctl(ready_db, "report", "operations", "--by", "day", "-o", "csv").stdout
+    csv_out = in_process(ready_db, "report", "operations", "--by", "day", "-o", "csv").stdout
     assert csv_out.splitlines()[0].startswith("day,count,succeeded")
     replay = cpctl(ready_db, "replay", "--verify")
     assert replay.returncode == 0, replay.stdout
     assert "0 mismatches" in replay.stdout
+    assert replay.stdout.splitlines()[-1] == (  # the demo's plain sentence ends it
+        "1 operation replayed: 0 projections that disagree with their history, "
+        "0 decisions that would now differ")
 
 
 def test_unknown_machine_id_is_one_line_exit_2(ready_db: str) -> None:
@@ -83,7 +102,7 @@ def test_a_malformed_spec_names_the_field_and_writes_nothing(
 
 
 def test_an_unknown_kind_lists_the_known_ones(ready_db: str) -> None:
-    assert_one_line_error(cpctl(ready_db, "submit", "teleport"), 2, "unknown machine kind",
+    assert_one_line_error(cpctl(ready_db, "submit", "teleport"), 2, "unknown operation kind",
                           "steps")
 
 
@@ -93,6 +112,13 @@ def test_an_unreachable_database_is_one_line_exit_3() -> None:
                           "CONTROLPLANE_DATABASE_URL")
 
 
+def test_a_database_the_server_does_not_have_is_a_configuration_error_naming_the_fix() -> None:
+    """Not exit 70 ("this is a bug"): the server answers that the database is not there."""
+    server = PG_ADMIN_URL.rsplit("/", 1)[0]
+    result = cpctl(f"{server}/cp_no_such_database_{uuid.uuid4().hex[:8]}", "list")
+    assert_one_line_error(result, 3, "does not exist", "createdb", "cpctl db upgrade")
+
+
 @pytest.mark.parametrize(("url", "fragment"), [
     ("mysql://root@localhost/db", "unsupported backend 'mysql'"),
     ("not a url", "is not a URL"),
@@ -100,6 +126,20 @@ def test_an_unreachable_database_is_one_line_exit_3() -> None:
 ])
 def test_a_bad_database_url_says_what_form_to_use(url: str, fragment: str) -> None:
     assert_one_line_error(cpctl(url, "list"), 2, fragment, "sqlite:///")
+
+
+def test_a_missing_sqlite_file_is_named_and_not_created(tmp_path: Path) -> None:
+    """``cpctl list`` where the default relative path finds nothing: it says which file
+    it looked for (absolute) and creates none, rather than an empty database it would
+    then advise upgrading."""
+    result = subprocess.run([sys.executable, "-m", "controlplane.cli.main",
+                             "--db", "sqlite:///var/controlplane.db", "list"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                            stdin=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert_one_line_error(result, 3, f"no database at {tmp_path}/var/controlplane.db",
+                          "working directory", "cpctl db upgrade")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_database_without_schema_points_to_db_upgrade(tmp_path: Path) -> None:
@@ -223,9 +263,15 @@ def test_serve_answers_with_the_token_and_refuses_without_it(ready_db: str,
     assert token not in out + err
 
 
-def test_serve_refuses_to_start_without_a_usable_token(ready_db: str) -> None:
+def test_serve_refuses_to_start_without_a_usable_token(ready_db: str, tmp_path: Path) -> None:
+    assert "CONTROLPLANE_API_TOKEN" not in os.environ
     assert_one_line_error(cpctl(ready_db, "serve", "--listen", "127.0.0.1:0"), 2,
-                          "of at least 16 characters")
+                          "requires a bearer token, and none was given", "openssl rand",
+                          "--token-file")
+    (tmp_path / "short.token").write_text("tiny\n")
+    assert_one_line_error(cpctl(ready_db, "serve", "--listen", "127.0.0.1:0", "--token-file",
+                                str(tmp_path / "short.token")), 2,
+                          "of at least 16 characters (too short: default)")
 
 
 def test_wake_by_key_or_id_reports_how_many_machines_it_woke(ready_db: str) -> None:
@@ -269,3 +315,35 @@ def test_a_worker_serves_its_own_metrics_and_health_until_sigterm(ready_db: str)
         assert proc.wait(30) == 0
     finally:
         reap(proc)
+
+
+def test_version_prints_the_release_pyproject_names() -> None:
+    """``cpctl --version``: the release CHANGELOG.md describes, with no database needed."""
+    import tomllib
+
+    release = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    result = subprocess.run([sys.executable, "-m", "controlplane.cli.main", "--version"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            stdin=subprocess.DEVNULL)
+    assert (result.returncode, result.stdout) == (0, f"cpctl {release}\n"), result
+    assert f"## {release}" in (ROOT / "CHANGELOG.md").read_text()
+
+
+def test_a_unique_id_prefix_names_its_operation_and_an_ambiguous_one_lists_them(
+        ready_db: str) -> None:
+    """In process: the verbs' exit codes and lines are main's (the process is pinned by the
+    end-to-end test above)."""
+    for machine_id in ("abcd-1111", "abcd-2222", "ab%d-3333"):
+        assert in_process(ready_db, "submit", "steps", "--spec", '{"steps": 1}', "--id",
+                     machine_id).returncode == 0
+    got = json.loads(in_process(ready_db, "get", "abcd-1", "-o", "json").stdout)
+    assert got["id"] == "abcd-1111"
+    history = json.loads(in_process(ready_db, "history", "abcd-2", "-o", "json").stdout)
+    assert [e["type"] for e in history] == ["Submitted"]
+    assert_one_line_error(in_process(ready_db, "get", "abcd"), 2,
+                          "id prefix 'abcd' names more than one operation: abcd-1111, "
+                          "abcd-2222", "give more characters")
+    # Fewer than 4 characters is never a prefix; % and _ are characters, not patterns.
+    assert_one_line_error(in_process(ready_db, "get", "abc"), 2, "no operation with id 'abc'")
+    assert json.loads(in_process(ready_db, "get", "ab%d", "-o", "json").stdout)["id"] == "ab%d-3333"
+    assert_one_line_error(in_process(ready_db, "get", "ab_d-1"), 2, "no operation with id")

@@ -97,6 +97,11 @@ async def test_dry_runs_print_the_plan_and_write_nothing(tmp_path: Path,
         assert plan["artifacts_written"] == [f"{repo}:default.app-01.OPERATION-ID"]
         assert plan["refused"] is None
         assert plan["admission"] == "would start now"
+        code, out, err = await cpctl(capfd, tmp_path, "migrate", "default/app-01", "--to",
+                                     "node-2", "--repository", "x/y", "--dry-run")
+        assert code == 2, (out, err)  # bad input named, not "internal error" (exit 70)
+        assert "refused: invalid migration request: class.repository 'x/y' must start with " \
+            "a registry host" in out, out
         # What the migration itself would do first: ask the node agent for the capture.
         assert plan["would"][0].startswith("record a Normal event MigrationStarted: moving "
                                            "from node-1 to node-2")
@@ -133,13 +138,20 @@ async def test_dry_runs_print_the_plan_and_write_nothing(tmp_path: Path,
         assert (plan["effective_parallel"], plan["capped_by"], plan["warnings"]) == (2, None, [])
 
         # The defaults: --max-parallel 4 under --max-per-node 2. Said in the plan, with the
-        # flag that caps it; with -o json, on stderr (stdout stays one document).
+        # flag that caps it, and not warned about: the user gave neither value.
         code, out, err = await cpctl(capfd, tmp_path, "drain", "node-1", "--repository", repo,
                                      "--dry-run")
         assert code == 0, err
         assert "DRY RUN: nothing is changed" in out
         assert "default/app-03" in out
         assert "at most 2 at a time (--max-per-node 2 caps --max-parallel 4)" in out
+        assert "warning" not in out + err
+
+        # A value the user gave, capped: warned, once, in the plan (with -o json, on
+        # stderr: stdout stays one document).
+        code, out, err = await cpctl(capfd, tmp_path, "drain", "node-1", "--repository", repo,
+                                     "--max-parallel", "4", "--dry-run")
+        assert code == 0, err
         assert "  warning: --max-parallel 4 is capped by --max-per-node 2: at most 2" in out
         assert "warning" not in err  # said once, in the plan
 

@@ -77,10 +77,13 @@ def test_get_drain_as_json_or_yaml_is_the_record_without_a_children_table(
     as_json = cpctl(drained.db_url, "get", drained.drain_id, "-o", "json")
     assert as_json.returncode == 0, as_json.stderr
     record = json.loads(as_json.stdout)
-    assert sorted(record) == ["created_at", "id", "kind", "lease_expires_at", "lease_owner",
-                              "next_wake_at", "phase", "pod", "spec", "state", "terminal",
-                              "updated_at", "version"]
+    assert sorted(record) == [  # the operation document (docs/api.md), with detail
+        "attempts", "created_at", "drain", "held", "id", "kind", "lease_expires_at",
+        "lease_owner", "next_wake_at", "node", "parent", "phase", "pod", "source_node",
+        "spec", "state", "target_node", "terminal", "updated_at", "version", "waiting_for",
+        "workload"]
     assert record["pod"] is None  # a drain restores no pod of its own
+    assert (record["node"], record["target_node"]) == ("node-1", None)  # the node it empties
     assert [c["id"] for c in record["state"]["children"]] == [
         c["id"] for c in drained.children]
     as_yaml = cpctl(drained.db_url, "get", drained.drain_id, "-o", "yaml")

@@ -49,3 +49,22 @@ def test_fit_cuts_with_an_ellipsis_only_when_needed() -> None:
     assert fit("abcdef", 6) == "abcdef"
     assert fit("abcdefg", 6) == "abcde…"
     assert fit("abc", 0) == "abc"
+
+
+def test_a_uid_comes_after_the_names_a_reader_knows_the_object_by() -> None:
+    """A drain's ChildStarted: the pod and the child read first, the UID last."""
+    text = facts_text({"uid": "78fb250a", "child": "d-1", "pod": "default/app",
+                       "target": "node-1"})
+    assert text == "child=d-1 pod=default/app target=node-1 uid=78fb250a"
+
+
+def test_an_event_with_an_empty_reason_says_its_data_instead() -> None:
+    """ChildFinished of a child that succeeded has reason "": its pod, target and phase
+    are what ``history`` shows, not an empty line."""
+    from controlplane.cli.reading import _reason
+
+    said = _reason({"at": "2026-01-01T00:00:00Z", "child": "d-1", "pod": "default/app",
+                    "target": "node-1", "phase": "Succeeded", "reason": ""})
+    assert said == "phase=Succeeded child=d-1 pod=default/app target=node-1"
+    assert _reason({"reason": "Drained", "message": "moved 1 pods"}) == \
+        "Drained: moved 1 pods"

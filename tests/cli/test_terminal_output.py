@@ -93,6 +93,20 @@ def five_done(db_url: str) -> str:
     return db_url
 
 
+def test_report_headers_are_short_with_units_and_the_table_fits_110_columns(
+        five_done: str) -> None:
+    code, out, err = Terminal(five_done, "report", "operations", columns=110,
+                              env=_env(NO_COLOR="1")).finish()
+    assert code == 0, err
+    lines = out.replace("\r", "").splitlines()
+    assert lines[0].split() == ["KIND", "N", "OK", "FAIL", "RUN", "OK", "%", "P50", "S",
+                                "P95", "S"]
+    assert lines[1].split()[:6] == ["steps", "5", "5", "0", "0", "100.0%"]
+    assert "…" not in out
+    piped = json.loads(_piped(five_done, "report", "operations", "-o", "json").stdout)
+    assert piped[0]["success_rate"] == 1.0  # scripts keep the field names and numbers
+
+
 def test_list_says_on_stderr_how_many_more_match_beyond_its_limit(five_done: str) -> None:
     cut = _piped(five_done, "list", "--limit", "3")
     assert cut.returncode == 0, cut.stderr
@@ -137,20 +151,30 @@ def test_list_keeps_ids_whole_to_be_copied_and_wide_adds_columns(five_done: str)
     assert "LEASE OWNER" in wide.splitlines()[0]
 
 
-def test_history_gives_the_facts_column_up_first_to_fit_the_terminal(five_done: str) -> None:
-    _, out, _ = Terminal(five_done, "history", "job-1", columns=100, env=_env(NO_COLOR="1")
+def test_history_puts_what_each_event_said_beneath_it_whole_and_within_the_terminal(
+        five_done: str) -> None:
+    """As ``kubectl describe`` does: the event and its phase on one line, its words, who
+    recorded it and what it observed indented beneath, wrapped to the terminal, never
+    cut; through a pipe, not wrapped at all."""
+    _, out, _ = Terminal(five_done, "history", "job-1", columns=80, env=_env(NO_COLOR="1")
                          ).finish()
-    lines = out.splitlines()
-    assert lines[0].startswith("SEQ  TIME                     PHASE")  # times whole
-    assert "payload" in out  # the reason column kept room: the facts gave way first
-    assert all(len(line) <= 100 for line in lines), out
+    lines = out.replace("\r", "").splitlines()
+    assert lines[0] == "SEQ  TIME                     EVENT  -> PHASE"
+    assert all(len(line) < 80 for line in lines), out
+    assert "…" not in out  # nothing cut: the facts are the point
+    assert any(line.startswith("       by ") for line in lines), out
+    piped = _piped(five_done, "history", "job-1").stdout
+    said = [line.strip() for line in piped.splitlines() if line.startswith("       ")]
+    joined = " ".join(line.strip() for line in lines if line.startswith("       "))
+    for text in said:  # every word of the unwrapped lines is on the terminal too
+        assert " ".join(text.split()) in " ".join(joined.split()), text
 
 
 def test_on_a_terminal_headers_are_bold_and_phases_coloured_within_its_width(
         five_done: str) -> None:
     code, out, err = Terminal(five_done, "history", "job-1", columns=120).finish()
     assert code == 0, err
-    assert "\x1b[1mSEQ\x1b[0m" in out
+    assert "\x1b[1mSEQ  TIME" in out
     assert "-> \x1b[32mSucceeded\x1b[0m" not in out  # the arrow is part of the cell
     assert "\x1b[32m-> Succeeded\x1b[0m" in out
     plain = out.replace("\x1b[1m", "").replace("\x1b[32m", "").replace("\x1b[0m", "")
@@ -182,6 +206,20 @@ def test_cancel_wait_redraws_one_progress_line_on_a_terminal_until_it_settles(
     assert out.startswith(f"cancel recorded for {job}")
     assert f"\r\x1b[Kcancel {job}:   0.0s Cancelled" in out
     assert out.rstrip().endswith(f"{job}: Cancelled")
+
+
+def test_the_redrawn_line_is_cut_to_the_terminal_so_redraws_never_stack(db_url: str) -> None:
+    assert cpctl(db_url, "db", "upgrade").returncode == 0
+    assert cpctl(db_url, "submit", "steps", "--spec", '{"steps": 50}', "--id",
+                 LONG_ID).returncode == 0
+    code, out, err = Terminal(db_url, "cancel", LONG_ID, "--wait", columns=40).finish()
+    assert code == 0, err
+    drawn = [part.split("\n")[0].rstrip("\r") for part in out.split("\r\x1b[K")[1:]]
+    assert drawn, out
+    for line in drawn:
+        assert len(line) < 40, line  # the last column stays free: no wrap, no stacking
+    assert drawn[-1].startswith(f"cancel {LONG_ID[:20]}")
+    assert drawn[-1].endswith("…")
 
 
 def test_cancel_wait_prints_plain_lines_through_a_pipe(db_url: str) -> None:

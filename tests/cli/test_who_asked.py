@@ -148,7 +148,8 @@ def test_insecure_serves_plain_http_off_loopback_and_one_token_is_named_default(
     (tmp_path / "token").write_text(token + "\n")
     assert cpctl(ready_db, "submit", "steps", "--spec", GATED, "--id", "g3").returncode == 0
     def use(url: str) -> None:
-        assert url.startswith("http://0.0.0.0:")
+        # Listening on every address, serve prints one a browser can open (loopback).
+        assert url.startswith("http://127.0.0.1:")
         port = url.rpartition(":")[2]
         _call(f"http://127.0.0.1:{port}/api/v1/operations/g3/cancel", token,
               ssl.create_default_context(), "POST")

@@ -56,6 +56,8 @@ SUBSTITUTIONS = {
     "--metrics-listen=0.0.0.0:9090": "--metrics-listen=127.0.0.1:0 (any free port)",
     "--handoff-listen=0.0.0.0:9447": "--handoff-listen=127.0.0.1:0 (the agents share "
                                      "one host: any free port each)",
+    "--metrics-listen=0.0.0.0:9448": "--metrics-listen=127.0.0.1:0 (the agents share "
+                                     "one host: any free port each)",
     "secret controlplane-database/url": "the test's database URL",
     "cpctl / python": "this interpreter (-m controlplane.cli.main)",
     "downward API": "metadata.name = <deployment>-<i>, spec.nodeName = the node, "
@@ -330,7 +332,8 @@ class DeployedRun:
         argv = [("--dumper=sim" if a == "--dumper=kubelet" else
                  f"--workdir={work}" if a.startswith("--workdir=") else
                  # The agents share one host here: any free port each.
-                 "--handoff-listen=127.0.0.1:0" if a.startswith("--handoff-listen=") else a)
+                 "--handoff-listen=127.0.0.1:0" if a.startswith("--handoff-listen=") else
+                 "--metrics-listen=127.0.0.1:0" if a.startswith("--metrics-listen=") else a)
                 for a in argv]
         return [*self.secret_mounts(daemonset, c, argv), "--kubeconfig",
                 self.kubeconfig(account)], env

@@ -5,15 +5,15 @@ that drifts from the CLI fails here, not in a new user's first hour."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support.walkthrough import commands, sh_blocks
+from tests.support.walkthrough import started as started_block
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -21,14 +21,17 @@ pytestmark = pytest.mark.slow
 
 def readme_blocks() -> list[str]:
     """The ``sh`` blocks of the README's "Using cpctl" section, in order."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Using `cpctl`", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```sh\n(.*?)```", section, flags=re.DOTALL)
+    return sh_blocks(ROOT / "README.md", "Using `cpctl`")
 
 
-def commands(block: str) -> list[str]:
-    """One command per line (a trailing ``# comment`` is the shell's to ignore)."""
-    return [line for line in block.splitlines() if line.strip()]
+def _ready(command: str, proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    ready = proc.stdout.readline()
+    if command.startswith(".venv/bin/cpctl db upgrade"):  # then the worker's line
+        assert ready.startswith("schema at "), ready
+        ready = proc.stdout.readline()
+        assert ready.startswith("worker "), ready
+    return ready
 
 
 @pytest.fixture
@@ -36,38 +39,8 @@ def started(tmp_path: Path) -> Iterator[Path]:
     """The first block's commands running in ``tmp_path`` (with ``.venv`` linked in),
     each having printed its ready line."""
     (tmp_path / ".venv").symlink_to(ROOT / ".venv")
-    procs: list[subprocess.Popen[str]] = []
-    try:
-        for i, command in enumerate(commands(readme_blocks()[0])):
-            with (tmp_path / f"start-{i}.stderr").open("w") as err:
-                proc = subprocess.Popen(["bash", "-c", command], cwd=tmp_path, text=True,
-                                        stdout=subprocess.PIPE, stderr=err,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
-            procs.append(proc)
-            assert proc.stdout is not None
-            ready = proc.stdout.readline()
-            if command.startswith(".venv/bin/cpctl db upgrade"):  # then the worker's line
-                assert ready.startswith("schema at "), ready
-                ready = proc.stdout.readline()
-                assert ready.startswith("worker "), ready
-            assert ready, (command, (tmp_path / f"start-{i}.stderr").read_text())
+    with started_block(readme_blocks()[0], tmp_path, ready=_ready):
         yield tmp_path
-    finally:
-        for proc in procs:
-            with_group(proc, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                with_group(proc, signal.SIGKILL)
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
-
-
-def with_group(proc: subprocess.Popen[str], sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):  # the group already ended
-        os.killpg(proc.pid, sig)
 
 
 def test_the_readme_has_a_start_block_and_a_use_block() -> None:
@@ -77,6 +50,7 @@ def test_the_readme_has_a_start_block_and_a_use_block() -> None:
     assert any("cpctl migrate" in c for c in commands(use))
 
 
+@pytest.mark.timeout(300)  # a net for a hang: two sections of verbs, each a process
 def test_every_command_of_using_cpctl_runs_as_written(started: Path) -> None:
     use = readme_blocks()[1]
     result = subprocess.run(["bash", "-euo", "pipefail", "-c", use], cwd=started, text=True,
@@ -90,3 +64,20 @@ def test_every_command_of_using_cpctl_runs_as_written(started: Path) -> None:
     assert "DRY RUN: nothing is changed" in out
     assert re.search(r"^[0-9a-f-]{36}: Succeeded$", out, flags=re.MULTILINE), out  # wait
     assert "0 mismatches" in out
+    # "Scripting and resources": its block, in the same directory, after the walkthrough.
+    [script] = sh_blocks(ROOT / "README.md", "Scripting and resources")
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=started,
+                            text=True, capture_output=True, timeout=120,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    out = result.stdout
+    assert re.search(r"^[0-9a-f]{8} migration default/app node-2 Succeeded$", out,
+                     flags=re.MULTILINE), out
+    assert re.search(r"^[0-9a-f]{8} restore default/app-copy node-3 Succeeded$", out,
+                     flags=re.MULTILINE), out
+    assert re.search(r"^[0-9a-f]{8} drain node:node-3 node-3 Succeeded$", out,
+                     flags=re.MULTILINE), out
+    assert "kind: migration\n" in out, out
+    assert "phase: Succeeded\n" in out, out
+    assert re.search(r"^\d+ events$", out, flags=re.MULTILINE), out
+    assert out.rstrip().splitlines()[-1].startswith("kind,count,succeeded,"), out  # CSV

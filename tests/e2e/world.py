@@ -159,7 +159,7 @@ class World:
         return f"{base}-{uuid.uuid4().hex[:5]}"
 
     def start(self, name: str, *args: str) -> subprocess.Popen[str]:
-        with (self.tmp / f"{name}.stderr").open("w") as err:
+        with (self.tmp / f"{name}.stderr").open("a") as err:  # a restart appends
             proc = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, text=True,
                                     stdout=subprocess.PIPE, stderr=err,
                                     stdin=subprocess.DEVNULL)

@@ -166,7 +166,8 @@ def test_the_pod_is_the_one_the_operation_left_running() -> None:
     assert status("Migration", rows["migration"])["pod"] == \
         f"{plan['namespace']}/{plan['pod_name']}"
     assert status("Restore", rows["restore"])["pod"] == "default/web-copy"
-    assert "pod" not in status("Checkpoint", rows["checkpoint"])
+    # A checkpoint leaves its source running: that is its pod (issue 41: one field set)
+    assert status("Checkpoint", rows["checkpoint"])["pod"] == rows["checkpoint"].workload
     assert "pod" not in status("Suspension", rows["suspend"])  # not resumed yet
 
 

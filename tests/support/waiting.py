@@ -75,15 +75,17 @@ async def eventually(check: Callable[[], Awaitable[T] | T], *, limit_seconds: fl
                            f"last saw: {_clip(seen)}") from None
 
 
-def wait_for(check: Callable[[], T | None], what: str, limit: float = 60) -> T:
-    """Poll a condition another process makes true until ``limit`` seconds; its value."""
+def wait_for(check: Callable[[], T | None], what: str, limit: float = 60, *,
+             every: float = 0.05) -> T:
+    """Poll a condition another process makes true, every ``every`` seconds until
+    ``limit`` seconds; its value."""
     deadline = time.monotonic() + limit
     found: T | None = None
     while time.monotonic() < deadline:
         found = check()
         if found:
             return found
-        time.sleep(0.05)
+        time.sleep(every)
     raise WaitTimedOut(f"timed out after {limit:g} s waiting for {what}; "
                        f"last saw: {_clip(repr(found))}")
 

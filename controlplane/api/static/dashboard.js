@@ -16,6 +16,7 @@ __TOKEN_JS__
   const etags = new Map();  // path -> [etag, body]: polling re-asks with If-None-Match
   let generation = 0;  // a newer load wins: an older one's answers are dropped
   let listed = null, drawnEvents = null;
+  let signedOut = false;  // the API said 401: the sign-in form shows, polling stops
   const $ = (id) => document.getElementById(id);
   const colours = ["#1a73e8", "#c5221f", "#007b83", "#9334e6", "#188038", "#b0006d",
                    "#5f6368", "#8a5300", "#3c4fb5", "#00639b"];
@@ -61,10 +62,11 @@ __TOKEN_JS__
 
   async function api(path) {
     const known = etags.get(path);
-    const headers = {"Authorization": "Bearer " + token};
+    const headers = bearer(token);
     if (known) headers["If-None-Match"] = known[0];
     const response = await fetch(path, {headers, cache: "no-store"});
     if (response.status === 304 && known) return {body: known[1], changed: false};
+    if (response.status === 401) { signedOut = true; signIn(Boolean(token)); }
     const body = await response.json();
     if (!response.ok) throw new Error(body.error || response.statusText);
     const etag = response.headers.get("ETag");
@@ -485,7 +487,7 @@ __TOKEN_JS__
     clearTimeout(timer);
     timer = setTimeout(async () => {
       if (!document.hidden) await refresh(false);
-      poll();
+      if (!signedOut) poll();
     }, POLL_MS);
   }
 

@@ -10,7 +10,8 @@ __TOKEN_JS__
     const error = figure.querySelector(".error");
     try {
       const response = await fetch("/api/v1/charts/" + name + ".svg" + query,
-                                   {headers: {"Authorization": "Bearer " + token}});
+                                   {headers: bearer(token)});
+      if (response.status === 401) { signIn(Boolean(token)); return; }
       const body = await response.text();
       if (!response.ok) {
         let message = response.statusText;
