@@ -5,8 +5,9 @@ killed in the middle of a dump and of a restore, the agent's work directory full
 Each ends as docs/reliability.md ("The data plane's faults") states: the workload runs
 on the source or restored on a target — never both (both nodes' runtimes are sampled
 throughout), never neither unless the history says so and the checkpoint is kept. A step
-is caught by what the node shows (the runtime's own process for that container), never
-by timing; a killed agent is started again, as its DaemonSet would.
+is caught by the runtime call itself: the agents' podman holds the call a test aims at
+until the test lets it go (tests/criu/gates.py), never by timing or by sampling for a
+process; a killed agent is started again, as its DaemonSet would.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -47,19 +48,23 @@ def _finished(w: CriuWorld, operation: str) -> str:
     return w.wait_phase(operation, "Succeeded", "Failed", limit=240)
 
 
-def _runtime_call(verb: str, name: str) -> int | None:
-    """The pid of a podman process running ``container <verb>`` on a container of pod
-    ``name`` (its container names hold the pod's name), if one runs now."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-            words = [a.decode(errors="replace") for a in argv]
-            if "container" in words and verb in words and any(name in a for a in words) \
-                    and Path(words[0]).name == "podman":
-                return int(proc.name)
-    return None
+def _ended(w: CriuWorld, operation: str) -> Callable[[], str | None]:
+    """For :meth:`Gate.wait_held`: the operation's phase once it ended, else None."""
+    def ended() -> str | None:
+        phase = w.phase_of(operation)
+        return f"{operation} ended {phase}" if phase in ENDED else None
+    return ended
+
+
+ENDED = ("Succeeded", "Failed", "RolledBack")
+
+
+def _gone(pid: int) -> bool:
+    """The process ended: no longer in /proc, or a zombie nobody reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def test_the_registry_gone_during_the_push_leaves_the_process_running_at_home(
@@ -118,17 +123,21 @@ def test_the_registry_gone_during_the_pull_rolls_back_from_the_kept_checkpoint(
 
 def test_an_agent_killed_in_the_middle_of_its_dump_leaves_the_process_running_at_home(
         world: CriuWorld) -> None:
-    """Killed while podman checkpoints the container: podman finishes without it (the
-    container stopped, its dump kept beside it); the next agent cannot capture a stopped
-    container, reports it and thaws it from that dump: the same process counts on."""
+    """Killed once it called podman to checkpoint the container: podman checkpoints
+    without it (the container stopped, its dump kept beside it); the next agent cannot
+    capture a stopped container, reports it and thaws it from that dump: the same process
+    counts on."""
     w = world
     name = w.name("kdump")
     source, before = ticking(w, name, mib=BIG_MIB)
     with TwoCopies(w, name) as copies:
-        operation = _migrate(w, name, w.repository)
-        wait_for(lambda: _runtime_call("checkpoint", name), "podman checkpointing", 120,
-                 every=0.01)
-        w.kill("agent-node-1")
+        with w.holding("node-1", "checkpoint", name) as call:
+            operation = _migrate(w, name, w.repository)
+            podman = call.wait_held(_ended(w, operation))
+            w.kill("agent-node-1")
+        # the agent comes back once the orphaned podman is done: the container stopped
+        wait_for(lambda: _gone(podman) or None, "the orphaned podman checkpoint to finish",
+                 120)
         w.start_agent("node-1")
         phase = _finished(w, operation)
     assert copies.both == []
@@ -140,16 +149,17 @@ def test_an_agent_killed_in_the_middle_of_its_dump_leaves_the_process_running_at
 
 def test_an_agent_killed_in_the_middle_of_a_restore_is_replaced_and_the_process_moves(
         world: CriuWorld) -> None:
-    """Killed while podman restores the container on the target: podman finishes without
-    it; the next agent finds the container running under the pod's name, keeps it and
-    marks the pod: the migration succeeds, one copy."""
+    """Killed once it called podman to restore the container on the target: podman
+    restores without it; the next agent finds the container running under the pod's name,
+    keeps it and marks the pod: the migration succeeds, one copy."""
     w = world
     name = w.name("krest")
     source, before = ticking(w, name, mib=BIG_MIB)
     with TwoCopies(w, name) as copies:
-        operation = _migrate(w, name, w.repository)
-        wait_for(lambda: _runtime_call("restore", name), "podman restoring", 180, every=0.01)
-        w.kill("agent-node-2")
+        with w.holding("node-2", "restore", name) as call:
+            operation = _migrate(w, name, w.repository)
+            call.wait_held(_ended(w, operation))
+            w.kill("agent-node-2")
         w.start_agent("node-2")
         phase = _finished(w, operation)
     assert copies.both == []
@@ -186,17 +196,19 @@ def test_a_full_work_directory_fails_the_dump_naming_it_and_the_process_runs_on(
 
 
 def test_the_target_node_deleted_while_its_restore_runs(world: CriuWorld) -> None:
-    """The target's Node object is deleted from the API while podman restores there (the
-    node registers itself again, as a kubelet does; no controller collects its pods
-    here): the restore pod is bound already and its agent goes on, so the migration
-    succeeds on node-2 — the workload running once, counting on from its checkpoint."""
+    """The target's Node object is deleted from the API once its agent called podman to
+    restore there (the node registers itself again, as a kubelet does; no controller
+    collects its pods here): the restore pod is bound already and its agent goes on, so
+    the migration succeeds on node-2 — the workload running once, counting on from its
+    checkpoint."""
     w = world
     name = w.name("ndel")
     source, before = ticking(w, name, mib=BIG_MIB)
     with TwoCopies(w, name) as copies:
-        operation = _migrate(w, name, w.repository)
-        wait_for(lambda: _runtime_call("restore", name), "podman restoring", 180, every=0.01)
-        w.kube.request("DELETE", "/api/v1/nodes/node-2")
+        with w.holding("node-2", "restore", name) as call:
+            operation = _migrate(w, name, w.repository)
+            call.wait_held(_ended(w, operation))
+            w.kube.request("DELETE", "/api/v1/nodes/node-2")
         phase = w.wait_phase(operation, "Succeeded", "RolledBack", "Failed", limit=240)
     history = history_of(w, operation)
     assert copies.both == []
@@ -254,9 +266,12 @@ def test_the_target_runtime_killed_while_it_restores_rolls_back_to_the_source_no
     _, before = ticking(w, name, mib=BIG_MIB)
     root = w.runtime_root / "node-2"
     with TwoCopies(w, name) as copies:
-        operation = _migrate(w, name, w.repository)
-        wait_for(lambda: (_runtime_call("restore", name) and _criu_under(root)) or None,
-                 "CRIU restoring under podman", 180, every=0.01)
+        with w.holding("node-2", "restore", name) as call:
+            operation = _migrate(w, name, w.repository)
+            call.wait_held(_ended(w, operation))
+        # let go: CRIU restores 96 MiB under podman, long enough to be seen doing it
+        wait_for(lambda: _criu_under(root) or None, "CRIU restoring under podman", 60,
+                 every=0.01)
         killed = _runtime_processes(root)
         for pid in killed:
             with contextlib.suppress(ProcessLookupError):

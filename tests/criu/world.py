@@ -29,7 +29,7 @@ import shutil
 import socket
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ from drivers.podman.workload import (
     pod_ticks,
     resumption,
 )
+from tests.criu.gates import Gate, holding, install_gated_podman
 from tests.e2e.world import KubeHttp, Obj, World, pinned_pod
 from tests.registry.servers import LISTENING, REGISTRY_BIN, require_registry, write_registry_config
 from tests.support.envtest import (
@@ -80,6 +81,7 @@ class CriuWorld(World):
     runtime_root: Path = field(default_factory=Path)
     keys: Path = field(default_factory=Path)
     killed: list[subprocess.Popen[str]] = field(default_factory=list)
+    gated_bin: Path = field(default_factory=Path)  # the agents' podman (tests/criu/gates.py)
 
     @property
     def classes_file(self) -> Path:
@@ -107,10 +109,11 @@ class CriuWorld(World):
     def cluster_args(self) -> list[str]:
         return ["--kubeconfig", str(self.kubeconfig)]  # the registry over HTTP (loopback)
 
-    def start(self, name: str, *args: str) -> subprocess.Popen[str]:
+    def start(self, name: str, *args: str,
+              env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
         """Start a process; once its first line is read, the rest of its stdout (its log)
         goes on to ``<name>.stdout`` (an unread pipe would fill and stall it)."""
-        proc = super().start(name, *args)
+        proc = super().start(name, *args, env=env)
         if name == "worker":  # prints no ready line
             self._pump(name, proc)
         return proc
@@ -128,7 +131,9 @@ class CriuWorld(World):
                            "--signing-key", str(self.keys / "signing.pem"),
                            "--trusted-key", str(self.keys / "signing.pub"),
                            "--handoff-key", str(self.keys / "handoff.key"),
-                           "--handoff-listen", "127.0.0.1:0")
+                           "--handoff-listen", "127.0.0.1:0",
+                           env={**os.environ,  # its podman: the gated wrapper (gates.py)
+                                "PATH": f"{self.gated_bin}:{os.environ.get('PATH', '')}"})
         assert agent.stdout is not None
         assert agent.stdout.readline(), self.stderr(name)
         self._pump(name, agent)
@@ -147,6 +152,11 @@ class CriuWorld(World):
         proc.kill()
         proc.wait(30)
         self.killed.append(proc)
+
+    def holding(self, node: str, verb: str, name: str) -> contextlib.AbstractContextManager[Gate]:
+        """Hold ``node``'s agent's next ``podman container <verb>`` of pod ``name`` at its
+        start until the block ends (:mod:`tests.criu.gates`)."""
+        return holding(self.gated_bin.parent / "gates", self.runtime_root / node, verb, name)
 
     def node(self, name: str) -> PodmanNode:
         return PodmanNode(self.runtime_root / name)
@@ -305,7 +315,7 @@ def open_criu_world(tmp: Path) -> Iterator[CriuWorld]:
         world = CriuWorld("criu", tmp, kubeconfig, KubeHttp.from_kubeconfig(kubeconfig),
                           env.restart_apiserver, db=f"sqlite:///{tmp / 'cp.db'}",
                           registry=reg, runtime_root=runtime_root, relay=CuttingRelay(reg),
-                          keys=keys)
+                          keys=keys, gated_bin=install_gated_podman(tmp / "gated"))
         write_classes(world.classes_file, world.repository, keys,
                       relayed=world.relayed_repository)
         builder = PodmanNode(tmp / "builder")

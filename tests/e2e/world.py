@@ -158,11 +158,12 @@ class World:
     def name(self, base: str) -> str:
         return f"{base}-{uuid.uuid4().hex[:5]}"
 
-    def start(self, name: str, *args: str) -> subprocess.Popen[str]:
+    def start(self, name: str, *args: str,
+              env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
         with (self.tmp / f"{name}.stderr").open("a") as err:  # a restart appends
             proc = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, text=True,
                                     stdout=subprocess.PIPE, stderr=err,
-                                    stdin=subprocess.DEVNULL)
+                                    stdin=subprocess.DEVNULL, env=env)
         self.procs[name] = proc
         return proc
 
