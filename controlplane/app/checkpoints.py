@@ -106,6 +106,19 @@ class Listed:
     def restorable(self) -> bool:
         return self.why_not is None
 
+    @property
+    def why_not_briefly(self) -> str | None:
+        """:attr:`why_not` in two words, for a table cell: ``deleted``, ``being deleted``
+        (by garbage collection), or ``a migration`` (a capture of a kind ``cpctl restore``
+        does not take)."""
+        if self.why_not is None:
+            return None
+        if self.gc_event == ArtifactDeleted.NAME:
+            return "deleted"
+        if self.gc_event in GONE:
+            return "being deleted"
+        return f"a {self.kind}"
+
     def to_json(self) -> JsonObject:
         return {"id": self.checkpoint_id, "kind": self.kind, "phase": self.phase,
                 "workload": self.workload, "node": self.node, "class": self.klass,

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from controlplane.cli import render
 from controlplane.cli.context import clock, opened
@@ -27,17 +28,20 @@ DEFAULT_LIMIT = 100
 EPILOG = """\
 columns: node, where it was captured; class, its name (else its repository); size, of
 the checkpoint archives as the manifest declared it (- when it did not); age, since the
-registry verified it; sealed, the key ids its layers are encrypted for (no: plain
-layers; docs/security.md); artifact, pinned by digest.
+registry verified it; sealed, whether its layers are encrypted (docs/security.md).
+--wide adds artifact, pinned by digest, names the key ids a sealed checkpoint is
+encrypted for, and prints every value whole.
 restorable: `cpctl restore ID` takes it (a checkpoint's or a suspend's capture, not a
 migration's) and the store records no garbage collection deleting its artifact (a
-migration's, once its restore is verified); no says why. Only the store is read: an
-artifact removed from the registry by other means still shows yes (`cpctl restore ID
---node N --dry-run` probes the registry).
+migration's, once its restore is verified); no says why in two words (no: deleted, no:
+being deleted, no: a migration), --wide and -o json in a sentence. Only the store is
+read: an artifact removed from the registry by other means still shows yes (`cpctl
+restore ID --node N --dry-run` probes the registry).
 
 examples:
   cpctl checkpoints                          # every verified capture, newest first
   cpctl checkpoints default/web --restorable # what default/web can be restored from
+  cpctl checkpoints --wide                   # with artifacts, key ids, reasons whole
   cpctl checkpoints default/web -o json      # every field: sizes in bytes, times ISO
   cpctl restore ID --node node-2             # ID: the first column
   cpctl checkpoints --unrecorded             # in the registry, not in the history
@@ -56,8 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="json/yaml: {\"items\": [...], \"total\": N, \"limit\": N}, each item "
                    "with every field (size_bytes, verified_at ISO, not_restorable_because)")
     p.add_argument("--wide", action="store_true",
-                   help="print every value whole; by default the table fits the terminal's "
-                   "width (the id is never cut), a cut value ending in …")
+                   help="add the artifact and the key ids a sealed checkpoint is encrypted "
+                   "for, say why not restorable in a sentence, and print every value whole; "
+                   "by default the table fits the terminal's width (id and workload never "
+                   "cut, a cut value ending in …)")
     found = p.add_argument_group(
         "checkpoints the history does not record (after a restore from a backup)")
     found.add_argument("--unrecorded", action="store_true",
@@ -108,23 +114,32 @@ async def checkpoints_cmd(args: argparse.Namespace) -> int:
     if not found:
         print(_none_found(workload, restorable=args.restorable))
         return 0
-    now = clock.now()
-    headers = ["id", "workload", "node", "class", "size", "age", "sealed", "restorable",
-               "artifact"]
-    # A pinned reference runs past the default 80 characters; on a narrow terminal it
-    # gives way first (the id, never cut, is what `cpctl restore` takes; the workload is
-    # what a reader looks for), then the key ids a sealed checkpoint names.
-    render.table(headers, [_row(c, now) for c in found], max_width=256, wide=args.wide,
-                 whole=[0, 1], fill=len(headers) - 1)
+    print_table(found, clock.now(), wide=args.wide)
     if total > len(found):  # stderr: a pipe reading the table stays clean
         sys.stderr.write(f"showing the newest {len(found)} of {total}; --limit N shows more\n")
     return 0
 
 
-def _row(c: Listed, now: datetime) -> tuple[str, ...]:
-    return (c.checkpoint_id, c.workload or "-", c.node or "-", c.klass or "-",
-            human_size(c.size_bytes), render.age(c.verified_at, now),
-            ",".join(c.sealed_for) if c.sealed_for else "no",
+def print_table(found: Sequence[Listed], now: datetime, *, wide: bool,
+                out: TextIO | None = None, width: int | None = None) -> None:
+    """The table of ``found``: its id (what `cpctl restore` takes), workload (what a
+    reader looks for) and whether it is restorable never cut; the rest gives way to fit
+    ``width`` (default: the terminal's), which 110 columns is for the usual names.
+    ``wide``: the artifact too, every value whole."""
+    headers = ["id", "workload", "node", "class", "size", "age", "sealed", "restorable"]
+    if wide:
+        headers.append("artifact")
+    render.table(headers, [_row(c, now, wide=wide) for c in found], out, max_width=256,
+                 width=width, wide=wide, whole=[0, 1, 7])
+
+
+def _row(c: Listed, now: datetime, *, wide: bool) -> tuple[str, ...]:
+    common = (c.checkpoint_id, c.workload or "-", c.node or "-", c.klass or "-",
+              human_size(c.size_bytes), render.age(c.verified_at, now))
+    if not wide:
+        return (*common, "yes" if c.sealed_for else "no",
+                "yes" if c.why_not_briefly is None else f"no: {c.why_not_briefly}")
+    return (*common, ",".join(c.sealed_for) if c.sealed_for else "no",
             "yes" if c.why_not is None else f"no: {c.why_not}", c.artifact)
 
 

@@ -21,17 +21,17 @@ from controlplane.cli.main import build_parser
 from drivers.sealing.keys import generate_keypair
 from tests.cli.processes import MARKER, REPO, Deployment, deployed
 
-HEADERS = ["ID", "WORKLOAD", "NODE", "CLASS", "SIZE", "AGE", "SEALED", "RESTORABLE",
-           "ARTIFACT"]
+HEADERS = ["ID", "WORKLOAD", "NODE", "CLASS", "SIZE", "AGE", "SEALED", "RESTORABLE"]
+WIDE = [*HEADERS, "ARTIFACT"]
 
 
-def table_rows(text: str) -> list[dict[str, str]]:
+def table_rows(text: str, headers: list[str] = HEADERS) -> list[dict[str, str]]:
     """A table's rows by column, cut at the header's column starts (cells hold spaces:
     ``10 KiB``, ``no: ...``)."""
     header, *lines = text.splitlines()
-    assert header.split() == HEADERS, header
-    starts = [header.index(h) for h in HEADERS] + [None]
-    return [{h.lower(): line[starts[i]:starts[i + 1]].strip() for i, h in enumerate(HEADERS)}
+    assert header.split() == headers, header
+    starts = [header.index(h) for h in headers] + [None]
+    return [{h.lower(): line[starts[i]:starts[i + 1]].strip() for i, h in enumerate(headers)}
             for line in lines]
 
 
@@ -75,11 +75,20 @@ def test_checkpoints_lists_what_can_be_restored_and_why_not(deployment: Deployme
             workload, node, klass, "yes")
         assert re.fullmatch(r"\d+(\.\d)? (B|KiB|MiB)", row["size"]), row
         assert re.fullmatch(r"\d+[smhd]", row["age"]), row
-        assert re.fullmatch(re.escape(REPO) + r"@sha256:[0-9a-f]{64}", row["artifact"]), row
-    assert (checkpointed["sealed"], suspended["sealed"]) == ("no", key)
+    assert (checkpointed["sealed"], suspended["sealed"]) == ("no", "yes")
     assert (moved["workload"], moved["node"]) == ("default/mover", "node-1")
-    assert moved["restorable"] == ("no: deleted by garbage collection after the migration's "
-                                   "verified restore")
+    assert moved["restorable"] == "no: deleted"
+
+    # --wide: the artifact, the key ids, the reason whole; the same rows otherwise
+    wide = table_rows(run_ok(d, "checkpoints", "--wide"), WIDE)
+    assert [(r["id"], r["workload"], r["size"]) for r in wide] == [
+        (r["id"], r["workload"], r["size"]) for r in rows]
+    wide_moved, wide_suspended, wide_checkpointed = wide
+    for row in (wide_suspended, wide_checkpointed):
+        assert re.fullmatch(re.escape(REPO) + r"@sha256:[0-9a-f]{64}", row["artifact"]), row
+    assert (wide_checkpointed["sealed"], wide_suspended["sealed"]) == ("no", key)
+    assert wide_moved["restorable"] == ("no: deleted by garbage collection after the "
+                                        "migration's verified restore")
 
     only_app = table_rows(run_ok(d, "checkpoints", "default/app"))
     assert [r["id"] for r in only_app] == [checkpoint_id]
@@ -98,7 +107,7 @@ def test_checkpoints_lists_what_can_be_restored_and_why_not(deployment: Deployme
     assert isinstance(item["size_bytes"], int)
     assert item["size_bytes"] > 0
     assert f"{item['size_bytes'] // 1024} KiB" == checkpointed["size"]
-    assert item["artifact"] == checkpointed["artifact"]
+    assert item["artifact"] == wide_checkpointed["artifact"]
     assert datetime.fromisoformat(item["verified_at"]).tzinfo is not None
     assert (item["restorable"], item["not_restorable_because"]) == (True, None)
     [gone] = json.loads(run_ok(d, "checkpoints", "default/mover", "-o", "json"))["items"]
@@ -139,7 +148,7 @@ def test_every_example_in_its_help_parses(capsys: pytest.CaptureFixture[str]) ->
     assert "restorable: `cpctl restore ID` takes it" in text
     lines = [line.strip() for line in text.split("examples:")[1].splitlines()
              if line.strip().startswith("cpctl ")]
-    assert len(lines) == 5
+    assert len(lines) == 6
     for line in lines:
         command = re.split(r"\s+#\s*", line)[0].replace("ID", "some-id")
         assert build_parser().parse_args(shlex.split(command)[1:]).handler is not None

@@ -26,7 +26,7 @@ import json
 import os
 import subprocess
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -92,10 +92,11 @@ class ProductWorld(World):
     def repository(self) -> str:
         return f"{self.real.registry}/checkpoints"
 
-    def start(self, name: str, *args: str) -> subprocess.Popen[str]:
+    def start(self, name: str, *args: str,
+              env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
         """Start a process; its stdout (its log) goes on to ``<name>.stdout`` after the
         first line, read by the caller (an unread pipe would fill and stall it)."""
-        proc = super().start(name, *args)
+        proc = super().start(name, *args, env=env)
         assert proc.stdout is not None
         first = proc.stdout.readline() if name.startswith("agent-") else ""
         target = self.tmp / f"{name}.stdout"
