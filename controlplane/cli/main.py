@@ -285,7 +285,8 @@ def build_parser(program: str = plugin.CPCTL) -> argparse.ArgumentParser:
          "caused it, and who recorded it"),
     ]:
         g = verb(name, text)
-        g.add_argument("id", help="operation id (or a unique prefix of it, 4 characters or more)")
+        g.add_argument("id", help="operation id, a unique prefix of it (4 characters or "
+                       "more), or its end after … as the dashboard shows a drain's child")
         g.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
         _wide_option(g, "the reason is cut at 32 characters, and " if name == "history"
                      else "")

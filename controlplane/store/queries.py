@@ -103,29 +103,50 @@ async def get_machine(db: Database, machine_id: str) -> MachineRecord:
 MIN_ID_PREFIX = 4
 
 
+#: How the dashboard shortens a drain child's id (``<drain id>-<12 hex>``): its end.
+ELLIPSES = ("\u2026", "...")
+
+
 async def resolve_machine_id(db: Database, asked: str) -> str:
-    """The id of the operation ``asked`` names: its whole id, or a unique prefix of at
-    least :data:`MIN_ID_PREFIX` characters. An ambiguous prefix is refused listing the
-    candidates (``UsageError``); none is ``MachineNotFound``."""
+    """The id of the operation ``asked`` names: its whole id, a unique prefix of at least
+    :data:`MIN_ID_PREFIX` characters, or the end of one after an ellipsis (``…b534430ca581``,
+    as the dashboard shows a drain's child). A prefix that names a drain and its children
+    (whose ids begin with the drain's) names the drain. Any other ambiguity is refused
+    listing the candidates (``UsageError``); none is ``MachineNotFound``."""
     if "\x00" in asked:
         raise MachineNotFound(f"no operation with id {asked!r}",
                               hint="list ids with `cpctl list`")
+    tail = next((asked[len(e):] for e in ELLIPSES if asked.startswith(e)), None)
     async with read_txn(db) as conn:
         if (await conn.execute(select(m.c.id).where(m.c.id == asked))).first() is not None:
             return asked
         found: list[str] = []
-        if len(asked) >= MIN_ID_PREFIX:
-            escaped = asked.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        wanted = tail if tail is not None else asked
+        if len(wanted) >= MIN_ID_PREFIX:
+            pattern = ("%" + _like_escaped(wanted)) if tail is not None else (
+                _like_escaped(wanted) + "%")
             found = [str(r[0]) for r in await conn.execute(
-                select(m.c.id).where(m.c.id.like(escaped + "%", escape="\\"))
+                select(m.c.id).where(m.c.id.like(pattern, escape="\\"))
                 .order_by(m.c.id).limit(6))]
+        if len(found) > 1 and tail is None:
+            parent = found[0]  # a drain sorts before its children
+            others = select(m.c.id).where(
+                m.c.id.like(_like_escaped(asked) + "%", escape="\\"), m.c.id != parent,
+                m.c.id.not_like(_like_escaped(parent) + "-%", escape="\\")).limit(1)
+            if (await conn.execute(others)).first() is None:
+                return parent
     if len(found) == 1:
         return found[0]
     if found:
         shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
-        raise UsageError(f"id prefix {asked!r} names more than one operation: {shown}",
-                         hint="give more characters of the id")
+        raise UsageError(f"id {'end' if tail is not None else 'prefix'} {asked!r} names more "
+                         f"than one operation: {shown}", hint="give more characters of the id")
     raise MachineNotFound(f"no operation with id {asked!r}", hint="list ids with `cpctl list`")
+
+
+def _like_escaped(text: str) -> str:
+    """``text`` matched literally in a LIKE pattern: ``%``, ``_`` and ``\\`` escaped."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 async def machine_versions(db: Database, ids: Sequence[str]) -> dict[str, int]:

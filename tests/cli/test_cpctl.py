@@ -347,3 +347,26 @@ def test_a_unique_id_prefix_names_its_operation_and_an_ambiguous_one_lists_them(
     assert_one_line_error(in_process(ready_db, "get", "abc"), 2, "no operation with id 'abc'")
     assert json.loads(in_process(ready_db, "get", "ab%d", "-o", "json").stdout)["id"] == "ab%d-3333"
     assert_one_line_error(in_process(ready_db, "get", "ab_d-1"), 2, "no operation with id")
+
+
+def test_a_drain_prefix_names_the_drain_and_the_dashboards_end_names_a_child(
+        ready_db: str) -> None:
+    """A drain child's id is ``<drain id>-<12 hex>``: a prefix of the drain's id names
+    the drain (not "more than one"), and the end the dashboard shows (``…`` + 12 hex)
+    names the child; another operation sharing the prefix is still ambiguous."""
+    drain = "d0d0d0d0-aaaa"
+    children = [f"{drain}-111111111111", f"{drain}-222222222222"]
+    for machine_id in (drain, *children, "d0d0d0d0-bbbb"):
+        assert in_process(ready_db, "submit", "steps", "--spec", '{"steps": 1}', "--id",
+                          machine_id).returncode == 0
+    assert json.loads(in_process(ready_db, "get", "d0d0d0d0-a", "-o", "json").stdout)[
+        "id"] == drain
+    for shown, child in (("\u2026111111111111", children[0]), ("...2222", children[1])):
+        assert json.loads(in_process(ready_db, "get", shown, "-o", "json").stdout)[
+            "id"] == child
+    assert_one_line_error(in_process(ready_db, "get", "d0d0d0d0"), 2,
+                          "id prefix 'd0d0d0d0' names more than one operation: "
+                          f"{drain}, {children[0]}, {children[1]}, d0d0d0d0-bbbb",
+                          "give more characters")
+    assert_one_line_error(in_process(ready_db, "get", "\u20269999"), 2,
+                          "no operation with id '\u20269999'")
