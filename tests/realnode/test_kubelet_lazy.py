@@ -7,7 +7,7 @@ of the control plane between them (the checkpoint image of the hand-over, the ta
 naming it). An abort before any daemon connected leaves the same process running.
 
 One world for the module; ``fs.pipe-max-size`` is raised to the 4 MiB CRIU's page server
-needs for the module and put back after.
+needs for the module and put back once no other test process needs it (tests/criu/pipe_limit.py).
 """
 
 from __future__ import annotations
@@ -26,25 +26,20 @@ from drivers.agent.kubelet import KubeletDumper, KubeletSettings
 from drivers.realnode.lazy import PAGE_SIZE, container_dir
 from drivers.realnode.runc_wrapper import LAZY_REQUEST, lazy_fetches
 from drivers.registry.artifact import CheckpointArtifact
+from tests.criu.pipe_limit import pipe_limit_raised
 from tests.support.envtest import ADMIN_TOKEN
 from tests.support.realnode import NAMESPACE, RealNodeWorld, open_realnode_world, ticks
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-PIPE_MAX_SIZE = Path("/proc/sys/fs/pipe-max-size")
 MIB = 16
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNodeWorld]:
-    before = PIPE_MAX_SIZE.read_text().strip()
-    with open_realnode_world(tmp_path_factory.mktemp("kubelet-lazy")) as w:
-        PIPE_MAX_SIZE.write_text("4194304")
-        try:
-            yield w
-        finally:
-            PIPE_MAX_SIZE.write_text(before)
+    with open_realnode_world(tmp_path_factory.mktemp("kubelet-lazy")) as w, pipe_limit_raised():
+        yield w
 
 
 def dumper(world: RealNodeWorld, node: str) -> KubeletDumper:

@@ -4,7 +4,7 @@ it, and a ``criu lazy-pages`` daemon brings the pages; a restore that cannot fet
 fails, and the source then runs on.
 
 One world for the module; ``fs.pipe-max-size`` is raised to the 4 MiB CRIU's page server
-needs for the module and put back after.
+needs for the module and put back once no other test process needs it (tests/criu/pipe_limit.py).
 """
 
 from __future__ import annotations
@@ -28,24 +28,19 @@ from drivers.realnode.lazy import (
     start_fetch,
 )
 from drivers.realnode.runc_wrapper import lazy_fetches
+from tests.criu.pipe_limit import pipe_limit_raised
 from tests.support.realnode import RealNodeWorld, open_realnode_world, ticks
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
-PIPE_MAX_SIZE = Path("/proc/sys/fs/pipe-max-size")
 MIB = 16
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNodeWorld]:
-    before = PIPE_MAX_SIZE.read_text().strip()
-    with open_realnode_world(tmp_path_factory.mktemp("lazy-realnode")) as w:
-        PIPE_MAX_SIZE.write_text("4194304")
-        try:
-            yield w
-        finally:
-            PIPE_MAX_SIZE.write_text(before)
+    with open_realnode_world(tmp_path_factory.mktemp("lazy-realnode")) as w, pipe_limit_raised():
+        yield w
 
 
 def holding_memory() -> list[str]:

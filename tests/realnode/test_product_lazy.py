@@ -10,7 +10,7 @@ nothing is pushed as an artifact. The restored container's log goes on from the 
 last count, no repeat and no gap.
 
 One world for the module; ``fs.pipe-max-size`` is raised to the 4 MiB CRIU's page server
-needs for the module and put back after.
+needs for the module and put back once no other test process needs it (tests/criu/pipe_limit.py).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from itertools import pairwise
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from controlplane.machines.contract import protocol
 from drivers.realnode.lazy import PAGE_SIZE
+from tests.criu.pipe_limit import pipe_limit_raised
 from tests.realnode.product import (
     ProductWorld,
     consecutive,
@@ -39,19 +39,13 @@ from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-PIPE_MAX_SIZE = Path("/proc/sys/fs/pipe-max-size")
 MIB = 16
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProductWorld]:
-    before = PIPE_MAX_SIZE.read_text().strip()
-    with open_product_world(tmp_path_factory.mktemp("rplazy")) as w:
-        PIPE_MAX_SIZE.write_text("4194304")
-        try:
-            yield w
-        finally:
-            PIPE_MAX_SIZE.write_text(before)
+    with open_product_world(tmp_path_factory.mktemp("rplazy")) as w, pipe_limit_raised():
+        yield w
 
 
 def holding_memory() -> list[str]:
