@@ -54,7 +54,8 @@ from controlplane.store import codec, migrate
 from controlplane.store.database import Database, open_database
 from controlplane.worker.composite import CompositeObserver
 from drivers.agent import AgentSettings, node_agent
-from drivers.agent.sim import SimDumper
+from drivers.agent.pods import PodPatcher
+from drivers.agent.sim import Hook, SimDumper
 from drivers.kube import KubeDriver, KubeSettings
 from drivers.registry import OciLayout, RegistryObserver
 from drivers.registry.port import Registry
@@ -851,9 +852,12 @@ class World:
 
 
 @contextlib.asynccontextmanager
-async def open_world(cfg: CampaignConfig, workdir: Path,
-                     deleted: list[tuple[str, str]]) -> AsyncIterator[World]:
+async def open_world(cfg: CampaignConfig, workdir: Path, deleted: list[tuple[str, str]],
+                     *, before_dump: Hook | None = None) -> AsyncIterator[World]:
+    """``before_dump``: awaited by every node's agent before it dumps (a test holds a
+    capture with it; the simulator profile only)."""
     if cfg.profile in FAULTY:
+        assert before_dump is None, "before_dump holds the simulator profile's agents"
         from tests.reliability.fault_world import open_fault_world
 
         async with open_fault_world(cfg, workdir, deleted) as world:
@@ -866,7 +870,7 @@ async def open_world(cfg: CampaignConfig, workdir: Path,
         unsubscribe = cluster.store.subscribe(lambda c: record_deletion(c, deleted))
         kube = await KubeDriver.connect(kubeconfig=str(kubeconfig), settings=KUBE)
         try:
-            async with kube, agents(cluster, kube, registry, workdir):
+            async with kube, agents(cluster, kube, registry, workdir, before_dump):
                 limits = str(cfg.workloads)
                 yield World(cluster, kube, registry, "localhost:5000/checkpoints/campaign",
                             ["--kubeconfig", str(kubeconfig), "--registry-layout", str(layout),
@@ -883,11 +887,13 @@ def record_deletion(change: Change, into: list[tuple[str, str]]) -> None:
 
 @contextlib.asynccontextmanager
 async def agents(cluster: SimCluster, kube: KubeDriver, registry: Registry,
-                 workdir: Path) -> AsyncIterator[None]:
+                 workdir: Path, before_dump: Hook | None = None) -> AsyncIterator[None]:
+    def dumper(patcher: PodPatcher) -> SimDumper:
+        return SimDumper(patcher, before_dump=before_dump)
     async with contextlib.AsyncExitStack() as stack:
         for node in cluster.node_names:
             await stack.enter_async_context(node_agent(
-                client=kube.client, registry=registry, dumper=SimDumper, kube=KUBE,
+                client=kube.client, registry=registry, dumper=dumper, kube=KUBE,
                 settings=AgentSettings(node, workdir / "agents" / node, capture_timeout=60,
                                        restore_timeout=60, parallel=8)))
         yield

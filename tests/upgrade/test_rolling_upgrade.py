@@ -44,6 +44,7 @@ import asyncpg
 import pytest
 
 from controlplane.store.migrate import head_revision
+from drivers.agent.dumper import DumpRequest
 from tests.reliability.campaign import (
     NS,
     PG_ADMIN_URL,
@@ -66,7 +67,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 SEED = 40
 #: Pods on node-1 and node-2 (moved between them by migrations), and on node-3, which is
-#: drained one child at a time: the drain is still running when the schema changes.
+#: drained one child at a time: its first capture is held until the schema changed.
 PODS_PER_NODE = 4
 DRAINED_PODS = 8
 CRASH = "machine step crashed"
@@ -216,8 +217,16 @@ async def test_a_rolling_upgrade_from_the_previous_release_loses_and_repeats_not
     cfg = CampaignConfig(workloads=2 * PODS_PER_NODE + DRAINED_PODS, nodes=3, seed=SEED,
                          kills=False, workers=0)
     deleted: list[tuple[str, str]] = []
+    # The drain's first capture waits until the schema is upgraded, so the drain is
+    # certainly in flight across the upgrade, however fast the rest runs.
+    drained: set[str] = set()
+    schema_upgraded = asyncio.Event()
+
+    async def hold_the_drain(request: DumpRequest) -> None:
+        if request.workload.name in drained:
+            await schema_upgraded.wait()
     async with campaign_database(PG_ADMIN_URL) as db_url, \
-            open_world(cfg, tmp_path, deleted) as world:
+            open_world(cfg, tmp_path, deleted, before_dump=hold_the_drain) as world:
         old = Workers(previous, db_url, world.worker_args, tmp_path, "old")
         new = Workers(ROOT, db_url, world.worker_args, tmp_path, "new")
         rolled: list[Workers] = []
@@ -233,6 +242,7 @@ async def test_a_rolling_upgrade_from_the_previous_release_loses_and_repeats_not
                 world.cluster.create_pod(NS, f"w{i:03d}", node=node, cpu="100m",
                                          memory="64Mi", marker=f"w{i:03d}=seed{SEED}")
                 names[node].append(f"w{i:03d}")
+            drained.update(names[n3])
             await world.cluster.wait_for(
                 lambda: all((world.cluster.pod(NS, f"w{i:03d}") or {}).get("status", {})
                             .get("phase") == "Running" for i in range(cfg.workloads)),
@@ -265,6 +275,7 @@ async def test_a_rolling_upgrade_from_the_previous_release_loses_and_repeats_not
             in_flight = await _query(db_url, "SELECT id FROM machines WHERE NOT terminal")
             assert any(r["id"] == drain_id for r in in_flight), \
                 "the drain ended before the upgrade: nothing was in flight"
+            schema_upgraded.set()
             old.alive()
 
             # 3. This tree's workers beside the old ones.
