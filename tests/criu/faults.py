@@ -5,9 +5,9 @@ on in place, or restored on node-2 — from its checkpoint with no count repeate
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
+import subprocess
 import threading
 import time
 from typing import Any
@@ -15,6 +15,7 @@ from typing import Any
 from drivers.podman.workload import Tick, ticked_since
 from tests.criu.world import CriuWorld, resumed, wait_running_on
 from tests.e2e.world import Obj
+from tests.support.cpctl import in_process
 from tests.support.waiting import wait_for
 
 MIB = 8
@@ -29,8 +30,10 @@ def ticking(w: CriuWorld, name: str, mib: int = MIB) -> tuple[Obj, list[Tick]]:
 
 
 def history_of(w: CriuWorld, operation: str) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = json.loads(w.ok("history", operation, "-o", "json",
-                                                   cluster=False))
+    """``cpctl history -o json``, read in this process (as :meth:`World.get`)."""
+    done = in_process(w.db, "history", operation, "-o", "json")
+    assert done.returncode == 0, done.stderr
+    events: list[dict[str, Any]] = json.loads(done.stdout)
     return events
 
 
@@ -46,8 +49,12 @@ class TwoCopies:
         self._thread = threading.Thread(target=self._watch, daemon=True, name="two-copies")
 
     def _running(self, node: str) -> list[str]:
-        states = asyncio.run(self.w.node(node).states())
-        return [s.name for s in states if s.status == "running" and self.name in s.name]
+        """The workload's running containers on ``node``: one ``podman ps`` (it lists the
+        running ones), not a ps and an inspect per sample."""
+        listed = subprocess.run([*self.w.node(node).base_args(), "ps", "--format",
+                                 "{{.Names}}"], capture_output=True, text=True, timeout=60,
+                                check=True, stdin=subprocess.DEVNULL)
+        return [n for n in listed.stdout.split() if self.name in n]
 
     def _watch(self) -> None:
         while not self._stop.is_set():
@@ -56,7 +63,7 @@ class TwoCopies:
                 self.samples += 1
                 if source and target:
                     self.both.append((source, target))
-            self._stop.wait(0.1)  # each read execs podman twice: not a busy loop
+            self._stop.wait(0.1)  # each sample execs podman once per node: not a busy loop
 
     def __enter__(self) -> TwoCopies:
         self._thread.start()
