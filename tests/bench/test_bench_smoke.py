@@ -1,6 +1,11 @@
 """The benchmarks still run: each scenario at a tiny size, its JSON checked for the
 figures it must report and for the invariants (every migration succeeded, no repeated
-side effect, replay found no mismatch) — never for timings, which are not pass/fail."""
+side effect, replay found no mismatch) — never for timings, which are not pass/fail.
+
+`make bench-smoke` runs this module (marker ``bench_smoke``), `make test` does not: it
+checks the benchmarks' harnesses (169 s of test time in a full run), and the product
+paths they drive run in the suite's own tests (tests/reliability, tests/replay,
+tests/criu)."""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = f"cp_smoke_{os.getpid()}"
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.bench_smoke]
 
 
 async def _drop_all() -> None:
@@ -221,7 +226,6 @@ def test_kube_api_counts_and_times_every_verb_per_migration_on_the_simulator(
     assert sim["of_ceiling"] > 0
 
 
-@pytest.mark.bench_smoke  # 70 s; `make bench-smoke`: its product paths run in tests/criu
 def test_criu_migration_divides_the_products_downtime_by_criu_alone_measured_alongside(
         tmp_path: Path) -> None:
     """One run at 1 MiB: every path moved a process that went on (its restored log says

@@ -1,12 +1,13 @@
-"""Crash campaign (CI size): 200 migrations, 3 ``cpctl worker`` processes on PostgreSQL,
-a chaos task SIGKILLing a random worker every 0.3-1.5 s and restarting it.
+"""Crash campaign (CI size): 100 migrations, 3 ``cpctl worker`` processes on PostgreSQL,
+a chaos task SIGKILLing a random worker every 0.3-1.2 s and restarting it.
 
 Invariants, all read from evidence (:mod:`tests.reliability.campaign`): every operation
 terminal; every history gap-free; no source pod deleted (simulator's deletion log) before
 its migration verified the artifact; no artifact dropped before a verified restore, and
 the registry holds exactly the artifacts the histories did not collect; each workload
 marker carried by exactly one Running pod (nothing lost, nothing duplicated);
-``cpctl replay --verify`` exits 0. ``make soak`` runs the same driver with 5,000.
+``cpctl replay --verify`` exits 0. ``make soak`` runs the same driver with 5,000 (100
+here: kills land at the same rate per migration, and the suite's time is shared).
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 
 @pytest.mark.timeout(420)
-async def test_200_migrations_survive_random_sigkills_of_three_workers(tmp_path: Path) -> None:
-    result = await Campaign(CampaignConfig(migrations=200, workers=3, seed=8), tmp_path).run()
+async def test_100_migrations_survive_random_sigkills_of_three_workers(tmp_path: Path) -> None:
+    result = await Campaign(CampaignConfig(migrations=100, workers=3, seed=8,
+                                           kill_every=(0.3, 1.2)), tmp_path).run()
     print(result.summary())  # the campaign's figures, in the test log (-s / on failure)
     assert not result.violations, result.summary()
-    assert sum(result.outcomes.values()) == 200
-    assert result.outcomes["Succeeded"] == 200, result.summary()
+    assert sum(result.outcomes.values()) == 100
+    assert result.outcomes["Succeeded"] == 100, result.summary()
     assert result.kills >= 10, result.summary()
     # Kills landed between a commit and its actions: the next owner performed them.
     assert result.takeovers >= 1, result.summary()
