@@ -363,6 +363,10 @@ async def test_a_rolling_upgrade_from_the_previous_release_loses_and_repeats_not
             back.start(2)
             await eventually(_settled(db_url, back), limit_seconds=150, every=0.2,
                              what="every operation settled after the rollback")
+            # Both may not be up yet (the other one settled it all): a SIGTERM before a
+            # worker's handlers are installed kills it (-15) instead of draining it.
+            await eventually(lambda: len(back.lines(STARTED)) == 2, limit_seconds=60,
+                             every=0.05, what="both rolled-back workers started")
             assert await asyncio.to_thread(back.stop) == [0, 0]
 
             machines, histories = await _evidence(db_url)
