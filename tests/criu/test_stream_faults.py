@@ -63,6 +63,10 @@ def _restored_on_target(w: CriuWorld, name: str) -> Obj | None:
     return pod if protocol.RESTORED_FROM_HANDOFF in notes else None
 
 
+def _recorded(w: CriuWorld, operation: str, event: str) -> bool:
+    return any(e["type"] == event for e in history_of(w, operation))
+
+
 def _await_phase(w: CriuWorld, operation: str, *phases: str) -> str:
     return w.wait_phase(operation, *phases, limit=180)
 
@@ -119,6 +123,11 @@ def test_a_source_agent_killed_before_the_target_fetched_thaws_the_source_in_pla
                 wait_for(lambda: _offered(w, name), "the source agent's offer", 120)
                 w.kill("agent-node-1")
                 w.start_agent("node-1")
+                # The target's agent stays held until the restarted source agent's report
+                # is recorded: resumed earlier, it would find the dead offer first (its
+                # restore fails, and the source is woken by that other, also safe, path).
+                wait_for(lambda: _recorded(w, operation, "CaptureFailed"),
+                         "the restarted source agent's report recorded", 120, every=0.2)
         finally:
             w.relay.release()
         assert _await_phase(w, operation, "Succeeded", "Failed") == "Failed"
