@@ -67,7 +67,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 SEED = 40
 #: Pods on node-1 and node-2 (moved between them by migrations), and on node-3, which is
-#: drained one child at a time: its first capture is held until the schema changed.
+#: drained one child at a time: its first capture is held until the schema changed (and
+#: node-2's, drained back, until the downgrade).
 PODS_PER_NODE = 4
 DRAINED_PODS = 8
 CRASH = "machine step crashed"
@@ -217,14 +218,16 @@ async def test_a_rolling_upgrade_from_the_previous_release_loses_and_repeats_not
     cfg = CampaignConfig(workloads=2 * PODS_PER_NODE + DRAINED_PODS, nodes=3, seed=SEED,
                          kills=False, workers=0)
     deleted: list[tuple[str, str]] = []
-    # The drain's first capture waits until the schema is upgraded, so the drain is
-    # certainly in flight across the upgrade, however fast the rest runs.
-    drained: set[str] = set()
-    schema_upgraded = asyncio.Event()
+    # A drain's captures wait on their node's gate while it is held: the first drain's
+    # (node-3) until the schema is upgraded, the second's (node-2) until the downgrade
+    # and this tree's stop are done, so each drain is certainly in flight across its
+    # schema change, however fast the rest runs.
+    held: dict[str, asyncio.Event] = {}
 
     async def hold_the_drain(request: DumpRequest) -> None:
-        if request.workload.name in drained:
-            await schema_upgraded.wait()
+        gate = held.get(request.workload.node)
+        if gate is not None:
+            await gate.wait()
     async with campaign_database(PG_ADMIN_URL) as db_url, \
             open_world(cfg, tmp_path, deleted, before_dump=hold_the_drain) as world:
         old = Workers(previous, db_url, world.worker_args, tmp_path, "old")
@@ -242,7 +245,7 @@ async def test_a_rolling_upgrade_from_the_previous_release_loses_and_repeats_not
                 world.cluster.create_pod(NS, f"w{i:03d}", node=node, cpu="100m",
                                          memory="64Mi", marker=f"w{i:03d}=seed{SEED}")
                 names[node].append(f"w{i:03d}")
-            drained.update(names[n3])
+            held[n3] = asyncio.Event()
             await world.cluster.wait_for(
                 lambda: all((world.cluster.pod(NS, f"w{i:03d}") or {}).get("status", {})
                             .get("phase") == "Running" for i in range(cfg.workloads)),
@@ -275,7 +278,7 @@ async def test_a_rolling_upgrade_from_the_previous_release_loses_and_repeats_not
             in_flight = await _query(db_url, "SELECT id FROM machines WHERE NOT terminal")
             assert any(r["id"] == drain_id for r in in_flight), \
                 "the drain ended before the upgrade: nothing was in flight"
-            schema_upgraded.set()
+            held[n3].set()
             old.alive()
 
             # 3. This tree's workers beside the old ones.
@@ -327,6 +330,7 @@ async def test_a_rolling_upgrade_from_the_previous_release_loses_and_repeats_not
             # 5. Rollback with an operation in flight (docs/install.md, "Rolling back"):
             #    the schema first, downgraded by this tree's code while its workers run,
             #    then the previous release's workers, then this tree's stop.
+            held[n2] = asyncio.Event()
             await finished([cpctl(ROOT, db_url, "drain", n2, "--to", n1, "--max-parallel", "1",
                                   "--repository", repo, *kube)])
             [[drain_back]] = await _query(db_url, "SELECT id FROM machines WHERE kind = 'drain' "
@@ -358,6 +362,7 @@ async def test_a_rolling_upgrade_from_the_previous_release_loses_and_repeats_not
             [[ended]] = await _query(db_url, "SELECT terminal FROM machines WHERE id = $1",
                                      drain_back)
             assert not ended, "the second drain ended before this tree's workers stopped"
+            held[n2].set()
             back = Workers(previous, db_url, world.worker_args, tmp_path, "back")
             rolled.append(back)
             back.start(2)
