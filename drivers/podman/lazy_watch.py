@@ -139,7 +139,8 @@ def adoptable(bundle: Path, runc_pid_file: Path) -> DumpLog | None:
     return log if log.connected else None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: it is in /proc and not a zombie nobody reaped yet."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -169,7 +170,7 @@ def _page_server(podman_pid: int) -> int | None:
 
 def _wait_gone(pid: int, limit: float | None) -> bool:
     deadline = None if limit is None else time.monotonic() + limit
-    while _alive(pid):
+    while process_alive(pid):
         if deadline is not None and time.monotonic() > deadline:
             return False
         time.sleep(0.1)
@@ -215,10 +216,10 @@ def watch(fd: int, bundle: Path, serve: str, podman_pid: int, inspect: list[str]
         _wait_gone(podman_pid, None)  # the target's: the transfer ends when its daemon's does
         return "handed over"
     sent = False  # CRIU logs our own connection as accepted too: after it, do not ask
-    if _alive(podman_pid):
+    if process_alive(podman_pid):
         # Until the page server takes it: a dump still writing its images listens later.
         deadline = time.monotonic() + ROLLBACK_SECONDS
-        while _alive(podman_pid) and time.monotonic() < deadline:
+        while process_alive(podman_pid) and time.monotonic() < deadline:
             if _dump_log(bundle).connected:
                 _wait_gone(podman_pid, None)  # a target's daemon came first: its transfer
                 return "handed over"

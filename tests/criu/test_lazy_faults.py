@@ -37,6 +37,7 @@ import pytest
 
 from controlplane.machines.contract import protocol
 from drivers.podman.lazy_procs import page_server_pid
+from drivers.podman.lazy_watch import process_alive
 from drivers.podman.workload import Tick, ticked_since
 from tests.criu.pipe_limit import pipe_limit_raised
 from tests.criu.world import CriuWorld, open_criu_world, resumed, wait_running_on
@@ -138,14 +139,6 @@ def _page_server(w: CriuWorld, uid: str) -> int | None:
         if pid is not None:
             return pid
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _offered(w: CriuWorld, name: str, operation: str) -> dict[str, Any]:
@@ -308,7 +301,7 @@ def test_a_worker_killed_at_every_step_of_a_lazy_migration_is_replaced_and_it_co
         wait_for(lambda: protocol.PAGES_RECEIVED in _notes(w, target),
                  "the target's agent to mark every page received")
     assert _pod_uid(w, name) == uid  # the source pod is still there: no worker deleted it
-    assert not _alive(server)  # CRIU ended with the transfer: no page server at (c)
+    assert not process_alive(server)  # CRIU ended with the transfer: no page server at (c)
     for node in ("node-1", "node-2"):  # (c) the agents too: their part is done
         w.kill(f"agent-{node}")
         w.start_agent(node)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from drivers.podman.lazy_watch import process_alive
 from drivers.podman.workload import ticked_since
 from tests.criu.faults import TwoCopies, counts_on_in_place, history_of, moved, ticking
 from tests.criu.world import CriuWorld, open_criu_world, resumed, wait_running_on
@@ -57,14 +58,6 @@ def _ended(w: CriuWorld, operation: str) -> Callable[[], str | None]:
 
 
 ENDED = ("Succeeded", "Failed", "RolledBack")
-
-
-def _gone(pid: int) -> bool:
-    """The process ended: no longer in /proc, or a zombie nobody reaped yet."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def test_the_registry_gone_during_the_push_leaves_the_process_running_at_home(
@@ -136,8 +129,8 @@ def test_an_agent_killed_in_the_middle_of_its_dump_leaves_the_process_running_at
             podman = call.wait_held(_ended(w, operation))
             w.kill("agent-node-1")
         # the agent comes back once the orphaned podman is done: the container stopped
-        wait_for(lambda: _gone(podman) or None, "the orphaned podman checkpoint to finish",
-                 120)
+        wait_for(lambda: not process_alive(podman) or None,
+                 "the orphaned podman checkpoint to finish", 120)
         w.start_agent("node-1")
         phase = _finished(w, operation)
     assert copies.both == []
