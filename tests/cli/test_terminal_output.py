@@ -17,6 +17,7 @@ import sys
 import termios
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from sqlalchemy import update
@@ -283,3 +284,30 @@ def test_every_verb_that_waits_explains_wait_and_wait_seconds(verb: str) -> None
     assert "--wait-seconds S" in out
     assert "give up after S seconds" in out
     assert "keeps running" in out
+
+
+def test_checkpoints_fit_110_columns_with_the_verdict_whole_and_wide_adds_the_artifact(
+        tmp_path: Path) -> None:
+    """Over the demo's history (a checkpoint, a migration, a suspend, all sealed): on a
+    110-column terminal no value is cut and the migration's capture says ``no: deleted``;
+    ``--wide`` adds the pinned artifact and says why in a sentence."""
+    demo = subprocess.run([sys.executable, "-m", "controlplane.cli.main", "demo"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL, env=_env())
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    db = f"sqlite:///{tmp_path / 'var' / 'demo' / 'controlplane.db'}"
+    code, out, err = Terminal(db, "checkpoints", columns=110, env=_env(NO_COLOR="1")).finish()
+    assert (code, err) == (0, ""), err
+    lines = out.replace("\r", "").splitlines()
+    assert lines[0].split() == ["ID", "WORKLOAD", "NODE", "CLASS", "SIZE", "AGE", "SEALED",
+                                "RESTORABLE"]
+    assert all(len(line) <= 110 for line in lines), lines
+    assert not any("…" in line for line in lines), lines
+    verdicts = {line.split()[1]: line.split("  ")[-1].strip() for line in lines[1:]}
+    assert verdicts == {"default/app": "no: deleted", "default/web": "yes",
+                        "default/sandbox": "yes"}, lines
+    code, wide, _ = Terminal(db, "checkpoints", "--wide", columns=110,
+                             env=_env(NO_COLOR="1")).finish()
+    assert code == 0
+    assert wide.splitlines()[0].split()[-1] == "ARTIFACT"
+    assert "no: deleted by garbage collection after the migration's verified restore" in wide
