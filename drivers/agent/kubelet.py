@@ -27,7 +27,10 @@ from its checkpoint image, then sends ``SIGCONT`` (CRIU restores stopped tasks s
 a container the runtime could not create (``CreateContainerError``, a pull error) fails
 the restore with the runtime's own message. With ``cri_endpoint`` set, it first pulls
 each container's base image through ``crictl`` (CRI-O restores onto it and does not pull
-it itself).
+it itself). The kubelet may ask CRI-O before that pull has ended (the pod names its
+checkpoint images from birth), and CRI-O then answers ``locating image with ID <id>:
+image not known``: once the node holds that image, the restore waits for the kubelet's
+retry (after its back-off, ~10 s) for up to ``RETRY_SECONDS``, rather than fail the attempt.
 
 A **sealed** checkpoint (ocicrypt layers, docs/security.md) is pulled by the agent first:
 CRI-O decrypts with the keys in its ``decryption_keys_path``, but containers/image will not
@@ -56,10 +59,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import ssl
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -116,6 +121,12 @@ class KubeletSettings:
 FAILED_WAITING = frozenset({"CreateContainerError", "CreateContainerConfigError",
                             "ErrImagePull", "ImagePullBackOff", "InvalidImageName",
                             "CrashLoopBackOff", "RunContainerError"})
+#: What CRI-O answers when it restores onto a base image the node does not hold (yet);
+#: 1.36.3: ``reading image "<id>": locating image with ID "<id>": image not known``.
+IMAGE_NOT_KNOWN = re.compile(r'locating image with ID "?([0-9a-f]{12,64})"?: image not known')
+#: Seconds a restore waits for the kubelet to ask CRI-O again once the base image it
+#: lacked is on the node (the kubelet retries a failed create after ~10 s).
+RETRY_SECONDS = 60.0
 
 
 class KubeletDumper:
@@ -272,15 +283,34 @@ class KubeletDumper:
     async def _until_restored(self, request: RestoreRequest, names: set[str], *,
                               sealed: bool = False) -> tuple[Container, ...]:
         assert request.latest is not None
+        raced: float | None = None  # when CRI-O was seen to have lacked a base image since pulled
         while True:
             pod = await request.latest(1.0)
             if pod is None:
                 raise RestoreFailed(f"pod {request.workload.key} went away during the restore")
             running = restored_containers(pod, names, sealed=sealed)
             if isinstance(running, str):
-                raise RestoreFailed(running)
+                if not await self._base_arrived(running):
+                    raise RestoreFailed(running)
+                if raced is None:
+                    raced = time.monotonic()
+                    log.info("CRI-O tried the restore before the base image was pulled; "
+                             "waiting for the kubelet to try again", pod=request.workload.key)
+                elif time.monotonic() - raced > RETRY_SECONDS:
+                    raise RestoreFailed(f"{running} (the node has held that image for "
+                                        f"{RETRY_SECONDS:g}s and the kubelet did not retry)")
+                continue
             if running is not None:
                 return running
+
+    async def _base_arrived(self, failure: str) -> bool:
+        """Whether ``failure`` is CRI-O's "image not known" for an image the node holds
+        now: the kubelet asked before the agent's pull of the base image had ended."""
+        lacked = IMAGE_NOT_KNOWN.search(failure)
+        if lacked is None or not self.settings.cri_endpoint:
+            return False
+        present, _ = await self._crictl("inspecti", lacked.group(1))
+        return present
 
     async def _signal(self, containers: Iterable[Container], sig: signal.Signals, verb: str,
                       *, missing_ok: bool = False) -> None:

@@ -20,7 +20,8 @@ The agent's :class:`~drivers.agent.lazy.LazyDumper` protocol on top of the drive
   :func:`controlplane.machines.config.modes.lazy_checkpoint_images`), pushes the
   hand-over there as a checkpoint image and names it by digest in the pod (the kubelet
   pulls a new name at once; the tag it failed to pull before the dump waits out a 10 s
-  back-off); pulls the base image; then waits until CRI-O has restored the container.
+  back-off), having pulled the base image first (CRI-O restores onto it as soon as the
+  kubelet has the pushed image); then waits until CRI-O has restored the container.
   :class:`Receiving` waits for every page, then deletes that image from the registry.
 
 Not handled (see ``docs/runtime.md``): the push is plain HTTP without credentials (the
@@ -278,10 +279,12 @@ async def restore_lazy(dumper: KubeletDumper, request: RestoreRequest, *,
     try:
         ref = {c.name: c.image for c in w.containers}.get(container, "")
         pinned = ""
+        # The base image first: the kubelet asks CRI-O to restore as soon as the pod
+        # names the pushed image, and CRI-O fails what it cannot find the base of.
+        await dumper._pull_bases(request)
         if LAZY_TAG in ref and "@" not in ref:
             pinned = await _push_hand_over(archive, container, ref)
             await _name_pinned(dumper, request, container, pinned)
-        await dumper._pull_bases(request)
         restored = await _until_restored(dumper, request, container)
         await dumper._signal(restored, signal.SIGCONT, "continue")
     except BaseException:

@@ -17,6 +17,9 @@ its own (:meth:`ProductWorld.counting_since`), and the shapes a restored log may
 (:func:`consecutive` for a quiesced capture, :func:`went_on` for one that kept
 running), and a base image of a test's own that it can then delete from the registry
 (:func:`push_base`, :func:`delete_manifest`: a target that cannot pull it cannot restore).
+Each agent runs ``crictl`` through a wrapper that a test can hold at the start of a
+``pull`` (:meth:`ProductWorld.holding_pulls`), to order the agent's pull of a base image
+after the kubelet's first try of a restore.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import json
 import os
 import subprocess
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -167,6 +170,22 @@ class ProductWorld(World):
         return wait_for(lambda: t if len(t := ticks(self.real.container_log(name, container)))
                         >= at_least else None, f"{name}/{container} to tick {at_least} times")
 
+    @contextlib.contextmanager
+    def holding_pulls(self, node: str) -> Iterator[Callable[[], None]]:
+        """Hold the agent of ``node`` at the start of its next ``crictl pull``s until the
+        block ends; yields a call that returns once a pull is held."""
+        gate = self.tmp / "gated" / f"pull-{node}"
+        held = gate.with_suffix(".held")
+        held.unlink(missing_ok=True)
+        gate.touch()
+
+        def until_held() -> None:
+            wait_for(held.exists, f"the agent of {node} to pull", 120)
+        try:
+            yield until_held
+        finally:
+            gate.unlink()
+
     def running_on(self, name: str, node: str, limit: float = 120) -> dict[str, object]:
         def found() -> dict[str, object] | None:
             pod = self.real.pod(name)
@@ -187,6 +206,7 @@ def _start_product(w: ProductWorld, tmp: Path) -> None:
     assert real.nodes.pki is not None
     for name in real.names:
         s = real.node(name).settings
+        crictl = _gated_crictl(tmp / "gated", name, s.binaries / "crictl")
         w.start(f"agent-{name}", "drivers.agent", "--node", name,
                         "--kubeconfig", str(w.kubeconfig), "--dumper", "kubelet",
                         "--kubelet-url", real.kubelet_url(name),
@@ -195,7 +215,7 @@ def _start_product(w: ProductWorld, tmp: Path) -> None:
                         "--checkpoint-dir", str(s.checkpoints),
                         "--kubelet-checkpoint-dir", str(s.checkpoints),
                         "--cri-endpoint", f"unix://{s.crio_socket}",
-                        "--crictl", str(s.binaries / "crictl"),
+                        "--crictl", str(crictl),
                         "--crio-root", str(s.folder / "crio" / "storage"),
                         "--runc-root", str(s.folder / "runc"),
                         "--criu", os.environ.get("CONTROLPLANE_CRIU") or "criu",
@@ -205,6 +225,26 @@ def _start_product(w: ProductWorld, tmp: Path) -> None:
     w.ok("db", "upgrade", cluster=False)
     w.start("worker", "controlplane.cli.main", "--db", w.db, "worker", "--poll-seconds",
             "0.05", *w.cluster_args())
+
+
+_GATED_CRICTL = """#!/bin/sh
+# crictl, held at the start of a pull while {gate} exists (tests/realnode/product.py)
+case " $* " in *" pull "*)
+  if [ -e {gate} ]; then
+    : > {gate}.held
+    while [ -e {gate} ]; do sleep 0.05; done
+  fi ;;
+esac
+exec {real} "$@"
+"""
+
+
+def _gated_crictl(folder: Path, node: str, real: Path) -> Path:
+    folder.mkdir(exist_ok=True)
+    wrapper = folder / f"crictl-{node}"
+    wrapper.write_text(_GATED_CRICTL.format(gate=folder / f"pull-{node}", real=real))
+    wrapper.chmod(0o755)
+    return wrapper
 
 
 @contextlib.contextmanager

@@ -101,7 +101,8 @@ def test_a_lazy_migration_between_real_nodes_counts_on_after_every_page(
                    w.repository, "--mode", "lazy", "--wait", "--wait-seconds", "240",
                    cluster=True)
     operation = done.stdout.split()[0]
-    assert w.phase_of(operation) == "Succeeded", done.stdout + done.stderr
+    assert w.phase_of(operation) == "Succeeded", \
+        done.stdout + done.stderr + w.ok("history", operation, cluster=False)
     history = w.history(operation)
     events = [e["type"] for e in history]
     assert events.index("RestoreVerified") < events.index("PagesTransferred") \

@@ -8,7 +8,9 @@ log goes on from the checkpointed count with the same token, no repeat and no ga
 source never printed past its checkpoint; the pod's status from the API server; the
 kubelet's checkpoint directory is empty again. A target that cannot start the
 checkpoint (its base image deleted from the registry: node-b cannot pull it) rolls back
-to node-a, which restores from its own copy of the image.
+to node-a, which restores from its own copy of the image. A restore the kubelet asked
+CRI-O for before the agent had pulled the base image (held at its pull) waits for the
+kubelet's retry and succeeds in the same attempt.
 """
 
 from __future__ import annotations
@@ -143,4 +145,44 @@ def test_a_target_that_cannot_start_the_checkpoint_rolls_back_to_the_source(
             if p["spec"].get("nodeName") == "node-b"]
     assert not any(p.startswith(name) for p in on_b), f"left on node-b: {on_b}"
     assert w.checkpoints_left() == {"node-a": [], "node-b": []}
+    w.real.delete_pod(name)
+
+
+def test_a_restore_tried_before_the_base_image_arrived_succeeds_on_the_kubelets_retry(
+        world: ProductWorld) -> None:
+    w = world
+    name = w.name("race")
+    base = push_base(w, f"race/{name}")
+    w.real.create_pod(name, "node-a", image=base, command=counter_command())
+    w.real.wait_running(name)
+    before = w.ticking(name)
+
+    def lacking_base() -> str | None:
+        for pod in w.kube.pods(w.namespace):
+            if pod["spec"].get("nodeName") != "node-b" or \
+                    not pod["metadata"]["name"].startswith(name):
+                continue
+            for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                message = ((status.get("state") or {}).get("waiting") or {}).get("message")
+                if message and "image not known" in message:
+                    return str(message)
+        return None
+
+    with w.holding_pulls("node-b") as pull_held:
+        operation = w.ok("migrate", f"{w.namespace}/{name}", "--to", "node-b",
+                         "--repository", w.repository).split()[0]
+        pull_held()
+        message = wait_for(lacking_base, "CRI-O to lack the base image on node-b", 120)
+    assert "locating image with ID" in message, message
+    phase = w.wait_phase(operation, "Succeeded", "Failed", "RolledBack", limit=240)
+    ended = time.time()
+    events = [e["type"] for e in w.history(operation)]
+    assert phase == "Succeeded", events
+    assert not {"RestoreFailed", "TargetFailed"} & set(events), "one attempt, not failed"
+
+    moved = w.running_on(name, "node-b")
+    restored_status(moved, w.repository)
+    log = w.counting_since(name, "node-b", ended)
+    consecutive(log)
+    assert log[0][1] == before[0][1], "the same life: the token drawn at start"
     w.real.delete_pod(name)
