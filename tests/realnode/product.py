@@ -289,6 +289,19 @@ def push_base(w: ProductWorld, repository: str) -> str:
                                      "Env": ["PATH=/bin", f"IMAGE={repository}"]})
 
 
+def start_on_own_base(w: ProductWorld, name: str, command: Sequence[str], *,
+                      base_gone: bool = False) -> tuple[dict[str, Any], list[Tick]]:
+    """A pod ``name`` on node-a running ``command`` on a base image of its own
+    (:func:`push_base`: node-b does not hold it), once it ticks: the pod and its ticks.
+    ``base_gone``: the base is then deleted from the registry (node-b cannot pull it)."""
+    w.real.create_pod(name, "node-a", image=push_base(w, f"own/{name}"), command=list(command))
+    running = w.real.wait_running(name)
+    before = w.ticking(name)
+    if base_gone:
+        delete_manifest(w, running["status"]["containerStatuses"][0]["imageID"])
+    return running, before
+
+
 def delete_manifest(w: ProductWorld, image_id: str) -> None:
     """Delete ``registry/repo@sha256:...`` from the registry (the image is then gone)."""
     name, _, digest = image_id.partition("@")

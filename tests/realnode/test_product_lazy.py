@@ -30,9 +30,8 @@ from tests.criu.pipe_limit import pipe_limit_raised
 from tests.realnode.product import (
     ProductWorld,
     consecutive,
-    delete_manifest,
     open_product_world,
-    push_base,
+    start_on_own_base,
 )
 from tests.support.realnode import Tick, ticks
 from tests.support.waiting import wait_for
@@ -149,13 +148,7 @@ def test_a_target_that_cannot_restore_lazily_leaves_the_source_running_in_place(
     target pod is removed. Nothing was frozen for longer than the attempt."""
     w = world
     name = w.name("lazyrb")
-    base = push_base(w, f"lazy-rollback/{name}")
-    w.real.create_pod(name, "node-a", image=base, command=holding_memory())
-    running = w.real.wait_running(name)
-    before = w.ticking(name)
-    source = w.real.pod(name)
-    assert source is not None
-    delete_manifest(w, running["status"]["containerStatuses"][0]["imageID"])
+    source, before = start_on_own_base(w, name, holding_memory(), base_gone=True)
 
     done = w.cpctl("migrate", f"{w.namespace}/{name}", "--to", "node-b", "--repository",
                    w.repository, "--mode", "lazy", "--wait", "--wait-seconds", "240",

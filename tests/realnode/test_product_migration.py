@@ -28,10 +28,9 @@ from tests.realnode.product import (
     ProductWorld,
     TimedTick,
     consecutive,
-    delete_manifest,
     open_product_world,
-    push_base,
     restored_status,
+    start_on_own_base,
 )
 from tests.support.realnode import Tick, counter_command, ticks
 from tests.support.waiting import wait_for
@@ -116,13 +115,7 @@ def test_a_target_that_cannot_start_the_checkpoint_rolls_back_to_the_source(
         world: ProductWorld) -> None:
     w = world
     name = w.name("rb")
-    base = push_base(w, f"rollback/{name}")
-    w.real.create_pod(name, "node-a", image=base, command=counter_command())
-    running = w.real.wait_running(name)
-    before = w.ticking(name)
-    source = w.real.pod(name)
-    assert source is not None
-    delete_manifest(w, running["status"]["containerStatuses"][0]["imageID"])
+    source, before = start_on_own_base(w, name, counter_command(), base_gone=True)
 
     done = w.cpctl("migrate", f"{w.namespace}/{name}", "--to", "node-b", "--repository",
                    w.repository, "--wait", "--wait-seconds", "240", cluster=True)
@@ -152,10 +145,7 @@ def test_a_restore_tried_before_the_base_image_arrived_succeeds_on_the_kubelets_
         world: ProductWorld) -> None:
     w = world
     name = w.name("race")
-    base = push_base(w, f"race/{name}")
-    w.real.create_pod(name, "node-a", image=base, command=counter_command())
-    w.real.wait_running(name)
-    before = w.ticking(name)
+    _, before = start_on_own_base(w, name, counter_command())
 
     def lacking_base() -> str | None:
         for pod in w.kube.pods(w.namespace):
