@@ -173,14 +173,24 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealClust
         yield cluster
 
 
+#: Seconds a ``slow`` test without a timeout of its own may run before pytest-timeout
+#: calls it hung (others: pyproject's 120). Such tests start many interpreters and
+#: servers: on a machine half as fast and fully loaded, a 60 s scenario took 122 s.
+SLOW_TIMEOUT = 300
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The files that hold a ``slow`` test run first, each file's tests kept together and
     in order: under ``make test``'s workers (``--dist loadfile --no-loadscope-reorder``)
     the long worlds (real controllers, envtest, CRIU, the campaigns) start at once and the
     many short files fill the gaps, instead of one long file starting last and running
-    alone at the end."""
+    alone at the end. A ``slow`` test without a timeout of its own gets
+    :data:`SLOW_TIMEOUT`."""
     slow = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow)
+    for item in items:  # a hang guard, not a budget: a loaded machine is no hang
+        if item.get_closest_marker("slow") and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -1,10 +1,12 @@
-"""``cpctl checkpoints [NAMESPACE/POD]`` through the real entry point, in its own process,
-over a history the product wrote (a simulated cluster, node agents and a worker as
-subprocesses): a checkpoint and a suspend are restorable, with the node they were
-captured on, class, size and pinned artifact; a migration's capture is not, and the row
-says its artifact was garbage-collected; a workload filters; a bad workload exits 2; an
-unknown one says so; ``-o json`` carries every field; ``--limit`` says what it cut; and
-the id printed is one ``cpctl restore`` accepts. The parser's examples parse."""
+"""``cpctl checkpoints [NAMESPACE/POD]`` over a history the product wrote (a simulated
+cluster, node agents, a worker and the verbs that act as subprocesses; the listings read
+through ``cpctl``'s own ``main``, and ``--limit`` and a bad workload in a process of their
+own, as ``test_terminal_output.py`` reads the table on a pseudo-terminal): a checkpoint
+and a suspend are restorable, with the node they were captured on, class, size and
+pinned artifact; a migration's capture is not, and the row says its artifact was
+garbage-collected; a workload filters; a bad workload exits 2; an unknown one says so;
+``-o json`` carries every field; ``--limit`` says what it cut; and the id printed is one
+``cpctl restore`` accepts. The parser's examples parse."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import pytest
 from controlplane.cli.main import build_parser
 from drivers.sealing.keys import generate_keypair
 from tests.cli.processes import MARKER, REPO, Deployment, deployed
+from tests.support.cpctl import in_process
 
 HEADERS = ["ID", "WORKLOAD", "NODE", "CLASS", "SIZE", "AGE", "SEALED", "RESTORABLE"]
 WIDE = [*HEADERS, "ARTIFACT"]
@@ -47,6 +50,14 @@ def run_ok(d: Deployment, *args: str) -> str:
     return done.stdout
 
 
+def listed(d: Deployment, *args: str) -> str:
+    """A listing read by ``cpctl``'s ``main`` in this process (an interpreter start per
+    read cost ~2 CPU s on a loaded machine; the verbs that act stay processes)."""
+    done = in_process(d.db, *args)
+    assert done.returncode == 0, (args, done.stdout, done.stderr)
+    return done.stdout
+
+
 @pytest.mark.slow
 def test_checkpoints_lists_what_can_be_restored_and_why_not(deployment: Deployment) -> None:
     d = deployment
@@ -66,7 +77,7 @@ def test_checkpoints_lists_what_can_be_restored_and_why_not(deployment: Deployme
     migration_id = run_ok(d, "migrate", "default/mover", "--to", "node-3", "--repository",
                           REPO, "--wait", "--wait-seconds", "60", *d.cluster_args()).split()[0]
 
-    rows = table_rows(run_ok(d, "checkpoints"))
+    rows = table_rows(listed(d, "checkpoints"))
     assert [r["id"] for r in rows] == [migration_id, suspend_id, checkpoint_id]
     moved, suspended, checkpointed = rows
     for row, workload, node, klass in [(checkpointed, "default/app", "node-1", "default"),
@@ -80,7 +91,7 @@ def test_checkpoints_lists_what_can_be_restored_and_why_not(deployment: Deployme
     assert moved["restorable"] == "no: deleted"
 
     # --wide: the artifact, the key ids, the reason whole; the same rows otherwise
-    wide = table_rows(run_ok(d, "checkpoints", "--wide"), WIDE)
+    wide = table_rows(listed(d, "checkpoints", "--wide"), WIDE)
     assert [(r["id"], r["workload"], r["size"]) for r in wide] == [
         (r["id"], r["workload"], r["size"]) for r in rows]
     wide_moved, wide_suspended, wide_checkpointed = wide
@@ -90,17 +101,17 @@ def test_checkpoints_lists_what_can_be_restored_and_why_not(deployment: Deployme
     assert wide_moved["restorable"] == ("no: deleted by garbage collection after the "
                                         "migration's verified restore")
 
-    only_app = table_rows(run_ok(d, "checkpoints", "default/app"))
+    only_app = table_rows(listed(d, "checkpoints", "default/app"))
     assert [r["id"] for r in only_app] == [checkpoint_id]
 
-    listed = json.loads(run_ok(d, "checkpoints", "--restorable", "-o", "json"))
-    assert (listed["total"], listed["limit"]) == (2, 100)
-    assert [i["id"] for i in listed["items"]] == [suspend_id, checkpoint_id]
-    item = listed["items"][1]
+    restorable_json = json.loads(listed(d, "checkpoints", "--restorable", "-o", "json"))
+    assert (restorable_json["total"], restorable_json["limit"]) == (2, 100)
+    assert [i["id"] for i in restorable_json["items"]] == [suspend_id, checkpoint_id]
+    item = restorable_json["items"][1]
     assert set(item) == {"id", "kind", "phase", "workload", "node", "class", "size_bytes",
                          "artifact", "tag", "verified_at", "gc_event", "gc_at", "restorable",
                          "not_restorable_because", "encrypted", "sealed_for"}
-    assert listed["items"][0]["sealed_for"] == [key]
+    assert restorable_json["items"][0]["sealed_for"] == [key]
     assert (item["encrypted"], item["sealed_for"]) == (False, [])
     assert (item["kind"], item["workload"], item["node"], item["class"]) == (
         "checkpoint", "default/app", "node-1", "default")
@@ -110,7 +121,7 @@ def test_checkpoints_lists_what_can_be_restored_and_why_not(deployment: Deployme
     assert item["artifact"] == wide_checkpointed["artifact"]
     assert datetime.fromisoformat(item["verified_at"]).tzinfo is not None
     assert (item["restorable"], item["not_restorable_because"]) == (True, None)
-    [gone] = json.loads(run_ok(d, "checkpoints", "default/mover", "-o", "json"))["items"]
+    [gone] = json.loads(listed(d, "checkpoints", "default/mover", "-o", "json"))["items"]
     assert (gone["restorable"], gone["gc_event"]) == (False, "ArtifactDeleted")
 
     cut = d.cpctl("checkpoints", "--limit", "1")
@@ -122,14 +133,14 @@ def test_checkpoints_lists_what_can_be_restored_and_why_not(deployment: Deployme
     assert bad.returncode == 2
     assert bad.stderr.strip() == ("cpctl: error: workload: 'app' is not NAMESPACE/POD "
                                   "(e.g. default/web)")
-    unknown = d.cpctl("checkpoints", "default/ghost")
+    unknown = in_process(d.db, "checkpoints", "default/ghost")
     assert unknown.returncode == 0, unknown.stderr
     assert unknown.stdout.startswith("no checkpoints of default/ghost")
-    none_restorable = run_ok(d, "checkpoints", "default/mover", "--restorable")
+    none_restorable = listed(d, "checkpoints", "default/mover", "--restorable")
     assert none_restorable.startswith("no restorable checkpoints of default/mover")
 
     # The id listed is the one to restore from; the migration's is refused, as listed.
-    [restorable] = table_rows(run_ok(d, "checkpoints", "default/app", "--restorable"))
+    [restorable] = table_rows(listed(d, "checkpoints", "default/app", "--restorable"))
     restored = d.cpctl("restore", restorable["id"], "--node", "node-3", "--name", "app-copy",
                        "--wait", "--wait-seconds", "60", *d.cluster_args())
     assert restored.returncode == 0, restored.stdout + restored.stderr
