@@ -1,5 +1,6 @@
 """Crash campaign (CI size): 100 migrations, 3 ``cpctl worker`` processes on PostgreSQL,
-a chaos task SIGKILLing a random worker every 0.3-1.2 s and restarting it.
+a chaos task SIGKILLing each worker 0.3-1.5 s after it has started working and starting
+it again.
 
 Invariants, all read from evidence (:mod:`tests.reliability.campaign`): every operation
 terminal; every history gap-free; no source pod deleted (simulator's deletion log) before
@@ -7,7 +8,7 @@ its migration verified the artifact; no artifact dropped before a verified resto
 the registry holds exactly the artifacts the histories did not collect; each workload
 marker carried by exactly one Running pod (nothing lost, nothing duplicated);
 ``cpctl replay --verify`` exits 0. ``make soak`` runs the same driver with 5,000 (100
-here: kills land at the same rate per migration, and the suite's time is shared).
+here, with shorter lives: the suite's time is shared).
 """
 
 from __future__ import annotations
@@ -21,15 +22,15 @@ from tests.reliability.campaign import Campaign, CampaignConfig, history_violati
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(900)  # a hang guard: 320 s in a loaded suite on a slow host
 async def test_100_migrations_survive_random_sigkills_of_three_workers(tmp_path: Path) -> None:
     result = await Campaign(CampaignConfig(migrations=100, workers=3, seed=8,
-                                           kill_every=(0.3, 1.2)), tmp_path).run()
+                                           worker_life=(0.3, 1.5)), tmp_path).run()
     print(result.summary())  # the campaign's figures, in the test log (-s / on failure)
     assert not result.violations, result.summary()
     assert sum(result.outcomes.values()) == 100
     assert result.outcomes["Succeeded"] == 100, result.summary()
-    assert result.kills >= 10, result.summary()
+    assert result.kills >= 6, result.summary()  # two lives cut short per worker at least
     # Kills landed between a commit and its actions: the next owner performed them.
     assert result.takeovers >= 1, result.summary()
     assert result.replay_exit == 0
