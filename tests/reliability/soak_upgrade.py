@@ -45,6 +45,7 @@ from controlplane.store.database import Database
 from controlplane.store.migrate import head_revision
 from tests.reliability.campaign import (
     ROOT,
+    STARTED,
     Campaign,
     CampaignConfig,
     Disturber,
@@ -62,7 +63,6 @@ from tests.upgrade.previous_release import (
 )
 
 OLD = "old-"  # the prefix of the previous release's worker ids (and log files)
-STARTED = '"event": "worker started"'
 LEFT, CRASH = "machine left to a newer worker", "machine step crashed"
 REFUSED = "is at schema"  # SchemaNotReady's message: a worker whose code is behind
 
@@ -210,10 +210,9 @@ class UpgradingCampaign(Campaign):
         self.fleets.all.append(new)
         for slot in range(self.cfg.workers):
             new.start(slot)
-        await eventually(lambda: all(
-            STARTED in new.current_log[slot].read_text(errors="replace")
-            for slot in range(self.cfg.workers)), limit_seconds=120, every=0.1,
-            what="this tree's workers started")
+        await eventually(lambda: all(new.started(slot) for slot in range(self.cfg.workers)),
+                         limit_seconds=120, every=0.1,
+                         what="this tree's workers started")
         f.new_workers_up_seconds = round(time.monotonic() - upgraded, 2)
         # 4. The old workers stop; the kills go on against the new ones.
         async with self.fleets.lock:

@@ -48,6 +48,7 @@ from drivers.agent.dumper import DumpRequest
 from tests.reliability.campaign import (
     NS,
     PG_ADMIN_URL,
+    STARTED,
     CampaignConfig,
     _decoded,
     campaign_database,
@@ -73,7 +74,6 @@ PODS_PER_NODE = 4
 DRAINED_PODS = 8
 CRASH = "machine step crashed"
 LEFT = "machine left to a newer worker"
-STARTED = '"event": "worker started"'
 
 
 class Workers:
